@@ -1,0 +1,33 @@
+"""xla-kernels: hand-written CPU/CUDA kernels as first-class, opaque XLA custom-calls.
+
+Declare an op once with :class:`Op`; call it from JAX (``jax.jit``, ``jax.vmap``),
+PyTorch (``torch.ops``, eager CPU/CUDA, ``torch.compile``), torchax and torch_xla.
+
+Example:
+    >>> import xla_kernels as xk
+    >>> sorted(xk.PLATFORMS)
+    ['cpu', 'cuda']
+"""
+
+from xla_kernels.attrs import REQUIRED, Attr
+from xla_kernels.errors import (
+    BuildError,
+    CompilerNotFoundError,
+    OpDeclarationError,
+    OpInputError,
+    OpTypeError,
+    PlatformError,
+    RegistrationError,
+    XlaKernelsError,
+)
+from xla_kernels.op import PLATFORMS, BoundCall, Invalid, Kernel, Op, Spec, Tensor, like
+from xla_kernels.runtime.registry import ensure_registered, registrations
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PLATFORMS", "REQUIRED", "Attr", "BoundCall", "BuildError", "CompilerNotFoundError",
+    "Invalid", "Kernel", "Op", "OpDeclarationError", "OpInputError", "OpTypeError",
+    "PlatformError", "RegistrationError", "Spec", "Tensor", "XlaKernelsError",
+    "ensure_registered", "like", "registrations",
+]

@@ -1,0 +1,1 @@
+"""The ops xla-kernels ships, each in its own folder: declaration, kernels, reference."""

@@ -1,0 +1,380 @@
+"""Declaring an op once: inputs, attributes, output rule and kernels.
+
+An :class:`Op` is the single source of truth from which every frontend is derived:
+the JAX function (``op(x, y, alpha=2.0)``), the torch.library op and its fake
+implementation, the torchax and torch_xla lowerings. It validates a call in Python
+before anything is lowered, so a bad input raises an error that names the op, the
+argument and the fix instead of an XLA crash.
+
+Example:
+    >>> import xla_kernels as xk
+    >>> scale = xk.Op(
+    ...     "docs.scale",
+    ...     inputs=[xk.Tensor("x", dtypes=("f32",))],
+    ...     attrs=[xk.Attr("factor", float, default=2.0)],
+    ...     outputs=lambda x, *, factor: xk.like(x),
+    ...     kernels={"cpu": xk.Kernel(["scale.cc"], handler="Scale")},
+    ... )
+    >>> call = scale.bind([xk.Spec((3,), "f32")], {})
+    >>> call.outputs, call.attrs
+    ((Spec(shape=(3,), dtype='f32', workspace=False),), {'factor': np.float32(2.0)})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from xla_kernels import dtypes as _dtypes
+from xla_kernels.attrs import Attr
+from xla_kernels.errors import OpDeclarationError, OpInputError, OpTypeError
+
+PLATFORMS = ("cpu", "cuda")
+VMAP_METHODS = ("sequential", "broadcast_all", "expand_dims")
+_TARGET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Shape and dtype of one array: what shape rules receive and return.
+
+    ``workspace=True`` marks an output the kernel needs as scratch: it is allocated
+    and passed to the kernel, but never returned to the caller.
+
+    Example:
+        >>> Spec([2, 3], "float32")
+        Spec(shape=(2, 3), dtype='f32', workspace=False)
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    workspace: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", _dtypes.canonical(self.dtype))
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def like(x: Spec, *, dtype: Any = None) -> Spec:
+    """An output with the shape (and, unless given, the dtype) of ``x``.
+
+    Example:
+        >>> like(Spec((4,), "f16"), dtype="f32")
+        Spec(shape=(4,), dtype='f32', workspace=False)
+    """
+    return Spec(x.shape, x.dtype if dtype is None else dtype)
+
+
+class Invalid(Exception):
+    """Raised by a shape rule to reject a call; the op turns it into an :class:`OpInputError`.
+
+    Example:
+        >>> def rule(a, b):
+        ...     if a.shape != b.shape:
+        ...         raise Invalid("b", f"shape {b.shape} differs from a's {a.shape}",
+        ...                       "pass arrays of one shape")
+        ...     return like(a)
+    """
+
+    def __init__(self, arg: str | None, problem: str, fix: str | None = None):
+        super().__init__(problem)
+        self.arg, self.problem, self.fix = arg, problem, fix
+
+
+@dataclasses.dataclass(frozen=True)
+class Tensor:
+    """An array input of an op.
+
+    Args:
+        name: argument name, used in messages and as the torch schema name.
+        dtypes: the element types the kernels accept (``"f32"``, ``"bf16"``, ...).
+        rank: allowed number of dimensions: an int, a tuple of ints, or None for any.
+
+    Example:
+        >>> Tensor("x", dtypes=("float32", "bf16"), rank=(1, 2)).dtypes
+        ('f32', 'bf16')
+    """
+
+    name: str
+    dtypes: tuple[str, ...]
+    rank: int | tuple[int, ...] | None = None
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise OpDeclarationError(None, f"input name {self.name!r} is not an identifier")
+        if isinstance(self.dtypes, str):
+            raise OpDeclarationError(None, f"input '{self.name}': dtypes must be a sequence",
+                                     f'write dtypes=("{self.dtypes}",)')
+        object.__setattr__(self, "dtypes", tuple(_dtypes.canonical(d) for d in self.dtypes))
+        if isinstance(self.rank, int):
+            object.__setattr__(self, "rank", (self.rank,))
+
+    def check(self, op: str, spec: Spec) -> None:
+        """Raise an input error if ``spec`` is not acceptable for this input."""
+        if spec.dtype not in self.dtypes:
+            raise OpTypeError(op, self.name, f"dtype {spec.dtype} is not supported",
+                              f"pass one of {', '.join(self.dtypes)} (cast the input first)")
+        if self.rank is not None and spec.ndim not in self.rank:
+            want = " or ".join(str(r) for r in self.rank)
+            raise OpInputError(op, self.name, f"expected rank {want}, got shape {spec.shape}",
+                               f"pass an array with {want} dimensions")
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """The sources and handler symbol implementing an op on one platform.
+
+    Relative source paths are resolved against the folder of the file that declares
+    the op. ``handler`` is the ``XLA_FFI_DEFINE_HANDLER_SYMBOL`` name. For kernels
+    written for XLA's old custom-call API, use :meth:`legacy`.
+
+    Example:
+        >>> Kernel(["add.cu"], handler="Add").handler
+        'Add'
+    """
+
+    sources: tuple[str, ...]
+    handler: str
+    include_dirs: tuple[str, ...] = ()
+    defines: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+    legacy_function: str | None = None
+    base_dir: Path | None = None
+    dtypes: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sources, (str, Path)):
+            object.__setattr__(self, "sources", (str(self.sources),))
+        object.__setattr__(self, "sources", tuple(str(s) for s in self.sources))
+        object.__setattr__(self, "include_dirs", tuple(str(s) for s in self.include_dirs))
+        object.__setattr__(self, "flags", tuple(self.flags))
+        if self.dtypes is not None:
+            object.__setattr__(self, "dtypes", tuple(_dtypes.canonical(d) for d in self.dtypes))
+        if not self.sources:
+            raise OpDeclarationError(None, f"kernel '{self.handler}' has no sources")
+        if not self.handler.isidentifier():
+            raise OpDeclarationError(None, f"handler {self.handler!r} is not a C identifier")
+
+    @classmethod
+    def legacy(cls, sources: Sequence[str] | str, function: str, **kwargs: Any) -> Kernel:
+        """A kernel with the old signature, run unchanged through a typed-FFI adapter.
+
+        The function must have the signature
+        ``void fn(cudaStream_t stream, void** buffers, const char* opaque, size_t len)``
+        (on the CPU the stream is a ``void*`` and is null). ``buffers`` holds the inputs,
+        then the outputs; ``opaque`` is the op's ``opaque`` bytes attribute.
+
+        Example:
+            >>> Kernel.legacy(["add.cu"], function="XlaGpuSimpleAdd").handler
+            'XlaKernelsLegacy_XlaGpuSimpleAdd'
+        """
+        return cls(sources=sources, handler=f"XlaKernelsLegacy_{function}",
+                   legacy_function=function, **kwargs)
+
+    def resolved_sources(self) -> list[Path]:
+        """Absolute paths of the sources."""
+        return [self._resolve(s) for s in self.sources]
+
+    def resolved_include_dirs(self) -> list[Path]:
+        """Absolute paths of the extra include directories."""
+        return [self._resolve(s) for s in self.include_dirs]
+
+    def _resolve(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() or self.base_dir is None else (self.base_dir / p).resolve()
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundCall:
+    """A validated call: input specs, coerced attributes and output specs."""
+
+    inputs: tuple[Spec, ...]
+    attrs: dict[str, Any]
+    outputs: tuple[Spec, ...]
+
+    @property
+    def visible_outputs(self) -> tuple[Spec, ...]:
+        """The outputs returned to the caller (workspaces left out)."""
+        return tuple(o for o in self.outputs if not o.workspace)
+
+
+class Op:
+    """One custom op, declared once and usable from every frontend.
+
+    Args:
+        name: the op's name and its ``custom_call_target`` in HLO, e.g. ``"my_lib.add"``.
+        inputs: the array inputs, in order.
+        outputs: the shape rule: called with one :class:`Spec` per input (positionally)
+            and the attributes (as keywords); returns a Spec or a sequence of Specs.
+            It raises :class:`Invalid` to reject a call.
+        attrs: the typed attributes, passed by keyword.
+        kernels: ``{"cpu": Kernel(...), "cuda": Kernel(...)}``; at least one.
+        vmap_method: how ``jax.vmap`` batches the op: ``"sequential"`` (a loop of calls,
+            always correct), ``"broadcast_all"`` or ``"expand_dims"`` (one call on arrays
+            with a leading batch dimension; the kernel must accept it).
+        doc: a docstring for the generated functions.
+
+    Example:
+        >>> op = Op("docs.add", inputs=[Tensor("a", ("f32",)), Tensor("b", ("f32",))],
+        ...         outputs=lambda a, b: like(a), kernels={"cpu": Kernel(["a.cc"], "Add")})
+        >>> op.target
+        'docs.add'
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        inputs: Sequence[Tensor],
+        outputs: Callable[..., Spec | Sequence[Spec]],
+        attrs: Sequence[Attr] = (),
+        kernels: Mapping[str, Kernel],
+        vmap_method: str = "sequential",
+        doc: str = "",
+    ):
+        if not _TARGET_NAME.match(name):
+            raise OpDeclarationError(name, "the op name must be a valid custom-call target",
+                                     "use letters, digits, '_', '.' and ':' only")
+        self.name = name
+        self.inputs = tuple(inputs)
+        self.attrs = tuple(attrs)
+        self.output_rule = outputs
+        self.vmap_method = vmap_method
+        self.doc = doc
+        base = _caller_dir()
+        self.kernels = {p: k if k.base_dir else dataclasses.replace(k, base_dir=base)
+                        for p, k in kernels.items()}
+        if any(k.legacy_function for k in self.kernels.values()) and not any(
+                a.name == "opaque" for a in self.attrs):
+            self.attrs += (Attr("opaque", bytes, default=b"", doc="legacy opaque bytes"),)
+        self._check_declaration()
+
+    @property
+    def target(self) -> str:
+        """The ``custom_call_target`` this op lowers to."""
+        return self.name
+
+    def __repr__(self) -> str:
+        ins = ", ".join(t.name for t in self.inputs)
+        kws = ", ".join(a.name for a in self.attrs)
+        return f"Op({self.name}({ins}{'; ' + kws if kws else ''}), kernels={sorted(self.kernels)})"
+
+    def _check_declaration(self) -> None:
+        names = [t.name for t in self.inputs] + [a.name for a in self.attrs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise OpDeclarationError(self.name, f"duplicate argument names {dupes}")
+        if not self.inputs:
+            raise OpDeclarationError(self.name, "an op needs at least one input")
+        if not self.kernels:
+            raise OpDeclarationError(self.name, "no kernels given",
+                                     'pass kernels={"cpu": Kernel(...), "cuda": Kernel(...)}')
+        unknown = sorted(set(self.kernels) - set(PLATFORMS))
+        if unknown:
+            raise OpDeclarationError(self.name, f"unknown platforms {unknown}",
+                                     f"use {' and/or '.join(PLATFORMS)}")
+        if self.vmap_method not in VMAP_METHODS:
+            raise OpDeclarationError(self.name, f"unknown vmap_method {self.vmap_method!r}",
+                                     f"use one of {', '.join(VMAP_METHODS)}")
+
+    def bind(self, inputs: Sequence[Any], attrs: Mapping[str, Any], *,
+             coerced: bool = False) -> BoundCall:
+        """Validate a call and compute its outputs.
+
+        ``inputs`` are Specs or anything with ``.shape`` and ``.dtype`` (JAX, NumPy and
+        torch arrays, tracers, fake tensors). ``coerced=True`` says ``attrs`` is already
+        the complete output of an earlier bind. Raises :class:`OpInputError` (a
+        ``ValueError``) or :class:`OpTypeError` (also a ``TypeError``) on bad input.
+        """
+        if len(inputs) != len(self.inputs):
+            names = ", ".join(t.name for t in self.inputs)
+            raise OpInputError(self.name, None,
+                               f"expected {len(self.inputs)} array inputs ({names}), "
+                               f"got {len(inputs)}", "pass the arrays positionally, "
+                               "attributes by keyword")
+        specs = tuple(self._spec_of(t, x) for t, x in zip(self.inputs, inputs))
+        for t, s in zip(self.inputs, specs):
+            t.check(self.name, s)
+        values = dict(attrs) if coerced else self._coerce_attrs(attrs)
+        try:
+            out = self.output_rule(*specs, **values)
+        except Invalid as e:
+            raise OpInputError(self.name, e.arg, e.problem, e.fix) from None
+        outputs = (out,) if isinstance(out, Spec) else tuple(out)
+        if not outputs or not all(isinstance(o, Spec) for o in outputs):
+            raise OpDeclarationError(self.name, f"the output rule returned {out!r}",
+                                     "return a Spec or a sequence of Specs")
+        return BoundCall(specs, values, outputs)
+
+    def _spec_of(self, tensor: Tensor, x: Any) -> Spec:
+        if isinstance(x, Spec):
+            return x
+        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+            raise OpTypeError(self.name, tensor.name, f"expected an array, got {type(x).__name__}",
+                              "pass a JAX, NumPy or torch array")
+        try:
+            return Spec(tuple(x.shape), x.dtype)
+        except TypeError as e:
+            raise OpTypeError(self.name, tensor.name, str(e),
+                              f"pass one of {', '.join(tensor.dtypes)}") from None
+
+    def _coerce_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
+        known = {a.name: a for a in self.attrs}
+        extra = sorted(set(attrs) - set(known))
+        if extra:
+            raise OpInputError(self.name, extra[0], "unknown attribute",
+                               f"known attributes: {', '.join(known) or 'none'}")
+        out = {}
+        for a in self.attrs:
+            if a.name in attrs:
+                out[a.name] = a.coerce(attrs[a.name], op=self.name)
+            elif a.required:
+                raise OpInputError(self.name, a.name, "missing required attribute",
+                                   f"pass {a.name}=<{getattr(a.type, '__name__', a.type)}>")
+            else:
+                out[a.name] = a.coerce(a.default, op=self.name)
+        return out
+
+    def check_platform(self, platform: str, inputs: Sequence[Spec]) -> None:
+        """Raise if the ``platform`` kernel cannot take these inputs' dtypes."""
+        kernel = self.kernels[platform]
+        if kernel.dtypes is None:
+            return
+        for tensor, spec in zip(self.inputs, inputs):
+            if spec.dtype in tensor.dtypes and spec.dtype not in kernel.dtypes:
+                raise OpTypeError(self.name, tensor.name,
+                                  f"dtype {spec.dtype} is not supported on {platform}",
+                                  f"pass one of {', '.join(kernel.dtypes)} there")
+
+    def __call__(self, *arrays: Any, **attrs: Any) -> Any:
+        """Run the op on JAX arrays (works under ``jax.jit`` and ``jax.vmap``)."""
+        from xla_kernels.frontends import jax as jax_frontend
+
+        return jax_frontend.call(self, arrays, attrs)
+
+
+def _caller_dir() -> Path | None:
+    """Folder of the first file on the stack outside this module (the declaring file)."""
+    for frame in inspect.stack()[2:]:
+        filename = frame.filename
+        if filename != __file__ and not filename.startswith("<"):
+            return Path(filename).resolve().parent
+    return None
