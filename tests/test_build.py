@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import io
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,18 +14,29 @@ import pytest
 
 from xla_kernels.build import (
     build_library,
+    compiler,
     default_cache_dir,
     detect_cuda_archs,
     find_cxx,
     find_nvcc,
+    toolchain,
     toolchain_report,
 )
-from xla_kernels.build import compiler, toolchain
 from xla_kernels.errors import BuildError, CompilerNotFoundError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "build"
 SRC_ROOT = Path(__file__).resolve().parents[1] / "src"
-HAVE_NVCC = shutil.which("nvcc") is not None or Path("/usr/local/cuda/bin/nvcc").exists()
+
+
+def _have_nvcc() -> bool:
+    try:
+        find_nvcc()
+    except CompilerNotFoundError:
+        return False
+    return True
+
+
+HAVE_NVCC = _have_nvcc()
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc is not installed")
 
 VALUE_SRC = 'extern "C" int value() { return VALUE; }\n'
@@ -120,7 +130,7 @@ def test_concurrent_builds_in_two_processes(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", script], env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     results = [p.communicate(timeout=120) for p in procs]
-    for proc, (out, err) in zip(procs, results):
+    for proc, (_, err) in zip(procs, results, strict=True):
         assert proc.returncode == 0, err
     paths = {Path(out.strip()) for out, _ in results}
     assert len(paths) == 1
@@ -160,7 +170,7 @@ def test_nvcc_compile_error_names_file_line_and_error(tmp_path):
 
 def test_missing_source_is_named(tmp_path):
     missing = tmp_path / "nowhere.cc"
-    with pytest.raises(BuildError, match="nowhere.cc"):
+    with pytest.raises(BuildError, match=r"nowhere\.cc"):
         build_library("m", [missing], platform="cpu", cache_dir=tmp_path)
 
 
@@ -174,7 +184,7 @@ def test_missing_compilers_raise_with_fix(tmp_path, monkeypatch):
     for var in ("CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(toolchain, "STANDARD_NVCC", tmp_path / "cuda" / "bin" / "nvcc")
-    monkeypatch.setattr(toolchain, "_wheel_nvccs", lambda: [])
+    monkeypatch.setattr(toolchain, "_wheel_nvccs", list)
 
     with pytest.raises(CompilerNotFoundError) as info:
         find_nvcc()
@@ -182,7 +192,7 @@ def test_missing_compilers_raise_with_fix(tmp_path, monkeypatch):
     assert "nvcc on PATH" in msg and "CUDA_HOME" in msg
     assert "pip install nvidia-cuda-nvcc" in msg and "XLA_KERNELS_NVCC" in msg
 
-    with pytest.raises(CompilerNotFoundError, match="g\\+\\+.*Fix:.*CXX"):
+    with pytest.raises(CompilerNotFoundError, match=r"g\+\+.*Fix:.*CXX"):
         find_cxx()
     src = write(tmp_path / "v.cc", VALUE_SRC)
     with pytest.raises(CompilerNotFoundError):
@@ -256,6 +266,7 @@ def test_cuda_library_builds_for_sm90(tmp_path, monkeypatch):
 def test_cuda_arch_resolution_order(monkeypatch):
     monkeypatch.setattr(toolchain, "_nvidia_smi_archs", lambda: ("90",))
     assert toolchain.resolve_cuda_archs(["sm_90a", "80"]) == (["90a", "80"], "argument")
+    assert toolchain.resolve_cuda_archs("90a,8.0") == (["90a", "80"], "argument")
     monkeypatch.setenv("XLA_KERNELS_CUDA_ARCHS", "90a, 80,80")
     assert toolchain.resolve_cuda_archs(None) == (["90a", "80"], "env")
     monkeypatch.delenv("XLA_KERNELS_CUDA_ARCHS")
@@ -322,7 +333,7 @@ def test_progress_line_only_for_slow_builds(monkeypatch):
 
 
 def test_short_version():
-    nvcc_text = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.88"
+    nvcc_text = "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13"
     assert toolchain.short_version(Path("/x/nvcc"), nvcc_text) == "nvcc 13.0"
     gcc_text = "g++ (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022"
     assert toolchain.short_version(Path("/usr/bin/g++"), gcc_text) == "g++ 12.2.0"

@@ -143,7 +143,8 @@ class Attr:
             return dtype.type(value)
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
             raise OpTypeError(op, self.name, f"expected a number ({want}), got {value!r}")
-        cast = dtype.type(value)
+        with np.errstate(over="ignore"):
+            cast = dtype.type(value)
         if math.isfinite(float(value)) and not np.isfinite(cast):
             raise OpInputError(op, self.name, f"{value} overflows {dtype.name}")
         return cast

@@ -262,9 +262,13 @@ class Op:
         base = _caller_dir()
         self.kernels = {p: k if k.base_dir else dataclasses.replace(k, base_dir=base)
                         for p, k in kernels.items()}
+        self._implicit_attrs: frozenset[str] = frozenset()
         if any(k.legacy_function for k in self.kernels.values()) and not any(
                 a.name == "opaque" for a in self.attrs):
+            # Legacy kernels read their parameters from opaque bytes; the shape rule,
+            # written without it, never sees this attribute.
             self.attrs += (Attr("opaque", bytes, default=b"", doc="legacy opaque bytes"),)
+            self._implicit_attrs = frozenset({"opaque"})
         self._check_declaration()
 
     @property
@@ -314,11 +318,13 @@ class Op:
         for t, s in zip(self.inputs, specs):
             t.check(self.name, s)
         values = dict(attrs) if coerced else self._coerce_attrs(attrs)
+        rule_attrs = {k: v for k, v in values.items() if k not in self._implicit_attrs}
         try:
-            out = self.output_rule(*specs, **values)
+            out = self.output_rule(*specs, **rule_attrs)
         except Invalid as e:
             raise OpInputError(self.name, e.arg, e.problem, e.fix) from None
-        outputs = (out,) if isinstance(out, Spec) else tuple(out)
+        outputs = (out,) if isinstance(out, Spec) else (
+            tuple(out) if isinstance(out, (list, tuple)) else ())
         if not outputs or not all(isinstance(o, Spec) for o in outputs):
             raise OpDeclarationError(self.name, f"the output rule returned {out!r}",
                                      "return a Spec or a sequence of Specs")

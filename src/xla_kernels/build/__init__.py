@@ -2,8 +2,8 @@
 
 Example:
     >>> from xla_kernels.build import build_library
-    >>> so = build_library("simple_add", ["kernels/simple_add.cc"], platform="cpu")  # doctest: +SKIP
-    >>> import ctypes; ctypes.CDLL(str(so)).SimpleAdd                               # doctest: +SKIP
+    >>> so = build_library("simple_add", ["simple_add.cc"], platform="cpu")  # doctest: +SKIP
+    >>> import ctypes; ctypes.CDLL(str(so)).SimpleAdd                       # doctest: +SKIP
 
 The library lands in :func:`default_cache_dir` under a name keyed by the content of the
 sources and headers, the flags, the compiler and the FFI headers; a second call with the
@@ -12,6 +12,7 @@ same inputs returns the cached file without running a compiler.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -49,6 +50,11 @@ __all__ = [
 ]
 
 Platform = Literal["cpu", "cuda"]
+
+#: Environment variables the compilers read that change what they produce; part of the key.
+_ENV_AFFECTING_BUILDS = (
+    "CPATH", "CPLUS_INCLUDE_PATH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN",
+)
 
 
 def ffi_include_dir() -> Path:
@@ -96,7 +102,7 @@ def build_library(
     include_dirs: Sequence[str | Path] = (),
     defines: Mapping[str, str] = {},
     extra_flags: Sequence[str] = (),
-    cuda_archs: Sequence[str] | None = None,
+    cuda_archs: Sequence[str] | str | None = None,
     cache_dir: str | Path | None = None,
 ) -> Path:
     """Compile and link ``sources`` into one shared library, or reuse the cached one.
@@ -137,7 +143,7 @@ def build_library(
         path = find_nvcc()
         versions.append(compiler_version(path))
         nvcc = (path, short_version(path, versions[-1]))
-        archs, origin = resolve_cuda_archs(None if cuda_archs is None else list(cuda_archs))
+        archs, origin = resolve_cuda_archs(cuda_archs)
         gencode = gencode_flags(archs, ptx=origin == "fallback")
         target = ", " + ", ".join(f"sm_{a}" for a in archs) + (" + PTX" * (origin == "fallback"))
     cuda_inc = cuda_include_dir(nvcc[0]) if nvcc and need_cxx else None
@@ -147,9 +153,12 @@ def build_library(
                           cxx=cxx, nvcc=nvcc, gencode=gencode, cxx_cuda_include=cuda_inc)
 
     template = plan(Path("<out>"), Path("<obj_dir>"))
+    env = [f"{k}={os.environ[k]}" for k in _ENV_AFFECTING_BUILDS if k in os.environ]
     key = compute_key(sources=srcs, package_include_dir=pkg_dir, ffi_include_dir=ffi_dir,
-                      commands=[s.argv for s in template], compiler_versions=versions)
+                      commands=[s.argv for s in template], compiler_versions=versions,
+                      environment=env)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    cache = cache.absolute()
     out = output_path(cache, name, platform, key)
     if out.exists():
         return out

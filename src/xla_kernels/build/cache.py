@@ -92,12 +92,14 @@ def compute_key(
     ffi_include_dir: Path,
     commands: Iterable[Sequence[str]],
     compiler_versions: Iterable[str],
+    environment: Iterable[str] = (),
 ) -> str:
     """The cache key (hex sha256) of one library build.
 
     It covers each source's content; every header in each source's directory and, recursively,
     in ``package_include_dir``; the full compile commands; the compilers' ``--version`` output;
-    and the FFI header content. Headers reached only through user ``include_dirs`` are not
+    the FFI header content; and ``environment`` (``"NAME=value"`` of variables the compilers
+    read). Headers reached only through user ``include_dirs`` are not
     hashed (those directories can be large third-party trees); their paths are in the commands.
     """
     h = _Hasher()
@@ -114,6 +116,8 @@ def compute_key(
         h.add("command", "\0".join(cmd))
     for version in compiler_versions:
         h.add("compiler", version)
+    for setting in environment:
+        h.add("env", setting)
     h.add("ffi", ffi_headers_digest(ffi_include_dir))
     return h.hexdigest()
 

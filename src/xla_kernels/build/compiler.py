@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Self, TextIO
 
 from ..errors import BuildError
 
@@ -142,7 +142,7 @@ def first_errors(output: str, limit: int = 5) -> list[str]:
         elif m := _NVCC_ERROR.match(line):
             found.append(f"{m['file']}:{m['line']}: error: {m['msg']}")
     if not found:
-        found = [ln for ln in output.splitlines() if re.search(r"\berror\b", ln, re.I)]
+        found = [ln for ln in output.splitlines() if re.search(r"\berror\b", ln, re.IGNORECASE)]
     if not found:
         found = [ln for ln in output.splitlines() if ln.strip()]
     return found[:limit]
@@ -156,8 +156,8 @@ def build_error(name: str, platform: str, step: Step, output: str, problem: str)
         shown.append(f"[... {len(lines) - MAX_OUTPUT_LINES} more lines in "
                      "BuildError.compiler_output]")
     errors = first_errors(output)
-    parts = [f"building '{name}' for {platform} failed: {step.compiler} ({step.argv[0]}) "
-             f"{problem}."]
+    head = f"building '{name}' for {platform} failed: {step.compiler} ({step.argv[0]}) {problem}."
+    parts = [head]
     if errors:
         parts += ["First errors:", *(f"  {e}" for e in errors)]
     parts += [f"Command: {shlex.join(step.argv)}", "Compiler output:", *shown]
@@ -169,8 +169,8 @@ def run_steps(steps: Sequence[Step], *, name: str, platform: str) -> None:
     for step in steps:
         try:
             proc = subprocess.run(
-                list(step.argv), capture_output=True, text=True, errors="replace",
-                stdin=subprocess.DEVNULL,
+                list(step.argv), check=False, capture_output=True, text=True,
+                errors="replace", stdin=subprocess.DEVNULL,
             )
         except OSError as e:
             raise build_error(name, platform, step, str(e), "could not be started") from e
@@ -215,7 +215,7 @@ class Progress:
                 self._shown = True
                 self._print(f"{self.what}...")
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> Self:
         self._start = time.monotonic()
         if not quiet():
             self._timer = threading.Timer(self.delay, self._announce)

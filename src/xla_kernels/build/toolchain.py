@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import os
@@ -17,6 +18,7 @@ import shutil
 import site
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import BuildError, CompilerNotFoundError
@@ -42,10 +44,8 @@ def _executable(candidate: str | Path) -> Path | None:
 def _wheel_nvccs() -> list[Path]:
     """``nvidia/*/bin/nvcc`` inside every site-packages directory (pip ``nvidia-cuda-nvcc``)."""
     roots: list[str] = []
-    try:
+    with contextlib.suppress(AttributeError):  # some virtualenv flavours lack it
         roots += site.getsitepackages()
-    except AttributeError:  # some virtualenv flavours lack it
-        pass
     roots.append(site.getusersitepackages())
     roots += [p for p in sys.path if p.endswith("site-packages")]
     seen: dict[str, None] = {}
@@ -142,11 +142,12 @@ def find_cxx() -> Path:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _version_output(path: str, _mtime_ns: int, _size: int) -> str:
     try:
         proc = subprocess.run(
-            [path, "--version"], capture_output=True, text=True, errors="replace", timeout=60
+            [path, "--version"], check=False, capture_output=True, text=True,
+            errors="replace", timeout=60,
         )
     except (OSError, subprocess.SubprocessError) as e:
         raise CompilerNotFoundError(
@@ -191,8 +192,7 @@ def normalize_arch(arch: str) -> str:
     """
     a = str(arch).strip().lower()
     for prefix in ("sm_", "compute_"):
-        if a.startswith(prefix):
-            a = a[len(prefix):]
+        a = a.removeprefix(prefix)
     if re.fullmatch(r"\d+\.\d[af]?", a):
         a = a.replace(".", "")
     if not _ARCH_RE.match(a):
@@ -216,7 +216,7 @@ def _nvidia_smi_archs() -> tuple[str, ...]:
     try:
         proc = subprocess.run(
             [smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=15,
+            check=False, capture_output=True, text=True, timeout=15,
         )
     except (OSError, subprocess.SubprocessError):
         return ()
@@ -231,10 +231,10 @@ def _nvidia_smi_archs() -> tuple[str, ...]:
     return tuple(_dedupe(archs))
 
 
-def resolve_cuda_archs(explicit: list[str] | tuple[str, ...] | None = None
-                       ) -> tuple[list[str], str]:
+def resolve_cuda_archs(explicit: Sequence[str] | str | None = None) -> tuple[list[str], str]:
     """Pick the architectures to build for and say where they came from.
 
+    ``explicit`` may be a list or a comma-separated string.
     Order: ``explicit`` > ``$XLA_KERNELS_CUDA_ARCHS`` > ``nvidia-smi`` > fallback.
     The source is one of ``"argument"``, ``"env"``, ``"nvidia-smi"``, ``"fallback"``;
     only the fallback also embeds PTX.

@@ -47,13 +47,19 @@ struct XLA_FFI_ExecutionContext {
   const XkDevice* device;
 };
 
+// The Python side (eager.py) packs these structs with `struct`: keep them fixed.
+static_assert(sizeof(void*) == 8, "the eager runtime assumes a 64-bit platform");
+static_assert(sizeof(XkCall) == 80 && sizeof(XkDevice) == 40 && sizeof(XkBuffer) == 32 &&
+                  sizeof(XkAttr) == 48,
+              "eager_ffi.h struct layout changed: update eager.py and XK_EAGER_ABI_VERSION");
+
 namespace {
 
 constexpr XkDevice kHostDevice = {XK_PLATFORM_HOST, 0, nullptr,
                                   nullptr,          nullptr, nullptr};
 
 XLA_FFI_Error* MakeError(XLA_FFI_Error_Code errc, std::string message) {
-  return new (std::nothrow) XLA_FFI_Error{errc, std::move(message)};
+  return new XLA_FFI_Error{errc, std::move(message)};
 }
 
 // XLA checks `actual >= expected` for argument structs (newer callers may pass
@@ -370,6 +376,13 @@ bool FillBuffers(const XkBuffer* in, int64_t n, TypeEnum buffer_type, XLA_FFI_Bu
                " has an invalid rank/dims";
       return false;
     }
+    // Handlers print dtypes in decode errors, and api.h's operator<< has no
+    // case for values outside the enum: reject the obviously invalid ones.
+    if (b.dtype <= 0) {
+      *error = std::string("eager runtime: ") + what + " " + std::to_string(i) +
+               " has an invalid dtype " + std::to_string(b.dtype);
+      return false;
+    }
     XLA_FFI_Buffer& out = bufs[i];
     out.struct_size = XLA_FFI_Buffer_STRUCT_SIZE;
     out.extension_start = nullptr;
@@ -453,6 +466,10 @@ int32_t Call(XLA_FFI_Handler* handler, const XkDevice* device, const XkBuffer* a
     if (k > 0 && name_of(idx[k]) == name_of(idx[k - 1])) {
       return invalid("eager runtime: duplicate attribute '" + std::string(name_of(idx[k])) +
                      "'");
+    }
+    if (a.kind != XLA_FFI_AttrType_STRING && a.dtype <= 0) {
+      return invalid("eager runtime: attribute '" + std::string(name_of(idx[k])) +
+                     "' has an invalid dtype " + std::to_string(a.dtype));
     }
     AttrValue& value = attr_values.get()[k];
     switch (a.kind) {
@@ -551,6 +568,12 @@ int32_t xk_eager_call(void* handler, const XkDevice* device, const XkBuffer* arg
     return Report(XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "eager runtime: out of memory",
                   err_buf, err_len);
   }
+}
+
+int32_t xk_eager_call_packed(const XkCall* call) {
+  if (call == nullptr) return static_cast<int32_t>(XLA_FFI_Error_Code_INVALID_ARGUMENT);
+  return xk_eager_call(call->handler, call->device, call->args, call->nargs, call->rets,
+                       call->nrets, call->attrs, call->nattrs, call->err_buf, call->err_len);
 }
 
 int32_t xk_eager_handler_metadata(void* handler, int32_t* api_major, int32_t* api_minor,

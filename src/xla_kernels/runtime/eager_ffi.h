@@ -78,6 +78,21 @@ typedef struct XkAttr {
   uint8_t inline_value[8]; /* SCALAR value bytes (from byte 0) if data == NULL */
 } XkAttr;
 
+/* All arguments of xk_eager_call in one struct (one pointer to pass: cheaper
+ * from Python's ctypes than ten arguments). */
+typedef struct XkCall {
+  void* handler;
+  const XkDevice* device;
+  const XkBuffer* args;
+  int64_t nargs;
+  const XkBuffer* rets;
+  int64_t nrets;
+  const XkAttr* attrs;
+  int64_t nattrs;
+  char* err_buf;
+  int64_t err_len;
+} XkCall;
+
 /* XK_EAGER_ABI_VERSION of the loaded library. */
 int32_t xk_eager_abi_version(void);
 
@@ -98,6 +113,9 @@ int32_t xk_eager_call(void* handler, const XkDevice* device,
                       const XkBuffer* rets, int64_t nrets,
                       const XkAttr* attrs, int64_t nattrs, char* err_buf,
                       int64_t err_len);
+
+/* xk_eager_call with its arguments in `call`. */
+int32_t xk_eager_call_packed(const XkCall* call);
 
 /* Asks `handler` for its metadata, as XLA does at registration: the XLA FFI
  * API version its headers had, its traits (XLA_FFI_Handler_TraitsBits) and the

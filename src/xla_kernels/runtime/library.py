@@ -92,7 +92,7 @@ def _sources(op: Op, kernel: Kernel, platform: str) -> list[Path]:
 def _legacy_adapter(kernel: Kernel, source: Path, platform: str) -> Path:
     """Write the translation unit that includes a legacy source and wraps its function."""
     text = (f'#include "{source}"\n#include "xla_kernels/legacy.h"\n'
-            f"{_LEGACY_MACRO[platform]}({kernel.handler}, {kernel.legacy_function})\n")
+            f"{_LEGACY_MACRO[platform]}({kernel.handler}, {kernel.legacy_function});\n")
     suffix = ".cu" if platform == "cuda" else ".cc"
     digest = hashlib.sha256(text.encode() + source.read_bytes()).hexdigest()[:16]
     folder = build.default_cache_dir() / "generated"

@@ -4,7 +4,7 @@
 // xla-kernels generates one translation unit that includes it and expands one macro:
 //
 //   #include "my_legacy_kernel.cu"
-//   XLA_KERNELS_LEGACY_CUDA_HANDLER(XlaKernelsLegacy_MyKernel, MyKernel)
+//   XLA_KERNELS_LEGACY_CUDA_HANDLER(XlaKernelsLegacy_MyKernel, MyKernel);
 //
 // buffers[] holds the operands, then the results, in order, as the old API did; the
 // opaque bytes come from the op's `opaque` attribute (an array of u8).
@@ -21,9 +21,9 @@ namespace xla_kernels::legacy {
 namespace ffi = xla::ffi;
 
 // Collects operand then result addresses in the order the old API passed them.
-inline ffi::ErrorOr<std::vector<void*>> CollectBuffers(ffi::RemainingArgs args,
-                                                        ffi::RemainingRets rets) {
-  std::vector<void*> buffers;
+inline ffi::Error CollectBuffers(ffi::RemainingArgs args, ffi::RemainingRets rets,
+                                 std::vector<void*>& buffers) {
+  buffers.clear();
   buffers.reserve(args.size() + rets.size());
   for (size_t i = 0; i < args.size(); ++i) {
     auto arg = args.get<ffi::AnyBuffer>(i);
@@ -35,7 +35,7 @@ inline ffi::ErrorOr<std::vector<void*>> CollectBuffers(ffi::RemainingArgs args,
     if (ret.has_error()) return ret.error();
     buffers.push_back(ret.value()->untyped_data());
   }
-  return buffers;
+  return ffi::Error::Success();
 }
 
 inline const char* OpaqueData(ffi::Span<const uint8_t> opaque) {
@@ -49,9 +49,10 @@ inline const char* OpaqueData(ffi::Span<const uint8_t> opaque) {
   static xla::ffi::Error handler_name##_Impl(xla::ffi::RemainingArgs args,               \
                                              xla::ffi::RemainingRets rets,               \
                                              xla::ffi::Span<const uint8_t> opaque) {     \
-    auto buffers = ::xla_kernels::legacy::CollectBuffers(args, rets);                    \
-    if (buffers.has_error()) return buffers.error();                                     \
-    legacy_fn(nullptr, buffers.value().data(), ::xla_kernels::legacy::OpaqueData(opaque), \
+    std::vector<void*> buffers;                                                          \
+    xla::ffi::Error collected = ::xla_kernels::legacy::CollectBuffers(args, rets, buffers); \
+    if (collected.failure()) return collected;                                           \
+    legacy_fn(nullptr, buffers.data(), ::xla_kernels::legacy::OpaqueData(opaque),        \
               opaque.size());                                                            \
     return xla::ffi::Error::Success();                                                   \
   }                                                                                      \
@@ -69,9 +70,10 @@ inline const char* OpaqueData(ffi::Span<const uint8_t> opaque) {
                                              xla::ffi::RemainingArgs args,               \
                                              xla::ffi::RemainingRets rets,               \
                                              xla::ffi::Span<const uint8_t> opaque) {     \
-    auto buffers = ::xla_kernels::legacy::CollectBuffers(args, rets);                    \
-    if (buffers.has_error()) return buffers.error();                                     \
-    legacy_fn(stream, buffers.value().data(), ::xla_kernels::legacy::OpaqueData(opaque), \
+    std::vector<void*> buffers;                                                          \
+    xla::ffi::Error collected = ::xla_kernels::legacy::CollectBuffers(args, rets, buffers); \
+    if (collected.failure()) return collected;                                           \
+    legacy_fn(stream, buffers.data(), ::xla_kernels::legacy::OpaqueData(opaque),         \
               opaque.size());                                                            \
     cudaError_t status = cudaGetLastError();                                             \
     if (status != cudaSuccess)                                                           \

@@ -1,0 +1,168 @@
+"""torch_xla frontend: emit an op as one typed-FFI custom call in torch_xla's lazy graph.
+
+:func:`custom_call` adds one ``custom-call`` to the lazy-tensor graph with
+``api_version=API_VERSION_TYPED_FFI`` (4) and the attributes rendered as the MLIR
+dictionary XLA's typed FFI decodes (``backend_config={alpha = 5.000000e-01 : f32, ...}``).
+:func:`register_op` builds an :class:`~xla_kernels.Op`'s CPU kernel and registers its
+handler with torch_xla's runtime (see :mod:`xla_kernels.runtime.pjrt_plugin`);
+:func:`call` does both for one call of an op.
+
+What executes (torch_xla 2.9.0): the CPU client (``PJRT_DEVICE=CPU``), with handlers
+compiled against XLA FFI 0.1 headers (jaxlib 0.7.1). CUDA cannot execute through torch_xla
+2.9 (it has no CUDA); lowering works everywhere torch_xla imports. ``docs/torch_xla.md``
+has the details.
+
+torch and torch_xla are optional dependencies: they are imported on first use.
+
+Example:
+    >>> import torch, torch_xla                                           # doctest: +SKIP
+    >>> from xla_kernels.runtime.pjrt_plugin import register_handler
+    >>> register_handler("my_lib.add", handler_address, "cpu")            # doctest: +SKIP
+    >>> x = torch.tensor([1., 2., 3.], device=torch_xla.device())          # doctest: +SKIP
+    >>> (out,) = custom_call("my_lib.add", [x, x], [((3,), torch.float32)], {})  # doctest: +SKIP
+    >>> out.cpu()                                                          # doctest: +SKIP
+    tensor([2., 4., 6.])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from xla_kernels.attrs import mlir_dict
+from xla_kernels.errors import OpInputError, OpTypeError
+
+if TYPE_CHECKING:
+    import torch
+
+    from xla_kernels.op import Op
+    from xla_kernels.runtime.pjrt_plugin import TorchXlaRegistration
+
+#: ``api_version`` of a typed XLA FFI custom call (``API_VERSION_TYPED_FFI``).
+TYPED_FFI_API_VERSION = 4
+
+Shape = Sequence[int]
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    from xla_kernels import dtypes
+
+    return dtypes.to_torch(dtype)
+
+
+def custom_call(
+    target: str,
+    inputs: Sequence[torch.Tensor],
+    outputs: Sequence[tuple[Shape, Any]],
+    attrs: Mapping[str, Any],
+    *,
+    has_side_effect: bool = False,
+) -> list[torch.Tensor]:
+    """Add one typed-FFI custom call of ``target`` to torch_xla's lazy graph.
+
+    Args:
+        target: the ``custom_call_target``; its handler must be registered (for execution,
+            not for lowering) with :func:`xla_kernels.runtime.pjrt_plugin.register_handler`.
+        inputs: XLA tensors (``device.type == "xla"``), passed to the handler in order.
+        outputs: one ``(shape, dtype)`` per result; dtype is a ``torch.dtype`` or any name
+            :mod:`xla_kernels.dtypes` knows (``"f32"``, ``np.float32``...).
+        attrs: the coerced attributes (:meth:`xla_kernels.Attr.coerce` values: NumPy
+            scalars, 1-D NumPy arrays, str); the handler binds them by name.
+        has_side_effect: keep the call even when its results are unused.
+
+    Returns one lazy XLA tensor per entry of ``outputs``.
+
+    Example:
+        >>> import numpy as np, torch, torch_xla                          # doctest: +SKIP
+        >>> x = torch.ones(3, device=torch_xla.device())                  # doctest: +SKIP
+        >>> (y,) = custom_call("my_lib.scale", [x], [((3,), torch.float32)],
+        ...                    {"alpha": np.float32(0.5)})                 # doctest: +SKIP
+        >>> print(torch_xla._XLAC._get_xla_tensors_hlo([y]))              # doctest: +SKIP
+        ... custom_call_target="my_lib.scale", api_version=API_VERSION_TYPED_FFI,
+            backend_config={alpha = 5.000000e-01 : f32} ...
+    """
+    import torch
+
+    import torch_xla
+
+    if not isinstance(target, str) or not target:
+        raise OpInputError(target or "<custom_call>", "target", "expected a non-empty str")
+    tensors = list(inputs)
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise OpTypeError(target, f"inputs[{i}]", f"expected a torch.Tensor, got "
+                              f"{type(t).__name__}")
+        if t.device.type != "xla":
+            raise OpInputError(target, f"inputs[{i}]", f"tensor is on {t.device}, not an XLA "
+                               "device", "move it with t.to(torch_xla.device())")
+    if not outputs:
+        raise OpInputError(target, "outputs", "at least one output (shape, dtype) is needed")
+    shapes: list[list[int]] = []
+    out_dtypes: list[torch.dtype] = []
+    for i, out in enumerate(outputs):
+        try:
+            shape, dtype = out
+            shapes.append([int(d) for d in shape])
+            out_dtypes.append(_torch_dtype(dtype))
+        except (TypeError, ValueError, KeyError) as e:
+            raise OpTypeError(target, f"outputs[{i}]", f"expected (shape, dtype), got {out!r}: "
+                              f"{e}") from None
+        if any(d < 0 for d in shapes[-1]):
+            raise OpInputError(target, f"outputs[{i}]", f"negative dimension in {shapes[-1]}")
+    return list(torch_xla._XLAC._xla_custom_call(
+        tensors, target, shapes, out_dtypes, bool(has_side_effect),
+        mlir_dict(dict(attrs)), TYPED_FFI_API_VERSION, {}))
+
+
+def hlo_text(tensors: Sequence[torch.Tensor]) -> str:
+    """The HLO text of the lazy graph that computes ``tensors`` (nothing is executed).
+
+    Example:
+        >>> "custom-call" in hlo_text([y])                                # doctest: +SKIP
+        True
+    """
+    import torch_xla
+
+    return torch_xla._XLAC._get_xla_tensors_hlo(list(tensors))
+
+
+def register_op(op: Op, platform: str = "cpu") -> TorchXlaRegistration:
+    """Build ``op``'s kernel for ``platform`` (cached) and register it with torch_xla.
+
+    The kernel is compiled against ``jax.ffi.include_dir()``; in the torch_xla 2.9 env that
+    is jaxlib 0.7.1, whose FFI 0.1 headers match torch_xla's XLA.
+
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add       # doctest: +SKIP
+        >>> register_op(simple_add).target                               # doctest: +SKIP
+        'xla_kernels.simple_add'
+    """
+    from xla_kernels.runtime.library import load_kernel
+    from xla_kernels.runtime.pjrt_plugin import check_platform, register_handler
+
+    check_platform(platform, op.name)  # fail before building code that cannot run
+    kernel = load_kernel(op, platform)
+    return register_handler(op.target, kernel.address, platform)
+
+
+def call(op: Op, *inputs: torch.Tensor, **attrs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """Run ``op`` on XLA tensors: validate, register its CPU handler once, emit the call.
+
+    Returns one tensor for a single visible output, else a tuple (workspaces left out).
+
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add       # doctest: +SKIP
+        >>> call(simple_add, x, y).cpu()                                 # doctest: +SKIP
+        tensor([5., 7., 9.])
+    """
+    bound = op.bind(inputs, attrs)
+    op.check_platform("cpu", bound.inputs)
+    register_op(op, "cpu")
+    outs = custom_call(op.target, inputs, [(o.shape, o.dtype) for o in bound.outputs],
+                       bound.attrs)
+    visible = [t for t, spec in zip(outs, bound.outputs, strict=True) if not spec.workspace]
+    return visible[0] if len(visible) == 1 else tuple(visible)

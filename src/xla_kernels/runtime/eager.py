@@ -1,0 +1,544 @@
+"""Eager mode: call a typed XLA FFI handler without XLA.
+
+PyTorch eager (CPU and CUDA tensors) runs the very handler function that XLA runs: a
+small C++ runtime (``eager_ffi.cc``, built once per process) builds the
+``XLA_FFI_CallFrame`` that XLA would build, with its own ``XLA_FFI_Api`` table, and
+calls the handler on the calling thread. Buffers are passed by address (zero-copy);
+CUDA handlers get the stream you pass from ``XLA_FFI_Stream_Get``.
+
+What a handler gets from the eager runtime:
+
+* ``PlatformStream``: ``stream`` on ``platform="cuda"``, ``nullptr`` on ``"cpu"``.
+* ``DeviceOrdinal``: ``device_ordinal``. ``RunId``: 0.
+* ``ScratchAllocator``: host memory (aligned malloc) on CPU; on CUDA the
+  :class:`DeviceAllocator` passed as ``allocator=``, else allocation fails with an error.
+* ``ThreadPool``: ``num_threads() == 0``; ``Schedule`` runs the task inline.
+* ``UserData``/``State`` (execution context, stateful handlers) and asynchronous handlers
+  (returning ``ffi::Future``): an error saying they are not available in eager mode.
+
+Example:
+    >>> import ctypes, numpy as np
+    >>> lib = ctypes.CDLL("libmy_kernels.so")                         # doctest: +SKIP
+    >>> fn = ctypes.cast(lib.MyAdd, ctypes.c_void_p).value            # doctest: +SKIP
+    >>> x, y = np.ones(4, np.float32), np.empty(4, np.float32)
+    >>> call_handler(fn, args=[Buffer.from_array(x)], rets=[Buffer.from_array(y)],
+    ...              attrs={"alpha": np.float32(2.0)}, op_name="my_add")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import struct
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xla_kernels import dtypes
+from xla_kernels.errors import OpInputError, OpTypeError, RegistrationError, XlaKernelsError
+
+__all__ = [
+    "Buffer",
+    "DeviceAllocator",
+    "HandlerMetadata",
+    "KernelError",
+    "call_handler",
+    "ffi_api_version",
+    "handler_metadata",
+]
+
+_SOURCE = Path(__file__).with_name("eager_ffi.cc")
+
+#: Must equal XK_EAGER_ABI_VERSION in eager_ffi.h.
+_ABI_VERSION = 1
+
+# XLA_FFI_AttrType (c_api.h) and XK_PLATFORM_* (eager_ffi.h).
+_ARRAY, _SCALAR, _STRING = 1, 3, 4
+_PLATFORMS = {"cpu": 0, "cuda": 1}
+
+# XLA_FFI_Error_Code names, for messages and KernelError.code_name.
+_ERROR_CODES = (
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED",
+)
+
+_ERR_LEN = 2048  # bytes of error message kept
+
+# dtype short name -> XLA_FFI_DataType, for the per-call fast path.
+_BUFFER_CODES = {name: dtypes.ffi_code(name) for name in dtypes.ALL}
+# NumPy dtype -> XLA_FFI_DataType of attribute scalars and arrays that the typed FFI decodes
+# (api.h/ffi.h: scalars of every integer/float type and bool; Span<const T> of ints/floats).
+_SCALAR_CODES = {dtypes.to_numpy(n): dtypes.ffi_code(n) for n in (
+    "bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64", "c64", "c128")}
+_ARRAY_CODES = {dtypes.to_numpy(n): dtypes.ffi_code(n) for n in (
+    "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64")}
+
+
+class KernelError(XlaKernelsError, RuntimeError):
+    """A handler called eagerly returned an error (or threw a C++ exception).
+
+    Attributes:
+        op: the op name passed to :func:`call_handler`.
+        code: the ``XLA_FFI_Error_Code`` (e.g. 3 for ``INVALID_ARGUMENT``).
+        code_name: its name, e.g. ``"INVALID_ARGUMENT"``.
+        handler_message: the handler's own message.
+
+    Example:
+        >>> e = KernelError("my_op", "bad shape", 3)
+        >>> str(e), e.code_name
+        ('my_op: kernel failed: bad shape', 'INVALID_ARGUMENT')
+    """
+
+    def __init__(self, op: str, handler_message: str, code: int):
+        self.op = op
+        self.code = code
+        self.code_name = _ERROR_CODES[code] if 0 <= code < len(_ERROR_CODES) else str(code)
+        self.handler_message = handler_message
+        super().__init__(f"{op}: kernel failed: {handler_message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    """One argument or result: a dense, row-major array at ``ptr``.
+
+    Args:
+        ptr: device or host address of the first element.
+        dtype: element type, a short name from :mod:`xla_kernels.dtypes` (``"f32"``,
+            ``"bf16"``, ...).
+        shape: dimensions, outermost first.
+
+    Example:
+        >>> import numpy as np
+        >>> x = np.zeros((2, 3), np.float16)
+        >>> b = Buffer.from_array(x)
+        >>> b.dtype, b.shape, b.ptr == x.ctypes.data
+        ('f16', (2, 3), True)
+    """
+
+    ptr: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    @classmethod
+    def from_array(cls, array: Any, *, op: str = "<eager>", arg: str = "array") -> Buffer:
+        """The buffer of a C-contiguous NumPy array or a contiguous torch tensor (zero-copy).
+
+        The array must stay alive while a call uses the buffer.
+
+        Example:
+            >>> import numpy as np
+            >>> Buffer.from_array(np.arange(3, dtype=np.int32)).shape
+            (3,)
+        """
+        if isinstance(array, np.ndarray):
+            if not array.flags.c_contiguous:
+                raise OpInputError(op, arg, "the array is not C-contiguous",
+                                   "pass np.ascontiguousarray(array)")
+            return cls(array.ctypes.data, dtypes.canonical(array.dtype), tuple(array.shape))
+        if type(array).__module__.startswith("torch") and hasattr(array, "data_ptr"):
+            if not array.is_contiguous():
+                raise OpInputError(op, arg, "the tensor is not contiguous",
+                                   "pass tensor.contiguous()")
+            return cls(array.data_ptr(), dtypes.canonical(array.dtype), tuple(array.shape))
+        raise OpTypeError(op, arg, f"expected a NumPy array or torch tensor, got "
+                                   f"{type(array).__name__}")
+
+
+class DeviceAllocator:
+    """Scratch memory for handlers called eagerly on CUDA (``ffi::ScratchAllocator``).
+
+    ``alloc(size, alignment, device_ordinal, stream) -> address`` returns a device address
+    (0 on failure); ``free(address, size, device_ordinal, stream)`` releases it. Handlers
+    free their scratch before they return, while kernels they queued on ``stream`` may
+    still use it: the allocator must be stream-ordered (reuse memory only for work
+    queued after it on that stream), as torch's caching allocator is. An exception in a
+    callback fails the allocation; it becomes the ``__cause__`` of the KernelError.
+
+    Example:
+        >>> alloc = DeviceAllocator.torch_cuda()                     # doctest: +SKIP
+        >>> call_handler(fn, args=..., rets=..., attrs={}, platform="cuda",
+        ...              stream=torch.cuda.current_stream().cuda_stream,
+        ...              allocator=alloc)                           # doctest: +SKIP
+    """
+
+    _ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                              ctypes.c_size_t, ctypes.c_int32, ctypes.c_void_p)
+    _FREE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                             ctypes.c_int32, ctypes.c_void_p)
+
+    def __init__(self, alloc: Callable[[int, int, int, int], int],
+                 free: Callable[[int, int, int, int], None]):
+        self._local = threading.local()
+
+        def c_alloc(_user: Any, size: int, alignment: int, device: int, stream: Any) -> int:
+            try:
+                return int(alloc(size, alignment, device, stream or 0) or 0)
+            except BaseException as e:  # must not propagate into C
+                self._local.error = e
+                return 0
+
+        def c_free(_user: Any, ptr: Any, size: int, device: int, stream: Any) -> None:
+            try:
+                free(ptr or 0, size, device, stream or 0)
+            except BaseException as e:
+                self._local.error = e
+
+        # Keep the ctypes callbacks alive as long as the allocator.
+        self._c_alloc = self._ALLOC(c_alloc)
+        self._c_free = self._FREE(c_free)
+        self.alloc_address: int = ctypes.cast(self._c_alloc, ctypes.c_void_p).value or 0
+        self.free_address: int = ctypes.cast(self._c_free, ctypes.c_void_p).value or 0
+
+    def _take_error(self) -> BaseException | None:
+        error = getattr(self._local, "error", None)
+        self._local.error = None
+        return error
+
+    @classmethod
+    def torch_cuda(cls) -> DeviceAllocator:
+        """Scratch from torch's CUDA caching allocator, on the call's stream."""
+        import torch
+
+        def alloc(size: int, alignment: int, device: int, stream: int) -> int:
+            return torch.cuda.caching_allocator_alloc(size, device, stream)
+
+        def free(ptr: int, size: int, device: int, stream: int) -> None:
+            torch.cuda.caching_allocator_delete(ptr)
+
+        return cls(alloc, free)
+
+
+@dataclasses.dataclass(frozen=True)
+class HandlerMetadata:
+    """What a handler reports about itself (as XLA asks it at registration).
+
+    Attributes:
+        api_version: ``(major, minor)`` of the XLA FFI headers the handler was built with.
+        traits: ``XLA_FFI_Handler_Traits`` bits.
+        state_type_id: type id of the state an instantiate handler creates, else 0.
+    """
+
+    api_version: tuple[int, int]
+    traits: int
+    state_type_id: int
+
+    @property
+    def command_buffer_compatible(self) -> bool:
+        """Whether the handler declared ``ffi::Traits::kCmdBufferCompatible``."""
+        return bool(self.traits & 1)
+
+
+# ------------------------------------------------------------------------ the C++ library
+
+_lib: ctypes.CDLL | None = None
+_lib_lock = threading.Lock()
+_verified: set[int] = set()  # handler addresses whose API version was checked
+
+
+def _build() -> Path:
+    """Compile ``eager_ffi.cc`` (plain C++, no CUDA), or take it from the build cache."""
+    from xla_kernels.build import build_library
+
+    return build_library("xk_eager", [_SOURCE], platform="cpu")
+
+
+def _load() -> ctypes.CDLL:
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        path = _build()
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise RegistrationError(
+                f"eager runtime: cannot load {path}: {e}. Fix: rebuild with "
+                "XLA_KERNELS_CACHE_DIR pointing to an empty folder.") from e
+        lib.xk_eager_abi_version.restype = ctypes.c_int32
+        lib.xk_eager_abi_version.argtypes = []
+        if lib.xk_eager_abi_version() != _ABI_VERSION:
+            raise RegistrationError(
+                f"eager runtime: {path} has ABI version {lib.xk_eager_abi_version()}, this "
+                f"module expects {_ABI_VERSION}. Fix: clear the xla-kernels build cache.")
+        p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+        lib.xk_eager_call_packed.restype = i32
+        lib.xk_eager_call_packed.argtypes = [p]
+        lib.xk_eager_handler_metadata.restype = i32
+        lib.xk_eager_handler_metadata.argtypes = [
+            p, ctypes.POINTER(i32), ctypes.POINTER(i32), ctypes.POINTER(ctypes.c_uint32),
+            ctypes.POINTER(i64), p, i64]
+        lib.xk_eager_ffi_api_version.restype = None
+        lib.xk_eager_ffi_api_version.argtypes = [ctypes.POINTER(i32), ctypes.POINTER(i32)]
+        lib.xk_eager_api.restype = p
+        lib.xk_eager_api.argtypes = []
+        _lib = lib
+        return lib
+
+
+def ffi_api_version() -> tuple[int, int]:
+    """``(major, minor)`` XLA FFI API version the eager runtime implements (builds it).
+
+    Example:
+        >>> ffi_api_version()                                      # doctest: +SKIP
+        (0, 3)
+    """
+    lib = _lib or _load()
+    major, minor = ctypes.c_int32(), ctypes.c_int32()
+    lib.xk_eager_ffi_api_version(ctypes.byref(major), ctypes.byref(minor))
+    return major.value, minor.value
+
+
+def _address(handler: Any, op: str) -> int:
+    if isinstance(handler, int) and not isinstance(handler, bool):
+        address = handler
+    elif isinstance(handler, ctypes._CFuncPtr):
+        address = ctypes.cast(handler, ctypes.c_void_p).value or 0
+    else:
+        raise OpTypeError(op, "handler", f"expected a function address (int) or a ctypes "
+                                         f"function, got {type(handler).__name__}")
+    if address <= 0:
+        raise OpInputError(op, "handler", "the handler address is null",
+                           "pass ctypes.cast(lib.Symbol, ctypes.c_void_p).value")
+    return address
+
+
+def handler_metadata(handler: int | Any, *, op_name: str = "<handler>") -> HandlerMetadata:
+    """Ask a handler for its metadata: API version, traits, state type.
+
+    Example:
+        >>> handler_metadata(fn).api_version                       # doctest: +SKIP
+        (0, 3)
+    """
+    lib = _lib or _load()
+    address = _address(handler, op_name)
+    major, minor = ctypes.c_int32(), ctypes.c_int32()
+    traits, state = ctypes.c_uint32(), ctypes.c_int64()
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    code = lib.xk_eager_handler_metadata(address, ctypes.byref(major), ctypes.byref(minor),
+                                         ctypes.byref(traits), ctypes.byref(state), err,
+                                         _ERR_LEN)
+    if code:
+        raise KernelError(op_name, err.value.decode("utf-8", "replace"), code)
+    return HandlerMetadata((major.value, minor.value), traits.value, state.value)
+
+
+def _verify(address: int, op: str) -> None:
+    """Refuse handlers built against FFI headers the runtime cannot serve (once each)."""
+    meta = handler_metadata(address, op_name=op)
+    ours = ffi_api_version()
+    if meta.api_version[0] != ours[0] or meta.api_version[1] > ours[1]:
+        raise RegistrationError(
+            f"{op}: the handler was built against XLA FFI API "
+            f"{meta.api_version[0]}.{meta.api_version[1]}, the eager runtime implements "
+            f"{ours[0]}.{ours[1]}. Fix: rebuild both against the same jaxlib "
+            "(jax.ffi.include_dir()).")
+    _verified.add(address)
+
+
+# ------------------------------------------------------------------------ calling
+
+# One call is one block of memory, laid out as the C structs of eager_ffi.h:
+#   XkCall | XkDevice | XkBuffer * (nargs + nrets) | XkAttr * nattrs | dims (int64) |
+#   attribute names and payloads (8-byte aligned) | error message buffer
+_CALL_FMT, _DEVICE_FMT, _BUFFER_FMT, _ATTR_FMT = "PPPqPqPqPq", "iiPPPP", "PPqii", "PqiiPq8s"
+_CALL_SIZE, _DEVICE_SIZE = struct.calcsize("@" + _CALL_FMT), struct.calcsize("@" + _DEVICE_FMT)
+_BUFFER_SIZE, _ATTR_SIZE = struct.calcsize("@" + _BUFFER_FMT), struct.calcsize("@" + _ATTR_FMT)
+_layouts: dict[tuple[int, int, int], struct.Struct] = {}
+
+
+def _layout(nbuffers: int, nattrs: int, ndims: int) -> struct.Struct:
+    """The struct.Struct of the fixed-size part of a call block (cached)."""
+    key = (nbuffers, nattrs, ndims)
+    layout = _layouts.get(key)
+    if layout is None:
+        layout = struct.Struct(f"@{_CALL_FMT}{_DEVICE_FMT}{_BUFFER_FMT * nbuffers}"
+                               f"{_ATTR_FMT * nattrs}{ndims}q")
+        if len(_layouts) < 1024:
+            _layouts[key] = layout
+    return layout
+
+
+class _Scratch(threading.local):
+    """A per-thread call block, reused across calls (not across nested calls)."""
+
+    block: ctypes.Array[ctypes.c_char] | None = None
+    busy: bool = False
+
+
+_scratch = _Scratch()
+
+
+def _encode_attr(name: Any, value: Any, op: str) -> tuple[bytes, int, int, bytes, int]:
+    """(name bytes, kind, dtype code, payload bytes, size) of one attribute; the size is
+    the element count of an array, the byte length of a string, 0 for a scalar."""
+    if not isinstance(name, str) or not name:
+        raise OpTypeError(op, None, f"attribute names must be non-empty str, got {name!r}")
+    if isinstance(value, str):
+        data = value.encode()
+        return name.encode(), _STRING, 0, data, len(data)
+    if isinstance(value, np.generic):
+        code = _SCALAR_CODES.get(value.dtype)
+        if code is None:
+            raise OpTypeError(op, name, f"scalar attributes of dtype {value.dtype} are not "
+                                        "supported", "use an integer, float or bool type")
+        return name.encode(), _SCALAR, code, value.tobytes(), 0
+    if isinstance(value, np.ndarray):
+        code = _ARRAY_CODES.get(value.dtype)
+        if value.ndim != 1 or code is None:
+            raise OpTypeError(
+                op, name, f"array attributes must be 1-D int/uint/float32/float64 NumPy "
+                          f"arrays, got a {value.ndim}-D {value.dtype} array")
+        return name.encode(), _ARRAY, code, value.tobytes(), value.size
+    raise OpTypeError(op, name, f"expected a NumPy scalar, a str or a 1-D NumPy array, got "
+                                f"{type(value).__name__} {value!r}",
+                      "coerce it with xla_kernels.Attr(...).coerce(value, op=...)")
+
+
+def _buffer_code(buf: Any, op: str, what: str) -> int:
+    """XLA_FFI_DataType of a Buffer's dtype (OpTypeError for anything else)."""
+    if not isinstance(buf, Buffer):
+        raise OpTypeError(op, what, f"expected an eager.Buffer, got {type(buf).__name__}",
+                          "wrap arrays with Buffer.from_array(x)")
+    code = _BUFFER_CODES.get(buf.dtype)
+    if code is None:
+        try:
+            code = dtypes.ffi_code(buf.dtype)
+        except TypeError as e:
+            raise OpTypeError(op, what, str(e)) from None
+    return code
+
+
+def call_handler(
+    handler: int | Any,
+    *,
+    args: Sequence[Buffer],
+    rets: Sequence[Buffer],
+    attrs: Mapping[str, Any],
+    stream: int = 0,
+    device_ordinal: int = 0,
+    op_name: str = "<handler>",
+    platform: str = "cpu",
+    allocator: DeviceAllocator | None = None,
+) -> None:
+    """Call a typed XLA FFI handler on the calling thread, as XLA would at stage EXECUTE.
+
+    Returns once the handler returns; on CUDA, when it has queued its work on ``stream``.
+
+    Args:
+        handler: the handler's address (``ctypes.cast(lib.Symbol, ctypes.c_void_p).value``)
+            or the ctypes function itself.
+        args: argument buffers, in binding order.
+        rets: result buffers the handler writes, in binding order.
+        attrs: attribute values as :meth:`xla_kernels.Attr.coerce` returns them: NumPy
+            scalars, ``str`` or 1-D NumPy arrays; any order (sorted by name for the handler).
+        stream: ``cudaStream_t`` as an int (``platform="cuda"``; 0 is the default stream).
+        device_ordinal: what ``ffi::DeviceOrdinal`` gives the handler.
+        op_name: names the op in error messages.
+        platform: ``"cpu"`` or ``"cuda"``.
+        allocator: scratch memory for ``platform="cuda"``; see :class:`DeviceAllocator`.
+
+    Raises:
+        KernelError: the handler returned an error; the message is
+            ``"{op_name}: kernel failed: {handler message}"``.
+        OpTypeError, OpInputError: a buffer, attribute or option is malformed.
+        RegistrationError: the handler was built against incompatible FFI headers.
+
+    Example:
+        >>> x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        >>> out = np.empty_like(x)
+        >>> call_handler(fn, args=[Buffer.from_array(x)], rets=[Buffer.from_array(out)],
+        ...              attrs={"scale": np.float32(2)}, op_name="scale")  # doctest: +SKIP
+    """
+    lib = _lib or _load()
+    address = handler if type(handler) is int and handler > 0 else _address(handler, op_name)
+    if address not in _verified:
+        _verify(address, op_name)
+    kind = _PLATFORMS.get(platform)
+    if kind is None:
+        raise OpInputError(op_name, "platform", f"unknown platform {platform!r}",
+                           "use 'cpu' or 'cuda'")
+    if kind == 0 and stream:
+        raise OpInputError(op_name, "stream", "a CPU call takes no stream", "pass stream=0")
+
+    nargs = len(args)
+    buffers = (*args, *rets)
+    codes = []
+    ndims = 0
+    for i, b in enumerate(buffers):
+        code = _BUFFER_CODES.get(b.dtype) if type(b) is Buffer else None
+        codes.append(code or _buffer_code(
+            b, op_name, f"args[{i}]" if i < nargs else f"rets[{i - nargs}]"))
+        ndims += len(b.shape)
+    encoded = [_encode_attr(k, v, op_name) for k, v in attrs.items()]
+    pool = bytearray()
+    for name, attr_kind, _, payload, _ in encoded:
+        pool += name
+        pool += bytes(-len(pool) % 8)
+        if attr_kind != _SCALAR or len(payload) > 8:
+            pool += payload
+            pool += bytes(-len(pool) % 8)
+
+    layout = _layout(len(buffers), len(encoded), ndims)
+    pool_off = layout.size
+    err_off = pool_off + len(pool)
+    size = err_off + _ERR_LEN
+    scratch = _scratch
+    nested = scratch.busy
+    block = scratch.block
+    if nested or block is None or len(block) < size:
+        block = ctypes.create_string_buffer(max(size, 4096))
+        if not nested:
+            scratch.block = block
+    base = ctypes.addressof(block)
+
+    device_at = base + _CALL_SIZE
+    buffers_at = device_at + _DEVICE_SIZE
+    attrs_at = buffers_at + _BUFFER_SIZE * len(buffers)
+    dims_at = attrs_at + _ATTR_SIZE * len(encoded)
+    values: list[Any] = [
+        address, device_at, buffers_at, nargs, buffers_at + _BUFFER_SIZE * nargs, len(rets),
+        attrs_at, len(encoded), base + err_off, _ERR_LEN,
+        kind, device_ordinal, stream,
+        allocator.alloc_address if allocator else 0, allocator.free_address if allocator else 0,
+        0,
+    ]
+    dims: list[int] = []
+    for b, code in zip(buffers, codes, strict=True):
+        rank = len(b.shape)
+        values += (b.ptr, dims_at if rank else 0, rank, code, 0)
+        dims += b.shape
+        dims_at += 8 * rank
+    at = base + pool_off
+    for name, attr_kind, code, payload, count in encoded:
+        name_at = at
+        at += len(name) + (-len(name) % 8)
+        if attr_kind == _SCALAR and len(payload) <= 8:
+            values += (name_at, len(name), attr_kind, code, 0, 0, payload)
+        else:
+            values += (name_at, len(name), attr_kind, code, at, count, b"")
+            at += len(payload) + (-len(payload) % 8)
+    if dims and min(dims) < 0:
+        raise OpInputError(op_name, "args/rets", f"negative dimension in shapes "
+                                                 f"{[b.shape for b in buffers]}")
+    try:
+        layout.pack_into(block, 0, *values, *dims)
+    except (struct.error, TypeError, OverflowError) as e:
+        raise OpTypeError(op_name, "args/rets", f"malformed buffer or option: {e}",
+                          "ptr, shape entries, stream and device_ordinal must be ints") from None
+    if pool:
+        block[pool_off:err_off] = bytes(pool)
+
+    scratch.busy = True
+    try:
+        rc = lib.xk_eager_call_packed(base)
+    finally:
+        scratch.busy = nested
+    if rc:
+        message = ctypes.string_at(base + err_off).decode("utf-8", "replace")
+        cause = allocator._take_error() if allocator is not None else None
+        raise KernelError(op_name, message, rc) from cause

@@ -1,0 +1,39 @@
+"""Test configuration: fresh random inputs, the GPU marker, and the test ops' import path."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("XLA_KERNELS_QUIET", "1")
+
+
+def _jax_has_gpu() -> bool:
+    try:
+        import jax
+
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _jax_has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU visible to JAX (scripts/gpu_run.sh)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """A generator with a fresh seed per test; the seed is printed on failure."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    print(f"random seed: {seed}")
+    return np.random.default_rng(seed)
