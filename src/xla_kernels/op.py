@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,7 @@ class Op:
             self.attrs += (Attr("opaque", bytes, default=b"", doc="legacy opaque bytes"),)
             self._implicit_attrs = frozenset({"opaque"})
         self._check_declaration()
+        _declared[name] = self
 
     @property
     def target(self) -> str:
@@ -375,6 +377,20 @@ class Op:
         from xla_kernels.frontends import jax as jax_frontend
 
         return jax_frontend.call(self, arrays, attrs)
+
+
+_declared: weakref.WeakValueDictionary[str, Op] = weakref.WeakValueDictionary()
+
+
+def declared_ops() -> dict[str, Op]:
+    """Every op declared in this process (and still alive), by name.
+
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add
+        >>> declared_ops()["xla_kernels.simple_add"] is simple_add
+        True
+    """
+    return dict(sorted(_declared.items()))
 
 
 def _caller_dir() -> Path | None:

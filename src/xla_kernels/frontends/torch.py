@@ -46,11 +46,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -58,8 +57,9 @@ import torch
 
 from xla_kernels import dtypes
 from xla_kernels.attrs import _ARRAYS, _SCALARS, Attr
-from xla_kernels.errors import OpInputError, OpTypeError, PlatformError, RegistrationError
-from xla_kernels.op import Op
+from xla_kernels.errors import OpInputError, PlatformError, RegistrationError
+from xla_kernels.op import BoundCall, Op, Spec
+from xla_kernels.runtime.eager import Buffer, DeviceAllocator, call_handler
 from xla_kernels.runtime.library import load_kernel
 
 __all__ = ["attrs_for_torch", "call", "qualified_name", "schema", "torch_op"]
@@ -137,8 +137,11 @@ def _literal(attr: Attr) -> str | None:
     return "[" + ", ".join(repr(float(v)) for v in items) + "]"
 
 
-def schema(op: Op) -> str:
+def schema(op: Op, *, num_outputs: int | None = None) -> str:
     """The torch schema (without the name) derived from ``op``'s declaration.
+
+    ``num_outputs`` (the number of visible outputs) is found by running the shape rule
+    on probe inputs unless given.
 
     Example:
         >>> import xla_kernels as xk
@@ -158,54 +161,45 @@ def schema(op: Op) -> str:
         kind = _schema_type(attr)
         params.append(f"{kind} {attr.name}={literal}" if literal is not None
                       else f"{kind}? {attr.name}=None")
-    returns = _visible_count(op)
+    returns = _visible_count(op) if num_outputs is None else int(num_outputs)
+    if returns < 1:
+        raise RegistrationError(f"{op.name}: num_outputs must be at least 1, got {returns}")
     ret = "Tensor" if returns == 1 else "(" + ", ".join(["Tensor"] * returns) + ")"
     return f"({', '.join(params)}) -> {ret}"
 
 
 def _visible_count(op: Op) -> int:
-    """How many visible outputs ``op`` has; the schema needs it before any call.
+    """How many visible outputs ``op`` has: the schema needs it before any call.
 
-    The shape rule runs once on a probe: each input gets its first declared dtype and
-    a small shape of an allowed rank. A rule that rejects the probe (shapes must match
-    in some other way) is tried with every input of one shape; failing that, the
-    count must be declared some other way, and an error says so.
+    The shape rule runs on probe inputs (each input's first declared dtype, every input
+    of one shape: rank 0 to 4, sides 1, 2, 8 or 128, within each input's declared ranks,
+    required attributes set to small values) until one is accepted.
     """
-    attrs = {}
-    for a in op.attrs:
-        if a.required:
-            attrs[a.name] = _probe_value(a)
-    shapes = [(), (1,), (2,), (1, 1), (2, 2), (1, 1, 1), (2, 2, 2), (1, 1, 1, 1)]
+    attrs = {a.name: _probe_value(a) for a in op.attrs if a.required}
     first_error: Exception | None = None
-    for shape in shapes:
-        probe = []
-        for t in op.inputs:
-            rank = len(shape)
-            if t.rank is not None and rank not in t.rank:
-                rank = t.rank[0]
-            probe.append(_Probe((1,) * rank if len(shape) != rank else shape, t.dtypes[0]))
-        try:
-            bound = op.bind(probe, attrs)
-        except Exception as e:  # the rule may reject the probe: try another shape
-            first_error = first_error or e
-            continue
-        return len(bound.visible_outputs)
+    for side in (2, 1, 8, 128):
+        for rank in range(5):
+            probe = []
+            for t in op.inputs:
+                r = rank if t.rank is None or rank in t.rank else t.rank[0]
+                probe.append(Spec((side,) * r, t.dtypes[0]))
+            try:
+                bound = op.bind(probe, attrs)
+            except Exception as e:  # the rule may reject this probe: try the next one
+                first_error = first_error or e
+                continue
+            return len(bound.visible_outputs)
     raise RegistrationError(
         f"{op.name}: cannot derive the torch schema's return count: the shape rule "
-        f"rejected every probe input ({first_error}). Fix: make the rule accept inputs "
-        "of one small shape, or call it with real tensors first.")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Probe:
-    shape: tuple[int, ...]
-    dtype: str
+        f"rejected every probe (inputs of one shape, e.g. {first_error}). Fix: pass "
+        "num_outputs= (the number of visible outputs) to torch_op.")
 
 
 def _probe_value(attr: Attr) -> Any:
-    kind = _schema_type(attr)
+    if attr.type is bytes:
+        return b""
     return {"str": "", "bool": False, "int": 1, "float": 1.0, "int[]": [1],
-            "float[]": [1.0]}[kind] if attr.type is not bytes else b""
+            "float[]": [1.0]}[_schema_type(attr)]
 
 
 # ------------------------------------------------------------------------ attributes
@@ -268,6 +262,24 @@ def _concrete(v: Any) -> Any:
 
 # ------------------------------------------------------------------------ registration
 
+class _Plan:
+    """A validated call shape: what ``op.bind`` said for one set of input shapes, dtypes
+    and attributes, ready for the per-call fast path."""
+
+    __slots__ = ("attrs", "checked", "inputs", "outputs", "single", "visible")
+
+    def __init__(self, bound: BoundCall):
+        self.attrs = bound.attrs
+        self.inputs = tuple((s.dtype, s.shape) for s in bound.inputs)
+        self.outputs = tuple((s.dtype, s.shape, _TORCH_DTYPES[s.dtype]) for s in bound.outputs)
+        self.visible = tuple(i for i, s in enumerate(bound.outputs) if not s.workspace)
+        self.single = len(self.visible) == 1
+        self.checked: set[str] = set()  # platforms whose kernel accepts these dtypes
+
+
+_MAX_PLANS = 512
+
+
 class _Entry:
     """One defined torch operator and the op it runs (swappable, see :func:`torch_op`)."""
 
@@ -281,6 +293,7 @@ class _Entry:
         self.op = op
         self.byte_attrs = _byte_attrs(op)
         self.handlers: dict[str, int] = {}
+        self.plans: dict[Any, _Plan] = {}
 
     def handler(self, platform: str) -> int:
         address = self.handlers.get(platform)
@@ -288,13 +301,45 @@ class _Entry:
             address = self.handlers[platform] = load_kernel(self.op, platform).address
         return address
 
+    def plan(self, key: Any, tensors: tuple[torch.Tensor, ...], kwargs: dict[str, Any],
+             platform: str) -> _Plan:
+        """Validate a call (``op.bind``) and the platform's kernel, and remember it."""
+        op = self.op
+        attrs = (_attrs_from_torch(op, self.byte_attrs, kwargs) if self.byte_attrs
+                 or None in kwargs.values() else kwargs)
+        plan = _Plan(op.bind(tensors, attrs))
+        if key is not None:
+            if len(self.plans) >= _MAX_PLANS:
+                self.plans.clear()
+            self.plans[key] = plan
+        return plan
+
+    def check(self, plan: _Plan, platform: str) -> None:
+        op = self.op
+        if platform not in op.kernels:
+            raise PlatformError(
+                f"{op.name}: no kernel for platform '{platform}' (it has kernels for "
+                f"{', '.join(sorted(op.kernels))}). Fix: move the tensors to "
+                f"{' or '.join(sorted(op.kernels))}, or declare a kernel for {platform}.")
+        op.check_platform(platform, [Spec(shape, dtype) for dtype, shape in plan.inputs])
+        plan.checked.add(platform)
+
+
+def _attr_key(kwargs: dict[str, Any]) -> Any:
+    """A hashable key of a torch call's attributes (None if a value is not hashable)."""
+    try:
+        return tuple(sorted((k, type(v), tuple(v) if isinstance(v, list) else v)
+                            for k, v in kwargs.items()))
+    except TypeError:
+        return None
+
 
 _entries: dict[str, _Entry] = {}
 _by_op: dict[tuple[int, str | None], Any] = {}
 _lock = threading.RLock()
 
 
-def torch_op(op: Op, *, namespace: str | None = None) -> Any:
+def torch_op(op: Op, *, namespace: str | None = None, num_outputs: int | None = None) -> Any:
     """Define ``torch.ops.<namespace>.<name>`` for ``op`` (once) and return its packet.
 
     Idempotent: calling it again for the same op returns the same
@@ -302,6 +347,13 @@ def torch_op(op: Op, *, namespace: str | None = None) -> Any:
     the same schema (e.g. a re-executed declaration) takes over the existing torch
     operator; one whose schema differs raises :class:`RegistrationError`, as does a name
     that something else already defined in torch (pass ``namespace=``).
+
+    Args:
+        op: the declared op.
+        namespace: the torch namespace; by default derived from ``op.name``
+            (see :func:`qualified_name`).
+        num_outputs: the number of visible outputs, only needed when the shape rule
+            rejects every probe input :func:`schema` tries.
 
     Example:
         >>> import torch
@@ -317,7 +369,7 @@ def torch_op(op: Op, *, namespace: str | None = None) -> Any:
         return packet
     with _lock:
         qualname = qualified_name(op, namespace=namespace)
-        text = schema(op)
+        text = schema(op, num_outputs=num_outputs)
         entry = _entries.get(qualname)
         if entry is not None:
             if entry.schema != text:
@@ -379,50 +431,54 @@ _cuda_allocator: Any = None
 
 def _run(entry: _Entry, platform: str, tensors: tuple[torch.Tensor, ...],
          kwargs: dict[str, Any]) -> Any:
-    from xla_kernels.runtime.eager import Buffer, call_handler
-
-    op = entry.op
+    """The eager kernel: validate (once per call shape), allocate, call the handler."""
     device = tensors[0].device
-    for i, t in enumerate(tensors):
+    for t in tensors:
         if t.device != device:
-            raise OpInputError(op.name, op.inputs[i].name if i < len(op.inputs) else None,
-                               f"is on {t.device}, while '{op.inputs[0].name}' is on {device}",
-                               "move every input to one device")
+            _device_mismatch(entry.op, tensors)
+    key = (*[t.shape for t in tensors], *[t.dtype for t in tensors],
+           _attr_key(kwargs) if kwargs else ())
+    if key[-1] is None:
+        key = None
     tensors = tuple(t if t.is_contiguous() else t.contiguous() for t in tensors)
-    attrs = (_attrs_from_torch(op, entry.byte_attrs, kwargs) if entry.byte_attrs
-             or None in kwargs.values() else kwargs)
-    bound = op.bind(tensors, attrs)
-    if platform not in op.kernels:
-        raise PlatformError(
-            f"{op.name}: no kernel for platform '{platform}' (it has kernels for "
-            f"{', '.join(sorted(op.kernels))}). Fix: move the tensors to "
-            f"{' or '.join(sorted(op.kernels))}, or declare a kernel for {platform}.")
-    op.check_platform(platform, bound.inputs)
-    handler = entry.handler(platform)
+    plan = entry.plans.get(key) if key is not None else None
+    if plan is None:
+        plan = entry.plan(key, tensors, kwargs, platform)
+    if platform not in plan.checked:
+        entry.check(plan, platform)
+    handler = entry.handlers.get(platform) or entry.handler(platform)
 
-    outs = [torch.empty(s.shape, dtype=_TORCH_DTYPES[s.dtype], device=device)
-            for s in bound.outputs]
+    outs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in plan.outputs]
     if POISON_OUTPUTS:
         for o in outs:
             o.fill_(float("nan") if o.is_floating_point() or o.is_complex() else -1)
-    args = [Buffer(t.data_ptr(), s.dtype, s.shape) for t, s in zip(tensors, bound.inputs)]
-    rets = [Buffer(o.data_ptr(), s.dtype, s.shape) for o, s in zip(outs, bound.outputs)]
+    args = [Buffer(t.data_ptr(), dtype, shape)
+            for t, (dtype, shape) in zip(tensors, plan.inputs, strict=True)]
+    rets = [Buffer(o.data_ptr(), dtype, shape)
+            for o, (dtype, shape, _) in zip(outs, plan.outputs, strict=True)]
     if platform == "cpu":
-        call_handler(handler, args=args, rets=rets, attrs=bound.attrs, op_name=op.name)
+        call_handler(handler, args=args, rets=rets, attrs=plan.attrs, op_name=entry.op.name)
     else:
-        _call_cuda(handler, device, args, rets, bound.attrs, op.name)
+        _call_cuda(handler, device, args, rets, plan.attrs, entry.op.name)
 
-    if len(outs) == 1:
-        return outs[0]
-    visible = [o for o, s in zip(outs, bound.outputs) if not s.workspace]
-    return visible[0] if len(visible) == 1 else tuple(visible)
+    if plan.single:
+        return outs[plan.visible[0]]
+    return tuple(outs[i] for i in plan.visible)
+
+
+def _device_mismatch(op: Op, tensors: tuple[torch.Tensor, ...]) -> None:
+    device = tensors[0].device
+    for i, t in enumerate(tensors):
+        if t.device != device:
+            name = op.inputs[i].name if i < len(op.inputs) else None
+            raise OpInputError(op.name, name,
+                               f"is on {t.device}, while '{op.inputs[0].name}' is on {device}",
+                               "move every input to one device")
 
 
 def _call_cuda(handler: int, device: torch.device, args: list[Any], rets: list[Any],
                attrs: dict[str, Any], op_name: str) -> None:
     """Run a CUDA handler on PyTorch's current stream of ``device`` (no synchronization)."""
-    from xla_kernels.runtime.eager import DeviceAllocator, call_handler
-
     global _cuda_allocator
     if _cuda_allocator is None:
         _cuda_allocator = DeviceAllocator.torch_cuda()
@@ -456,10 +512,3 @@ def call(op: Op, *tensors: torch.Tensor, **attrs: Any) -> Any:
     packet = torch_op(op)
     return packet(*tensors, **attrs_for_torch(op, attrs)) if attrs else packet(*tensors)
 
-
-def _reset_for_tests(predicate: Callable[[str], bool]) -> None:
-    """Forget cached packets whose qualified name matches (the torch ops stay defined)."""
-    with _lock:
-        for key, packet in list(_by_op.items()):
-            if predicate(f"{packet._qualified_op_name}"):
-                del _by_op[key]

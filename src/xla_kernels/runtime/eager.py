@@ -71,10 +71,14 @@ _ERR_LEN = 2048  # bytes of error message kept
 
 # dtype short name -> XLA_FFI_DataType, for the per-call fast path.
 _BUFFER_CODES = {name: dtypes.ffi_code(name) for name in dtypes.ALL}
-# NumPy dtype -> XLA_FFI_DataType of attribute scalars and arrays that the typed FFI decodes
-# (api.h/ffi.h: scalars of every integer/float type and bool; Span<const T> of ints/floats).
-_SCALAR_CODES = {dtypes.to_numpy(n): dtypes.ffi_code(n) for n in (
-    "bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64", "c64", "c128")}
+# Attribute scalars the typed FFI decodes (api.h: bool, every int and float type):
+# NumPy scalar type -> (XLA_FFI_DataType, struct format of the 8-byte inline value).
+_SCALAR_FORMATS = {"bool": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q",
+                   "u8": "B7x", "u16": "H6x", "u32": "I4x", "u64": "Q", "f32": "f4x", "f64": "d"}
+_SCALARS = {dtypes.to_numpy(n).type: (dtypes.ffi_code(n), f) for n, f in _SCALAR_FORMATS.items()}
+_SCALAR_CODES = {dtypes.to_numpy(n): dtypes.ffi_code(n) for n in (*_SCALAR_FORMATS, "c64",
+                                                                  "c128")}
+# Attribute arrays the typed FFI decodes (ffi.h: Span<const T> of ints and floats).
 _ARRAY_CODES = {dtypes.to_numpy(n): dtypes.ffi_code(n) for n in (
     "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64")}
 
@@ -345,19 +349,21 @@ def _verify(address: int, op: str) -> None:
 # One call is one block of memory, laid out as the C structs of eager_ffi.h:
 #   XkCall | XkDevice | XkBuffer * (nargs + nrets) | XkAttr * nattrs | dims (int64) |
 #   attribute names and payloads (8-byte aligned) | error message buffer
-_CALL_FMT, _DEVICE_FMT, _BUFFER_FMT, _ATTR_FMT = "PPPqPqPqPq", "iiPPPP", "PPqii", "PqiiPq8s"
+_CALL_FMT, _DEVICE_FMT, _BUFFER_FMT, _ATTR_FMT = "PPPqPqPqPq", "iiPPPP", "PPqii", "PqiiPq"
 _CALL_SIZE, _DEVICE_SIZE = struct.calcsize("@" + _CALL_FMT), struct.calcsize("@" + _DEVICE_FMT)
-_BUFFER_SIZE, _ATTR_SIZE = struct.calcsize("@" + _BUFFER_FMT), struct.calcsize("@" + _ATTR_FMT)
-_layouts: dict[tuple[int, int, int], struct.Struct] = {}
+_BUFFER_SIZE, _ATTR_SIZE = struct.calcsize("@" + _BUFFER_FMT), struct.calcsize("@PqiiPq8s")
+_layouts: dict[tuple[Any, ...], struct.Struct] = {}
 
 
-def _layout(nbuffers: int, nattrs: int, ndims: int) -> struct.Struct:
-    """The struct.Struct of the fixed-size part of a call block (cached)."""
-    key = (nbuffers, nattrs, ndims)
+def _layout(nbuffers: int, ndims: int, inline_formats: tuple[str, ...]) -> struct.Struct:
+    """The struct.Struct of the fixed-size part of a call block (cached): XkCall, XkDevice,
+    the XkBuffers, the XkAttrs (each ending with its inline value's format), the dims."""
+    key = (nbuffers, ndims, *inline_formats)
     layout = _layouts.get(key)
     if layout is None:
-        layout = struct.Struct(f"@{_CALL_FMT}{_DEVICE_FMT}{_BUFFER_FMT * nbuffers}"
-                               f"{_ATTR_FMT * nattrs}{ndims}q")
+        attrs = "".join(_ATTR_FMT + f for f in inline_formats)
+        layout = struct.Struct(f"@{_CALL_FMT}{_DEVICE_FMT}{_BUFFER_FMT * nbuffers}{attrs}"
+                               f"{ndims}q")
         if len(_layouts) < 1024:
             _layouts[key] = layout
     return layout
@@ -367,33 +373,55 @@ class _Scratch(threading.local):
     """A per-thread call block, reused across calls (not across nested calls)."""
 
     block: ctypes.Array[ctypes.c_char] | None = None
+    view: memoryview | None = None
     busy: bool = False
 
 
 _scratch = _Scratch()
+_names: dict[str, tuple[bytes, int]] = {}  # name -> (UTF-8, NUL-padded to 8 bytes; length)
 
 
-def _encode_attr(name: Any, value: Any, op: str) -> tuple[bytes, int, int, bytes, int]:
-    """(name bytes, kind, dtype code, payload bytes, size) of one attribute; the size is
-    the element count of an array, the byte length of a string, 0 for a scalar."""
-    if not isinstance(name, str) or not name:
-        raise OpTypeError(op, None, f"attribute names must be non-empty str, got {name!r}")
+def _name(name: Any, op: str) -> tuple[bytes, int]:
+    entry = _names.get(name) if isinstance(name, str) else None
+    if entry is None:
+        if not isinstance(name, str) or not name:
+            raise OpTypeError(op, None, f"attribute names must be non-empty str, got {name!r}")
+        data = name.encode()
+        entry = data + bytes(-len(data) % 8), len(data)
+        if len(_names) < 4096:
+            _names[name] = entry
+    return entry
+
+
+def _encode_attr(name: str, value: Any, op: str) -> tuple[int, int, str, Any, bytes, int]:
+    """(kind, dtype code, inline format, inline value, pool payload, size) of an attribute.
+
+    Scalars travel in XkAttr.inline_value (packed with the 8-byte ``inline format``) unless
+    wider than 8 bytes; strings and arrays travel in the pool. ``size`` is the element
+    count of an array and the byte length of a string.
+    """
+    entry = _SCALARS.get(type(value))
+    if entry is not None:
+        return _SCALAR, entry[0], entry[1], value, b"", 0
     if isinstance(value, str):
         data = value.encode()
-        return name.encode(), _STRING, 0, data, len(data)
-    if isinstance(value, np.generic):
+        return _STRING, 0, "8s", b"", data, len(data)
+    if isinstance(value, np.generic):  # other scalar types of the same dtypes, complex
         code = _SCALAR_CODES.get(value.dtype)
         if code is None:
             raise OpTypeError(op, name, f"scalar attributes of dtype {value.dtype} are not "
                                         "supported", "use an integer, float or bool type")
-        return name.encode(), _SCALAR, code, value.tobytes(), 0
+        data = value.tobytes()
+        if len(data) <= 8:
+            return _SCALAR, code, "8s", data, b"", 0
+        return _SCALAR, code, "8s", b"", data, 0
     if isinstance(value, np.ndarray):
         code = _ARRAY_CODES.get(value.dtype)
         if value.ndim != 1 or code is None:
             raise OpTypeError(
                 op, name, f"array attributes must be 1-D int/uint/float32/float64 NumPy "
                           f"arrays, got a {value.ndim}-D {value.dtype} array")
-        return name.encode(), _ARRAY, code, value.tobytes(), value.size
+        return _ARRAY, code, "8s", b"", value.tobytes(), value.size
     raise OpTypeError(op, name, f"expected a NumPy scalar, a str or a 1-D NumPy array, got "
                                 f"{type(value).__name__} {value!r}",
                       "coerce it with xla_kernels.Attr(...).coerce(value, op=...)")
@@ -474,26 +502,29 @@ def call_handler(
         codes.append(code or _buffer_code(
             b, op_name, f"args[{i}]" if i < nargs else f"rets[{i - nargs}]"))
         ndims += len(b.shape)
+    names = [_name(k, op_name) for k in attrs]
     encoded = [_encode_attr(k, v, op_name) for k, v in attrs.items()]
-    pool = bytearray()
-    for name, attr_kind, _, payload, _ in encoded:
-        pool += name
-        pool += bytes(-len(pool) % 8)
-        if attr_kind != _SCALAR or len(payload) > 8:
-            pool += payload
-            pool += bytes(-len(pool) % 8)
+    layout = _layout(len(buffers), ndims, tuple(e[2] for e in encoded))
 
-    layout = _layout(len(buffers), len(encoded), ndims)
+    # The pool: each name, then each payload, 8-byte aligned.
+    pool_parts: list[bytes] = []
+    for (padded, _), e in zip(names, encoded, strict=True):
+        pool_parts.append(padded)
+        if e[4]:
+            pool_parts += (e[4], bytes(-len(e[4]) % 8))
+    pool = b"".join(pool_parts)
     pool_off = layout.size
     err_off = pool_off + len(pool)
     size = err_off + _ERR_LEN
+
     scratch = _scratch
     nested = scratch.busy
-    block = scratch.block
+    block, view = scratch.block, scratch.view
     if nested or block is None or len(block) < size:
         block = ctypes.create_string_buffer(max(size, 4096))
+        view = memoryview(block).cast("B")
         if not nested:
-            scratch.block = block
+            scratch.block, scratch.view = block, view
     base = ctypes.addressof(block)
 
     device_at = base + _CALL_SIZE
@@ -510,18 +541,19 @@ def call_handler(
     dims: list[int] = []
     for b, code in zip(buffers, codes, strict=True):
         rank = len(b.shape)
+        if not b.ptr and 0 not in b.shape:
+            raise OpInputError(op_name, "args/rets", f"a buffer of shape {b.shape} has a null "
+                                                     "address")
         values += (b.ptr, dims_at if rank else 0, rank, code, 0)
         dims += b.shape
         dims_at += 8 * rank
     at = base + pool_off
-    for name, attr_kind, code, payload, count in encoded:
+    for (padded, name_len), (attr_kind, code, _, inline, payload, count) in zip(
+            names, encoded, strict=True):
         name_at = at
-        at += len(name) + (-len(name) % 8)
-        if attr_kind == _SCALAR and len(payload) <= 8:
-            values += (name_at, len(name), attr_kind, code, 0, 0, payload)
-        else:
-            values += (name_at, len(name), attr_kind, code, at, count, b"")
-            at += len(payload) + (-len(payload) % 8)
+        at += len(padded)
+        values += (name_at, name_len, attr_kind, code, at if payload else 0, count, inline)
+        at += len(payload) + (-len(payload) % 8)
     if dims and min(dims) < 0:
         raise OpInputError(op_name, "args/rets", f"negative dimension in shapes "
                                                  f"{[b.shape for b in buffers]}")
@@ -531,7 +563,7 @@ def call_handler(
         raise OpTypeError(op_name, "args/rets", f"malformed buffer or option: {e}",
                           "ptr, shape entries, stream and device_ordinal must be ints") from None
     if pool:
-        block[pool_off:err_off] = bytes(pool)
+        view[pool_off:err_off] = pool
 
     scratch.busy = True
     try:

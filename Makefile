@@ -1,0 +1,35 @@
+# Two commands on a fresh machine:
+#   make demo   create .venv, install xla-kernels, build/register/run the kernels, time them
+#   make test   same set-up, then the whole test suite (plus the torch_xla suite in its own env)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU wheel of torch; on a GPU machine, override with e.g. TORCH_SPEC=torch==2.11.0.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-main test-torch-xla lint gpu clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -e ".[dev,torchax]" "$(TORCH_SPEC)"
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/python -m xla_kernels.demo
+
+test: test-main test-torch-xla
+
+test-main: $(BIN)/.installed
+	$(BIN)/ruff check src tests benchmarks examples scripts
+	$(BIN)/python -m pytest -q --ignore=tests/torch_xla --doctest-modules src tests $(PYTEST_ARGS)
+
+test-torch-xla:
+	bash scripts/torch_xla_env.sh
+	.venv-torch-xla/bin/python -m pytest -q tests/torch_xla $(PYTEST_ARGS)
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check src tests benchmarks examples scripts
+
+clean:
+	rm -rf $(VENV) .venv-torch-xla .pytest_cache

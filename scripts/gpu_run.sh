@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: install what is missing, build, run the GPU tests and the
+# benchmarks, and write every result under OUT_DIR.
+#
+#   bash scripts/gpu_run.sh OUT_DIR [--quick]
+#
+# Expects the torchax wheel in .whl/ (copied from ../shared/wheels and carried along).
+set -uo pipefail
+out=${1:?usage: gpu_run.sh OUT_DIR [--quick]}
+quick=${2:-}
+mkdir -p "$out"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_KERNELS_CACHE_DIR=/tmp/xla-kernels-cache
+export XK_RESULTS_DIR=$out
+status=0
+step() { echo; echo "=== $1"; }
+
+step "install what is missing"
+if ! python3 -c "import torchax" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+
+step "environment"
+{
+  date -u +%FT%TZ
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  nvcc --version | tail -2
+  python3 - <<'PY'
+import importlib
+for name in ("jax", "jaxlib", "torch", "torchax", "triton"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except Exception as e:
+        print(name, "missing:", e)
+PY
+} 2>&1 | tee "$out/env.txt"
+
+step "demo"
+python3 -m xla_kernels.demo --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
+
+step "GPU tests"
+python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$out/gpu_tests.txt" \
+  || status=1
+
+step "benchmarks"
+python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1
+if [ -f benchmarks/paged_attention.py ]; then
+  python3 benchmarks/paged_attention.py --out "$out" $quick 2>&1 | tee "$out/paged_attention.txt" \
+    || status=1
+fi
+
+step "compute-sanitizer (memcheck, racecheck) on the CUDA kernels"
+for tool in memcheck racecheck; do
+  compute-sanitizer --tool "$tool" --error-exitcode 9 python3 scripts/sanitize_kernels.py \
+    > "$out/sanitizer_$tool.txt" 2>&1
+  echo "$tool exit $? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.txt" | tail -1)"
+done
+
+exit $status

@@ -1,0 +1,975 @@
+// Decode paged attention (one query token per sequence) for NVIDIA GPUs: the kernel core.
+//
+// Plain CUDA templates and one entry point, launch_paged_attention(stream, params); no XLA
+// types (the binding is paged_attention.cu). Semantics, for sequence s and query head h
+// (kv head kvh = h / (num_q_heads / num_kv_heads)):
+//
+//   L      = min(seq_lens[s], max_blocks_per_seq * block_size)     (capacity clamp)
+//   tokens = { t : max(0, L - sliding_window) <= t < L }            (all of [0, L) if window 0)
+//   phys   = block_tables[s, t / block_size];  token t is skipped (masked) when phys is not
+//            in [0, num_blocks): no address is formed from an out-of-range id
+//   x_t    = scale * (q[s, h] . K[phys, t % block_size, kvh]);  softcap > 0: softcap*tanh(x/softcap)
+//   out    = sum_t softmax(x)_t V[phys, t % block_size, kvh]     (all zeros when no token is left)
+//
+// Design (flash-decoding):
+//  * Main kernel: one CTA of 4 warps per (sequence, partition, kv head, head chunk). A CTA
+//    serves every query head of its kv head (up to 16 with tensor cores, 8 on the f32 path),
+//    so K/V are read from memory once per kv head (GQA/MQA).
+//  * Partitions: the active token range of a sequence (known only on the device) is cut into
+//    n <= T partitions of P tokens (P a multiple of the CTA tile, at least kPartMin tokens);
+//    T is picked on the host so that the grid fills the GPU once (slots = SMs x CTAs per SM).
+//    CTAs past a sequence's n exit at once. With n == 1 the CTA writes the output directly;
+//    otherwise it writes (acc, m, l) partials to the workspace and a small reduce kernel
+//    combines them. The reduce kernel is not launched at all when T == 1.
+//  * Loads: each warp streams its own tiles (NW tokens of K and V) into shared memory with
+//    16-byte cp.async, kStages deep, so ~2 tiles per warp are in flight while it computes.
+//    Rows of masked tokens (beyond L, outside the window, invalid block id) are zero-filled
+//    with plain shared stores and never read from global memory.
+//  * Math: bf16/f16 use mma.sync m16n8k16 (f32 accumulate): S = Q K^T with the q heads as the
+//    M dimension (padded to 16), then O += P V with P taken straight from the S accumulators
+//    (FlashAttention-2 register layout). f32 uses CUDA cores (exact f32 FMAs).
+//  * Online softmax in base 2 with f32 statistics; the 4 warps of a CTA each keep their own
+//    (m, l, O) and are merged through shared memory at the end.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace xla_kernels::paged_attention {
+
+// ------------------------------------------------------------------ public interface
+
+enum class DType { kF32, kF16, kBF16 };
+
+// Everything the kernels need; element strides describe either cache layout:
+//   vllm   [num_blocks, block_size, num_kv_heads, head_dim]
+//   pallas [num_kv_heads, num_blocks, block_size, head_dim]
+struct Params {
+  DType dtype = DType::kF32;
+  const void* query = nullptr;        // [num_seqs, num_q_heads, head_dim]
+  const void* key_cache = nullptr;    // layout above
+  const void* value_cache = nullptr;  // same shape and layout as key_cache
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  const int32_t* seq_lens = nullptr;      // [num_seqs]
+  void* out = nullptr;                // [num_seqs, num_q_heads, head_dim]
+  float* workspace = nullptr;         // flash-decoding partials
+  int64_t workspace_elems = 0;
+  int64_t num_seqs = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t num_blocks = 0, block_size = 0, max_blocks_per_seq = 0;
+  int64_t stride_block = 0, stride_slot = 0, stride_head = 0;  // elements
+  float scale = 1.f, softcap = 0.f;
+  int64_t sliding_window = 0;
+};
+
+// Partitioning constants; workspace.py mirrors them (keep in sync).
+constexpr int kPartMin = 64;       // fewest tokens per partition (before rounding to the tile)
+constexpr int kMaxParts = 64;      // most partitions per sequence
+constexpr int kPartBudget = 2048;  // most (sequence, partition) pairs in total
+
+// Most partitions per sequence the kernel may use; the workspace is sized for it.
+inline int64_t MaxPartitions(int64_t num_seqs, int64_t max_context) {
+  if (num_seqs <= 0 || max_context <= 0) return 1;
+  int64_t p = (max_context + kPartMin - 1) / kPartMin;
+  if (p > kMaxParts) p = kMaxParts;
+  const int64_t budget = (kPartBudget + num_seqs - 1) / num_seqs;
+  if (p > budget) p = budget;
+  return p < 1 ? 1 : p;
+}
+
+// f32 elements of workspace the kernel needs at most (1 when it needs none): per (sequence,
+// q head, partition) the unnormalized accumulator [head_dim] plus (m, l).
+inline int64_t WorkspaceElems(int64_t num_seqs, int64_t num_q_heads, int64_t head_dim,
+                              int64_t max_context) {
+  const int64_t p = MaxPartitions(num_seqs, max_context);
+  if (p <= 1) return 1;
+  return num_seqs * num_q_heads * p * (head_dim + 2);
+}
+
+// Launches the kernels on `stream`; returns "" on success, else an error message.
+inline std::string launch_paged_attention(cudaStream_t stream, const Params& p);
+
+// ------------------------------------------------------------------ device helpers
+
+namespace detail {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct KernelArgs {
+  const void* q;
+  const void* k;
+  const void* v;
+  const int32_t* bt;
+  const int32_t* lens;
+  void* out;
+  float* ws;
+  int S, Hq, Hkv, G;     // G = q heads per kv head
+  int chunks;            // head chunks per kv head (ceil(G / GC))
+  int T;                 // partitions per sequence in the grid (>= 1)
+  int cta_tile;          // tokens per CTA tile (partition sizes are multiples of it)
+  int log2_bs;           // log2(block_size)
+  int num_blocks, max_blocks;
+  int window;            // 0: none
+  int64_t sb, ss, sh;    // element strides: block, slot, kv head
+  float qk_scale;        // scale*log2e, or scale/softcap with a softcap
+  float cap_mul;         // softcap*log2e, or 0 without a softcap
+};
+
+struct SeqPart {
+  int lo, hi;  // active tokens [lo, hi)
+  int P;       // tokens per partition
+  int n;       // partitions (1 also for an empty sequence)
+};
+
+// The partitioning of one sequence; the main and the reduce kernel must agree on it.
+__device__ __forceinline__ SeqPart seq_partition(const KernelArgs& a, int s) {
+  SeqPart r;
+  int L = __ldg(a.lens + s);
+  const int cap = a.max_blocks << a.log2_bs;
+  L = L < cap ? L : cap;
+  if (L <= 0) {
+    r.lo = r.hi = 0;
+    r.P = 0;
+    r.n = 1;
+    return r;
+  }
+  r.hi = L;
+  r.lo = (a.window > 0 && L > a.window) ? L - a.window : 0;
+  const int len = r.hi - r.lo;
+  int n = (len + kPartMin - 1) / kPartMin;
+  n = n < a.T ? n : a.T;
+  int P = (len + n - 1) / n;
+  P = (P + a.cta_tile - 1) / a.cta_tile * a.cta_tile;
+  r.P = P;
+  r.n = (len + P - 1) / P;
+  return r;
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// D += A (16x16, row) * B (16x8, col), f32 accumulate.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// 16 bytes of T -> floats.
+template <typename T>
+__device__ __forceinline__ void cvt16(const uint4& u, float* f) {
+  if constexpr (std::is_same_v<T, float>) {
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(w[i] << 16);
+      f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+  } else {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 t = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+      f[2 * i] = t.x;
+      f[2 * i + 1] = t.y;
+    }
+  }
+}
+
+// N (1, 2, 4 or 8) elements of T in shared memory -> floats.
+template <typename T, int N>
+__device__ __forceinline__ void lds_cvt(const T* p, float* f) {
+  constexpr int kBytes = N * static_cast<int>(sizeof(T));
+  static_assert(kBytes % 4 == 0 || kBytes == 2, "unsupported vector");
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4 u = reinterpret_cast<const uint4*>(p)[i];
+      cvt16<T>(u, f + i * (16 / sizeof(T)));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if constexpr (std::is_same_v<T, float>) {
+        f[i] = p[i];
+      } else {
+        f[i] = static_cast<float>(p[i]);
+      }
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
+// Logit transform of N dot products, in place: scale, optional softcap, base-2 units. The
+// softcap branch is taken once per tile, outside the loops.
+template <int N>
+__device__ __forceinline__ void logits(float* x, const KernelArgs& a) {
+  if (a.cap_mul > 0.f) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = a.cap_mul * tanhf(x[i] * a.qk_scale);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] *= a.qk_scale;
+  }
+}
+
+// Base used for exp2 so that -inf statistics never produce NaN.
+__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.f : m; }
+
+// ------------------------------------------------------------------ tile loader
+
+// Streams tokens [pos0, pos0 + NW) of one kv head into shared memory: rows of D elements with
+// RS elements between rows. Returns the warp-uniform mask of the rows that hold a token.
+template <typename T, int D, int NW, int RS>
+__device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a,
+                                              const int32_t* bt_row, int pos0, int p_hi, int kvh,
+                                              int lane) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kCpr = D / kVec;  // 16-byte chunks per row
+  constexpr int kPerLane = NW * kCpr / 32;
+  static_assert(NW <= 32 && (NW * kCpr) % 32 == 0, "tile does not split over a warp");
+  int64_t off = 0;
+  bool valid = false;
+  if (lane < NW) {
+    const int pos = pos0 + lane;
+    if (pos < p_hi) {  // pos < L <= capacity: the block_tables read is in bounds
+      const int blk = __ldg(bt_row + (pos >> a.log2_bs));
+      if (blk >= 0 && blk < a.num_blocks) {  // checked before any address is formed
+        valid = true;
+        off = static_cast<int64_t>(blk) * a.sb +
+              static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss +
+              static_cast<int64_t>(kvh) * a.sh;
+      }
+    }
+  }
+  const uint32_t mask = __ballot_sync(kFull, valid);
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int c = lane + 32 * i;
+    const int row = c / kCpr;
+    const int col = (c % kCpr) * kVec;
+    const int64_t roff = __shfl_sync(kFull, off, row);
+    T* kd = ks + row * RS + col;
+    T* vd = vs + row * RS + col;
+    if ((mask >> row) & 1u) {
+      cp_async16(kd, kc + roff + col);
+      cp_async16(vd, vc + roff + col);
+    } else {
+      *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  return mask;
+}
+
+// ------------------------------------------------------------------ tensor-core core
+
+// bf16/f16: mma.sync m16n8k16; up to 16 q heads per CTA (rows of the MMA).
+template <typename T, int D>
+struct MmaCore {
+  static constexpr int GC = 16;                // q heads per CTA
+  static constexpr int NW = 16;                // tokens per warp tile
+  static constexpr int kStages = 3;
+  static constexpr int RS = D + 8;             // +16 bytes: conflict-free ldmatrix
+  static constexpr bool kQRegs = D <= 128;     // Q fragments kept in registers
+  static constexpr int KT = D / 16;            // k-steps of S = Q K^T
+  static constexpr int NT = NW / 8;            // n-tiles of S (8 tokens each)
+  static constexpr int DT = D / 8;             // n-tiles of O (8 dims each)
+  static constexpr int kExtraBytes = GC * RS * static_cast<int>(sizeof(T));  // Q in smem
+
+  uint32_t qf[kQRegs ? KT : 1][4];
+  float o[DT][4];
+  float m[2], l[2];
+  const T* qsm;
+  int lane;
+
+  // Cooperative (whole CTA) copy of the chunk's query rows into shared memory; rows >= nh are 0.
+  __device__ __forceinline__ static void stage_q(const T* qg, int nh, unsigned char* extra,
+                                                 int tid) {
+    constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+    constexpr int kCpr = D / kVec;
+    T* q = reinterpret_cast<T*>(extra);
+    for (int c = tid; c < GC * kCpr; c += kThreads) {
+      const int r = c / kCpr, col = (c % kCpr) * kVec;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (r < nh) v = *reinterpret_cast<const uint4*>(qg + static_cast<int64_t>(r) * D + col);
+      *reinterpret_cast<uint4*>(q + r * RS + col) = v;
+    }
+  }
+
+  __device__ __forceinline__ const T* q_addr(int kk) const {
+    const int mtx = lane >> 3, r = lane & 7;
+    return qsm + ((mtx & 1) * 8 + r) * RS + kk * 16 + (mtx >> 1) * 8;
+  }
+
+  __device__ __forceinline__ void init(unsigned char* extra, int warp, int lane_) {
+    (void)warp;
+    qsm = reinterpret_cast<const T*>(extra);
+    lane = lane_;
+    if constexpr (kQRegs) {
+#pragma unroll
+      for (int kk = 0; kk < KT; ++kk) ldsm_x4(qf[kk], q_addr(kk));
+    }
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  }
+
+  __device__ __forceinline__ void step(const T* ks, const T* vs, uint32_t mask,
+                                       const KernelArgs& a) {
+    const int mtx = lane >> 3, r8 = lane & 7, tig = lane & 3;
+    // S[head][token] = Q K^T; K tile rows are the MMA's n (tokens), d is k.
+    float sc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+      uint32_t af[4];
+      if constexpr (kQRegs) {
+        af[0] = qf[kk][0];
+        af[1] = qf[kk][1];
+        af[2] = qf[kk][2];
+        af[3] = qf[kk][3];
+      } else {
+        ldsm_x4(af, q_addr(kk));
+      }
+#pragma unroll
+      for (int j = 0; j < NW / 16; ++j) {
+        uint32_t b[4];
+        ldsm_x4(b, ks + (j * 16 + (mtx >> 1) * 8 + r8) * RS + kk * 16 + (mtx & 1) * 8);
+        mma16816<T>(sc[2 * j], af, b[0], b[1]);
+        mma16816<T>(sc[2 * j + 1], af, b[2], b[3]);
+      }
+    }
+    // Scale / softcap / mask, then the online softmax for rows g0 = lane/4 and g0 + 8.
+    logits<NT * 4>(&sc[0][0], a);
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int t = i * 8 + tig * 2;
+      const bool v0 = (mask >> t) & 1u, v1 = (mask >> (t + 1)) & 1u;
+      if (!v0) sc[i][0] = sc[i][2] = -INFINITY;
+      if (!v1) sc[i][1] = sc[i][3] = -INFINITY;
+      mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
+      mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
+    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+    const float b0 = safe_max(mn0), b1 = safe_max(mn1);
+    const float al0 = exp2f(m[0] - b0), al1 = exp2f(m[1] - b1);
+    m[0] = mn0;
+    m[1] = mn1;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      sc[i][0] = exp2f(sc[i][0] - b0);
+      sc[i][1] = exp2f(sc[i][1] - b0);
+      sc[i][2] = exp2f(sc[i][2] - b1);
+      sc[i][3] = exp2f(sc[i][3] - b1);
+      rs0 += sc[i][0] + sc[i][1];
+      rs1 += sc[i][2] + sc[i][3];
+    }
+    l[0] = l[0] * al0 + rs0;
+    l[1] = l[1] * al1 + rs1;
+    if (__any_sync(kFull, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        o[i][0] *= al0;
+        o[i][1] *= al0;
+        o[i][2] *= al1;
+        o[i][3] *= al1;
+      }
+    }
+    // O += P V: P (A operand) comes from the S accumulators, V via ldmatrix.trans.
+#pragma unroll
+    for (int j = 0; j < NW / 16; ++j) {
+      uint32_t pa[4];
+      pa[0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
+      pa[1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
+      pa[2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+      pa[3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; ++dp) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, vs + (j * 16 + (mtx & 1) * 8 + r8) * RS + dp * 16 + (mtx >> 1) * 8);
+        mma16816<T>(o[2 * dp], pa, b[0], b[1]);
+        mma16816<T>(o[2 * dp + 1], pa, b[2], b[3]);
+      }
+    }
+  }
+
+  // This warp's unnormalized O rows, m and l (rows < nh) -> shared memory.
+  __device__ __forceinline__ void store(float* ow, float* ml, int nh) const {
+    float l0 = l[0], l1 = l[1];
+    l0 += __shfl_xor_sync(kFull, l0, 1);
+    l0 += __shfl_xor_sync(kFull, l0, 2);
+    l1 += __shfl_xor_sync(kFull, l1, 1);
+    l1 += __shfl_xor_sync(kFull, l1, 2);
+    const int g0 = lane >> 2, g1 = g0 + 8, tig = lane & 3;
+    if (tig == 0) {
+      if (g0 < nh) {
+        ml[g0 * 2] = m[0];
+        ml[g0 * 2 + 1] = l0;
+      }
+      if (g1 < nh) {
+        ml[g1 * 2] = m[1];
+        ml[g1 * 2 + 1] = l1;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      const int d = i * 8 + tig * 2;
+      if (g0 < nh) *reinterpret_cast<float2*>(ow + g0 * D + d) = make_float2(o[i][0], o[i][1]);
+      if (g1 < nh) *reinterpret_cast<float2*>(ow + g1 * D + d) = make_float2(o[i][2], o[i][3]);
+    }
+  }
+};
+
+// ------------------------------------------------------------------ CUDA-core core
+
+// Any T (used for f32): exact f32 FMAs. GC q heads per CTA.
+template <typename T, int D, int GC_>
+struct SimtCore {
+  static constexpr int GC = GC_;
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  static constexpr int kRowBytes = D * static_cast<int>(sizeof(T));
+  static constexpr int NW = 4096 / kRowBytes > 32 ? 32 : (4096 / kRowBytes < 4 ? 4 : 4096 / kRowBytes);
+  static constexpr int TG = 32 / NW;        // lanes per token in S = Q K^T
+  static constexpr int kCpr = D / kVec;     // 16-byte chunks per row
+  static constexpr int kCpl = kCpr / TG;    // chunks per lane
+  static constexpr int kStages = 3;
+  // Row padding keeps the 8 lanes of a 16-byte shared-load phase on distinct banks.
+  static constexpr int RS = D + 16 * (TG < 4 ? TG : 4) / static_cast<int>(sizeof(T));
+  static constexpr int DPL = D / 32;        // output dims per lane in O += P V
+  static constexpr int kQBytes = GC * D * 4;
+  static constexpr int kPBytes = kWarps * NW * GC * 4;
+  static constexpr int kExtraBytes = kQBytes + kPBytes;
+  static_assert(kCpr % TG == 0 && NW * TG == 32, "bad SIMT tiling");
+  static_assert(GC % 4 == 0 || GC == 1 || GC == 2, "GC");
+
+  float o[GC][DPL];
+  float m[GC], lp[GC];
+  const float* qsm;
+  float* psm;  // this warp's [NW][GC] probabilities
+  int lane;
+
+  __device__ __forceinline__ static void stage_q(const T* qg, int nh, unsigned char* extra,
+                                                 int tid) {
+    float* q = reinterpret_cast<float*>(extra);
+    for (int e = tid; e < GC * D; e += kThreads) {
+      const int r = e / D;
+      float x = 0.f;
+      if (r < nh) {
+        if constexpr (std::is_same_v<T, float>) {
+          x = qg[e];
+        } else {
+          x = static_cast<float>(qg[e]);
+        }
+      }
+      q[e] = x;
+    }
+  }
+
+  __device__ __forceinline__ void init(unsigned char* extra, int warp, int lane_) {
+    qsm = reinterpret_cast<const float*>(extra);
+    psm = reinterpret_cast<float*>(extra + kQBytes) + warp * NW * GC;
+    lane = lane_;
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+      m[g] = -INFINITY;
+      lp[g] = 0.f;
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) o[g][e] = 0.f;
+    }
+  }
+
+  __device__ __forceinline__ void step(const T* ks, const T* vs, uint32_t mask,
+                                       const KernelArgs& a) {
+    const int t = lane / TG, sub = lane % TG;
+    float s[GC];
+#pragma unroll
+    for (int g = 0; g < GC; ++g) s[g] = 0.f;
+#pragma unroll
+    for (int j = 0; j < kCpl; ++j) {
+      const int c = (sub + TG * j) * kVec;
+      float kf[kVec];
+      lds_cvt<T, kVec>(ks + t * RS + c, kf);
+#pragma unroll
+      for (int g = 0; g < GC; ++g) {
+#pragma unroll
+        for (int e = 0; e < kVec; e += 4) {
+          const float4 q4 = *reinterpret_cast<const float4*>(qsm + g * D + c + e);
+          s[g] = fmaf(q4.x, kf[e], s[g]);
+          s[g] = fmaf(q4.y, kf[e + 1], s[g]);
+          s[g] = fmaf(q4.z, kf[e + 2], s[g]);
+          s[g] = fmaf(q4.w, kf[e + 3], s[g]);
+        }
+      }
+    }
+#pragma unroll
+    for (int off = TG / 2; off >= 1; off >>= 1) {
+#pragma unroll
+      for (int g = 0; g < GC; ++g) s[g] += __shfl_xor_sync(kFull, s[g], off);
+    }
+    const bool valid = (mask >> t) & 1u;
+    logits<GC>(s, a);
+    float al[GC];
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+      const float x = valid ? s[g] : -INFINITY;
+      float mx = x;
+#pragma unroll
+      for (int off = TG; off < 32; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
+      const float mn = fmaxf(m[g], mx);
+      const float b = safe_max(mn);
+      al[g] = exp2f(m[g] - b);
+      m[g] = mn;
+      const float p = exp2f(x - b);
+      lp[g] = lp[g] * al[g] + (sub == 0 ? p : 0.f);
+      s[g] = p;
+    }
+    if (sub == 0) {
+#pragma unroll
+      for (int g = 0; g < GC; ++g) psm[t * GC + g] = s[g];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+#pragma unroll
+      for (int e = 0; e < DPL; ++e) o[g][e] *= al[g];
+    }
+#pragma unroll 4
+    for (int tt = 0; tt < NW; ++tt) {
+      float vf[DPL];
+      lds_cvt<T, DPL>(vs + tt * RS + lane * DPL, vf);
+      float pv[GC];
+      if constexpr (GC % 4 == 0) {
+#pragma unroll
+        for (int g = 0; g < GC; g += 4) {
+          const float4 p4 = *reinterpret_cast<const float4*>(psm + tt * GC + g);
+          pv[g] = p4.x;
+          pv[g + 1] = p4.y;
+          pv[g + 2] = p4.z;
+          pv[g + 3] = p4.w;
+        }
+      } else {
+#pragma unroll
+        for (int g = 0; g < GC; ++g) pv[g] = psm[tt * GC + g];
+      }
+#pragma unroll
+      for (int g = 0; g < GC; ++g) {
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) o[g][e] = fmaf(pv[g], vf[e], o[g][e]);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void store(float* ow, float* ml, int nh) const {
+#pragma unroll
+    for (int g = 0; g < GC; ++g) {
+      float l = lp[g];
+#pragma unroll
+      for (int off = 16; off >= 1; off >>= 1) l += __shfl_xor_sync(kFull, l, off);
+      if (g < nh) {
+        if (lane == 0) {
+          ml[g * 2] = m[g];
+          ml[g * 2 + 1] = l;
+        }
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) ow[g * D + lane * DPL + e] = o[g][e];
+      }
+    }
+  }
+};
+
+// ------------------------------------------------------------------ kernels
+
+// Shared-memory layout of the main kernel (bytes).
+template <typename T, int D, class Core>
+struct Smem {
+  static constexpr int kTileElems = Core::NW * Core::RS;
+  static constexpr int kStaging =
+      kWarps * Core::kStages * 2 * kTileElems * static_cast<int>(sizeof(T));
+  static constexpr int kEpilogue = kWarps * Core::GC * D * 4;  // reuses the staging area
+  static constexpr int kMain = kStaging > kEpilogue ? kStaging : kEpilogue;
+  static constexpr int kExtraOff = kMain;
+  static constexpr int kMlOff = kExtraOff + ((Core::kExtraBytes + 15) / 16) * 16;
+  static constexpr int kMaskOff = kMlOff + kWarps * Core::GC * 2 * 4;
+  static constexpr int kBytes = kMaskOff + kWarps * Core::kStages * 4;
+};
+
+template <typename T, int D, class Core>
+__global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  using L = Smem<T, D, Core>;
+  constexpr int NW = Core::NW, RS = Core::RS, kStages = Core::kStages, GC = Core::GC;
+
+  const int HC = a.Hkv * a.chunks;
+  int idx = blockIdx.x;
+  const int hc = idx % HC;
+  idx /= HC;
+  const int part = idx % a.T;
+  const int s = idx / a.T;
+  const int kvh = hc / a.chunks, chunk = hc % a.chunks;
+  const int h0 = kvh * a.G + chunk * GC;  // first q head of this CTA
+  const int nh = min(GC, a.G - chunk * GC);
+  const SeqPart sp = seq_partition(a, s);
+  if (part >= sp.n) return;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h0) * D;
+  if (sp.hi <= sp.lo) {  // empty sequence: zeros
+    for (int e = tid; e < nh * D; e += kThreads) out[e] = from_float<T>(0.f);
+    return;
+  }
+  const int p_lo = sp.lo + part * sp.P;
+  const int p_hi = min(sp.hi, p_lo + sp.P);
+
+  const T* qg = static_cast<const T*>(a.q) + (static_cast<int64_t>(s) * a.Hq + h0) * D;
+  Core::stage_q(qg, nh, smem + L::kExtraOff, tid);
+  __syncthreads();
+  Core core;
+  core.init(smem + L::kExtraOff, warp, lane);
+
+  T* staging = reinterpret_cast<T*>(smem) + warp * kStages * 2 * L::kTileElems;
+  uint32_t* masks = reinterpret_cast<uint32_t*>(smem + L::kMaskOff) + warp * kStages;
+  const int32_t* bt_row = a.bt + static_cast<int64_t>(s) * a.max_blocks;
+  const int ntile = (p_hi - p_lo + NW - 1) / NW;
+  const int my_n = warp < ntile ? (ntile - warp + kWarps - 1) / kWarps : 0;
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < my_n) {
+      T* kb = staging + (2 * st) * L::kTileElems;
+      const uint32_t mk = load_tile<T, D, NW, RS>(kb, kb + L::kTileElems, a, bt_row,
+                                                  p_lo + (warp + st * kWarps) * NW, p_hi, kvh,
+                                                  lane);
+      if (lane == 0) masks[st] = mk;
+    }
+    cp_async_commit();
+  }
+  for (int it = 0; it < my_n; ++it) {
+    const int nx = it + kStages - 1;
+    if (nx < my_n) {
+      const int st = nx % kStages;
+      T* kb = staging + (2 * st) * L::kTileElems;
+      const uint32_t mk = load_tile<T, D, NW, RS>(kb, kb + L::kTileElems, a, bt_row,
+                                                  p_lo + (warp + nx * kWarps) * NW, p_hi, kvh,
+                                                  lane);
+      if (lane == 0) masks[st] = mk;
+    }
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();
+    const int st = it % kStages;
+    const T* kb = staging + (2 * st) * L::kTileElems;
+    core.step(kb, kb + L::kTileElems, masks[st], a);
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // staging area is reused below
+
+  float* ow = reinterpret_cast<float*>(smem);
+  float* ml = reinterpret_cast<float*>(smem + L::kMlOff);
+  core.store(ow + warp * GC * D, ml + warp * GC * 2, nh);
+  __syncthreads();
+
+  // Merge the warps; write the output (one partition) or the partial (several).
+  const bool single = sp.n == 1;
+  float* ws_acc = a.ws;
+  float* ws_ml = a.ws + static_cast<int64_t>(a.S) * a.Hq * a.T * D;
+  for (int e = tid; e < nh * (D / 4); e += kThreads) {
+    const int g = e / (D / 4), d = (e % (D / 4)) * 4;
+    float mw[kWarps];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      mw[w] = ml[(w * GC + g) * 2];
+      mx = fmaxf(mx, mw[w]);
+    }
+    const float b = safe_max(mx);
+    float lsum = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = exp2f(mw[w] - b);
+      lsum = fmaf(c, ml[(w * GC + g) * 2 + 1], lsum);
+      const float4 x = *reinterpret_cast<const float4*>(ow + (w * GC + g) * D + d);
+      acc.x = fmaf(c, x.x, acc.x);
+      acc.y = fmaf(c, x.y, acc.y);
+      acc.z = fmaf(c, x.z, acc.z);
+      acc.w = fmaf(c, x.w, acc.w);
+    }
+    if (single) {
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      T* o = out + g * D + d;
+      o[0] = from_float<T>(acc.x * inv);
+      o[1] = from_float<T>(acc.y * inv);
+      o[2] = from_float<T>(acc.z * inv);
+      o[3] = from_float<T>(acc.w * inv);
+    } else {
+      const int64_t row = (static_cast<int64_t>(s) * a.Hq + h0 + g) * a.T + part;
+      *reinterpret_cast<float4*>(ws_acc + row * D + d) = acc;
+      if (d == 0) {
+        ws_ml[row * 2] = mx;
+        ws_ml[row * 2 + 1] = lsum;
+      }
+    }
+  }
+}
+
+// Combines the partitions of each (sequence, q head); sequences with one partition were
+// finished by the main kernel. 128 threads handle 512 / D heads, 4 dims per thread.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) paged_attention_reduce(const KernelArgs a) {
+  constexpr int kTph = D / 4;
+  constexpr int kHpb = kThreads / kTph;
+  const int blocks_per_seq = (a.Hq + kHpb - 1) / kHpb;
+  const int s = blockIdx.x / blocks_per_seq;
+  const int h = (blockIdx.x % blocks_per_seq) * kHpb + threadIdx.x / kTph;
+  const int d = (threadIdx.x % kTph) * 4;
+  if (h >= a.Hq) return;
+  const SeqPart sp = seq_partition(a, s);
+  if (sp.n <= 1) return;
+  const int64_t row = (static_cast<int64_t>(s) * a.Hq + h) * a.T;
+  const float* ws_acc = a.ws + row * D;
+  const float* ws_ml = a.ws + static_cast<int64_t>(a.S) * a.Hq * a.T * D + row * 2;
+  float mx = -INFINITY;
+  for (int p = 0; p < sp.n; ++p) mx = fmaxf(mx, ws_ml[2 * p]);
+  const float b = safe_max(mx);
+  float lsum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int p = 0; p < sp.n; ++p) {
+    const float c = exp2f(ws_ml[2 * p] - b);
+    lsum = fmaf(c, ws_ml[2 * p + 1], lsum);
+    const float4 x = *reinterpret_cast<const float4*>(ws_acc + static_cast<int64_t>(p) * D + d);
+    acc.x = fmaf(c, x.x, acc.x);
+    acc.y = fmaf(c, x.y, acc.y);
+    acc.z = fmaf(c, x.z, acc.z);
+    acc.w = fmaf(c, x.w, acc.w);
+  }
+  const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+  T* o = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h) * D + d;
+  o[0] = from_float<T>(acc.x * inv);
+  o[1] = from_float<T>(acc.y * inv);
+  o[2] = from_float<T>(acc.z * inv);
+  o[3] = from_float<T>(acc.w * inv);
+}
+
+// ------------------------------------------------------------------ host side
+
+inline std::string cuda_error(const char* what, cudaError_t e) {
+  return std::string("paged_attention: ") + what + ": " + cudaGetErrorName(e) + " (" +
+         cudaGetErrorString(e) + ")";
+}
+
+// Raises the kernel's dynamic shared-memory limit and returns its CTAs per SM, once per
+// device (function attributes are per device context).
+template <typename Kernel>
+inline std::string prepare_kernel(Kernel kernel, int smem, int device, int* ctas_per_sm) {
+  static std::mutex mu;
+  static std::map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device);
+  if (it != cache.end()) {
+    *ctas_per_sm = it->second;
+    return "";
+  }
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return cuda_error("cudaFuncSetAttribute", e);
+  int occ = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem);
+  if (e != cudaSuccess) return cuda_error("cudaOccupancyMaxActiveBlocksPerMultiprocessor", e);
+  if (occ < 1) {
+    return "paged_attention: the kernel does not fit on this GPU (" + std::to_string(smem) +
+           " bytes of shared memory per CTA)";
+  }
+  cache[device] = occ;
+  *ctas_per_sm = occ;
+  return "";
+}
+
+template <typename T, int D, class Core>
+inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs a) {
+  using L = Smem<T, D, Core>;
+  auto main_kernel = paged_attention_main<T, D, Core>;
+  int device = 0, sms = 0, ctas_per_sm = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", e);
+  std::string err = prepare_kernel(main_kernel, L::kBytes, device, &ctas_per_sm);
+  if (!err.empty()) return err;
+
+  a.chunks = (a.G + Core::GC - 1) / Core::GC;
+  a.cta_tile = kWarps * Core::NW;
+  const int64_t pairs = p.num_seqs * p.num_kv_heads * a.chunks;
+  const int64_t slots = static_cast<int64_t>(sms) * ctas_per_sm;
+  int64_t parts = slots / pairs;
+  const int64_t max_parts = MaxPartitions(p.num_seqs, p.max_blocks_per_seq * p.block_size);
+  if (parts > max_parts) parts = max_parts;
+  if (parts < 1) parts = 1;
+  a.T = static_cast<int>(parts);
+  if (parts > 1) {
+    const int64_t need = p.num_seqs * p.num_q_heads * parts * (p.head_dim + 2);
+    if (p.workspace == nullptr || p.workspace_elems < need) {
+      return "paged_attention: workspace has " + std::to_string(p.workspace_elems) +
+             " f32 elements, the kernel needs " + std::to_string(need) +
+             " (size it with workspace_size())";
+    }
+  }
+  const int64_t grid = p.num_seqs * parts * p.num_kv_heads * a.chunks;
+  if (grid > INT_MAX) return "paged_attention: problem too large for one launch";
+  paged_attention_main<T, D, Core>
+      <<<static_cast<unsigned>(grid), kThreads, L::kBytes, stream>>>(a);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return cuda_error("launching the main kernel", e);
+  if (parts > 1) {
+    constexpr int kHpb = kThreads / (D / 4);
+    const int64_t rgrid = p.num_seqs * ((p.num_q_heads + kHpb - 1) / kHpb);
+    if (rgrid > INT_MAX) return "paged_attention: problem too large for one launch";
+    paged_attention_reduce<T, D><<<static_cast<unsigned>(rgrid), kThreads, 0, stream>>>(a);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) return cuda_error("launching the reduce kernel", e);
+  }
+  return "";
+}
+
+template <int D>
+inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const KernelArgs& a) {
+  switch (p.dtype) {
+    case DType::kBF16:
+      return launch_typed<__nv_bfloat16, D, MmaCore<__nv_bfloat16, D>>(stream, p, a);
+    case DType::kF16:
+      return launch_typed<__half, D, MmaCore<__half, D>>(stream, p, a);
+    case DType::kF32:
+      if (a.G == 1) return launch_typed<float, D, SimtCore<float, D, 1>>(stream, p, a);
+      if (a.G <= 4) return launch_typed<float, D, SimtCore<float, D, 4>>(stream, p, a);
+      return launch_typed<float, D, SimtCore<float, D, 8>>(stream, p, a);
+  }
+  return "paged_attention: unknown dtype";
+}
+
+}  // namespace detail
+
+inline std::string launch_paged_attention(cudaStream_t stream, const Params& p) {
+  using detail::KernelArgs;
+  if (p.num_seqs == 0 || p.num_q_heads == 0) return "";
+  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0)
+    return "paged_attention: num_q_heads must be a multiple of num_kv_heads";
+  if (p.block_size != 16 && p.block_size != 32 && p.block_size != 64)
+    return "paged_attention: block_size must be 16, 32 or 64";
+  const int64_t capacity = p.max_blocks_per_seq * p.block_size;
+  if (capacity >= (int64_t{1} << 30) || p.num_blocks > INT_MAX || p.num_seqs > INT_MAX ||
+      p.num_q_heads > INT_MAX)
+    return "paged_attention: sizes out of range (context capacity must be < 2^30 tokens)";
+  KernelArgs a{};
+  a.q = p.query;
+  a.k = p.key_cache;
+  a.v = p.value_cache;
+  a.bt = p.block_tables;
+  a.lens = p.seq_lens;
+  a.out = p.out;
+  a.ws = p.workspace;
+  a.S = static_cast<int>(p.num_seqs);
+  a.Hq = static_cast<int>(p.num_q_heads);
+  a.Hkv = static_cast<int>(p.num_kv_heads);
+  a.G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  a.log2_bs = p.block_size == 16 ? 4 : (p.block_size == 32 ? 5 : 6);
+  a.num_blocks = static_cast<int>(p.num_blocks);
+  a.max_blocks = static_cast<int>(p.max_blocks_per_seq);
+  a.window = p.sliding_window <= 0 ? 0
+             : (p.sliding_window >= INT_MAX ? INT_MAX : static_cast<int>(p.sliding_window));
+  a.sb = p.stride_block;
+  a.ss = p.stride_slot;
+  a.sh = p.stride_head;
+  if (p.softcap > 0.f) {
+    a.qk_scale = p.scale / p.softcap;
+    a.cap_mul = p.softcap * detail::kLog2e;
+  } else {
+    a.qk_scale = p.scale * detail::kLog2e;
+    a.cap_mul = 0.f;
+  }
+  switch (p.head_dim) {
+    case 64: return detail::launch_head_dim<64>(stream, p, a);
+    case 128: return detail::launch_head_dim<128>(stream, p, a);
+    case 256: return detail::launch_head_dim<256>(stream, p, a);
+    default: return "paged_attention: head_dim must be 64, 128 or 256";
+  }
+}
+
+}  // namespace xla_kernels::paged_attention

@@ -1,0 +1,228 @@
+// paged_attention on the CPU: same semantics as the CUDA kernel (see paged_attention.cuh),
+// computed plainly in f32. Per (sequence, kv head) the valid tokens are gathered once; each K
+// and V row is converted to f32 once and serves every query head of the group.
+//
+// Handler XkPagedAttentionCpu. The workspace output is accepted and left untouched.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string_view>
+#include <vector>
+
+#include "paged_attention_ffi.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace xla_kernels::paged_attention {
+namespace {
+
+// ---- element conversion (bit-exact, no compiler half-float support needed)
+
+inline float Bf16ToF32(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t F32ToBf16(float f) {  // round to nearest even; NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+inline float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp == 0x1fu) {
+    u = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    u = sign;
+  } else {  // subnormal: normalize
+    int e = -1;
+    do {
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    u = sign | ((112u - e) << 23) | ((mant & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t F32ToF16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t absu = u & 0x7fffffffu;
+  if (absu > 0x7f800000u) return sign | 0x7e00u;                // NaN
+  if (absu >= 0x477ff000u) return sign | 0x7c00u;               // overflow -> inf
+  if (absu < 0x38800000u) {                                     // subnormal or zero
+    if (absu < 0x33000000u) return sign;                        // < half the smallest subnormal
+    const uint32_t e = absu >> 23;
+    const uint32_t m = (absu & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - e;                            // 14..24
+    uint32_t r = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (r & 1u))) ++r;
+    return sign | static_cast<uint16_t>(r);
+  }
+  uint32_t r = absu + 0xfffu + ((absu >> 13) & 1u) - 0x38000000u;  // rebias 127 -> 15
+  return sign | static_cast<uint16_t>(r >> 13);
+}
+
+template <ffi::DataType DT>
+struct Elem;
+template <>
+struct Elem<ffi::DataType::F32> {
+  using T = float;
+  static float Load(T x) { return x; }
+  static T Store(float x) { return x; }
+};
+template <>
+struct Elem<ffi::DataType::BF16> {
+  using T = uint16_t;
+  static float Load(T x) { return Bf16ToF32(x); }
+  static T Store(float x) { return F32ToBf16(x); }
+};
+template <>
+struct Elem<ffi::DataType::F16> {
+  using T = uint16_t;
+  static float Load(T x) { return F16ToF32(x); }
+  static T Store(float x) { return F32ToF16(x); }
+};
+
+template <ffi::DataType DT>
+void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw,
+         const int32_t* block_tables, const int32_t* seq_lens, void* out_raw, float scale,
+         float softcap, int64_t window) {
+  using E = Elem<DT>;
+  using T = typename E::T;
+  const T* q = static_cast<const T*>(q_raw);
+  const T* kc = static_cast<const T*>(k_raw);
+  const T* vc = static_cast<const T*>(v_raw);
+  T* out = static_cast<T*>(out_raw);
+  const int64_t D = s.head_dim, G = s.num_q_heads / s.num_kv_heads;
+  const int64_t capacity = s.max_blocks_per_seq * s.block_size;
+
+  std::vector<int64_t> rows;      // element offsets (head 0) of the valid tokens
+  std::vector<float> qf(G * D), row(D), logits, acc(G * D), mx(G), sum(G);
+  for (int64_t seq = 0; seq < s.num_seqs; ++seq) {
+    int64_t L = std::min<int64_t>(seq_lens[seq], capacity);
+    const int64_t lo = (window > 0 && L > window) ? L - window : 0;
+    rows.clear();
+    for (int64_t t = lo; t < L; ++t) {
+      const int64_t blk = block_tables[seq * s.max_blocks_per_seq + t / s.block_size];
+      if (blk < 0 || blk >= s.num_blocks) continue;  // invalid id: token skipped
+      rows.push_back(blk * s.stride_block + (t % s.block_size) * s.stride_slot);
+    }
+    const int64_t n = static_cast<int64_t>(rows.size());
+    logits.assign(G * n, 0.f);
+    for (int64_t kvh = 0; kvh < s.num_kv_heads; ++kvh) {
+      const int64_t h0 = kvh * G;
+      T* o = out + (seq * s.num_q_heads + h0) * D;
+      if (n == 0) {
+        for (int64_t e = 0; e < G * D; ++e) o[e] = E::Store(0.f);
+        continue;
+      }
+      for (int64_t e = 0; e < G * D; ++e) qf[e] = E::Load(q[(seq * s.num_q_heads + h0) * D + e]);
+      std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
+      for (int64_t i = 0; i < n; ++i) {  // logits
+        const T* kr = kc + rows[i] + kvh * s.stride_head;
+        for (int64_t d = 0; d < D; ++d) row[d] = E::Load(kr[d]);
+        for (int64_t g = 0; g < G; ++g) {
+          const float* qg = qf.data() + g * D;
+          float dot = 0.f;
+          for (int64_t d = 0; d < D; ++d) dot += qg[d] * row[d];
+          float x = dot * scale;
+          if (softcap > 0.f) x = softcap * std::tanh(x / softcap);
+          logits[g * n + i] = x;
+          mx[g] = std::max(mx[g], x);
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {  // probabilities
+        float total = 0.f;
+        for (int64_t i = 0; i < n; ++i) {
+          const float p = std::exp(logits[g * n + i] - mx[g]);
+          logits[g * n + i] = p;
+          total += p;
+        }
+        sum[g] = total;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t i = 0; i < n; ++i) {  // weighted values
+        const T* vr = vc + rows[i] + kvh * s.stride_head;
+        for (int64_t d = 0; d < D; ++d) row[d] = E::Load(vr[d]);
+        for (int64_t g = 0; g < G; ++g) {
+          const float p = logits[g * n + i];
+          float* a = acc.data() + g * D;
+          for (int64_t d = 0; d < D; ++d) a[d] += p * row[d];
+        }
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        const float inv = 1.f / sum[g];
+        for (int64_t d = 0; d < D; ++d) o[g * D + d] = E::Store(acc[g * D + d] * inv);
+      }
+    }
+  }
+}
+
+ffi::Error PagedAttentionCpu(ffi::AnyBuffer query, ffi::AnyBuffer key_cache,
+                             ffi::AnyBuffer value_cache, ffi::Buffer<ffi::S32> block_tables,
+                             ffi::Buffer<ffi::S32> seq_lens, ffi::Result<ffi::AnyBuffer> out,
+                             ffi::Result<ffi::Buffer<ffi::F32>> workspace, float scale,
+                             float softcap, int64_t sliding_window, std::string_view layout) {
+  (void)workspace;
+  Shape s;
+  ffi::Error err = DecodeAndValidate(query, key_cache, value_cache, block_tables, seq_lens, *out,
+                                     scale, softcap, sliding_window, layout, &s);
+  if (err.failure()) return err;
+  if (s.num_seqs == 0 || s.num_q_heads == 0) return ffi::Error::Success();
+  const void* q = query.untyped_data();
+  const void* k = key_cache.untyped_data();
+  const void* v = value_cache.untyped_data();
+  const int32_t* bt = block_tables.typed_data();
+  const int32_t* sl = seq_lens.typed_data();
+  void* o = out->untyped_data();
+  switch (s.dtype) {
+    case ffi::DataType::F32:
+      Run<ffi::DataType::F32>(s, q, k, v, bt, sl, o, scale, softcap, sliding_window);
+      break;
+    case ffi::DataType::BF16:
+      Run<ffi::DataType::BF16>(s, q, k, v, bt, sl, o, scale, softcap, sliding_window);
+      break;
+    case ffi::DataType::F16:
+      Run<ffi::DataType::F16>(s, q, k, v, bt, sl, o, scale, softcap, sliding_window);
+      break;
+    default:
+      return Bad("query", "unsupported dtype", "pass bf16, f16 or f32");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace xla_kernels::paged_attention
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkPagedAttentionCpu, xla_kernels::paged_attention::PagedAttentionCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()         // query
+                                  .Arg<ffi::AnyBuffer>()         // key_cache
+                                  .Arg<ffi::AnyBuffer>()         // value_cache
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // block_tables
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // seq_lens
+                                  .Ret<ffi::AnyBuffer>()         // out
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // workspace
+                                  .Attr<float>("scale")
+                                  .Attr<float>("softcap")
+                                  .Attr<int64_t>("sliding_window")
+                                  .Attr<std::string_view>("layout"));

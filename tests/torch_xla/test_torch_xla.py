@@ -1,0 +1,210 @@
+"""torch_xla route: lowering to one typed-FFI custom call, and execution on the CPU client.
+
+Runs in the env made by ``scripts/torch_xla_env.sh`` (torch 2.9.0, torch_xla 2.9.0,
+jax/jaxlib 0.7.1 for XLA FFI 0.1 headers); skips where torch_xla is absent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# "torch_xla.version" rather than "torch_xla": with tests/ on sys.path, this very folder
+# (tests/torch_xla) would import as an empty namespace package named torch_xla.
+pytest.importorskip("torch_xla.version")
+torch = pytest.importorskip("torch")
+import torch_xla  # noqa: E402
+
+from xla_kernels.attrs import Attr, mlir_dict  # noqa: E402
+from xla_kernels.errors import OpInputError, RegistrationError  # noqa: E402
+from xla_kernels.frontends import torch_xla as xt  # noqa: E402
+from xla_kernels.runtime import pjrt_plugin  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+_CUSTOM_CALL = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>\S+)\s*=\s*(?P<result>.+?)\s+"
+                          r"custom-call\((?P<operands>[^)]*)\),\s*(?P<rest>.*)$", re.MULTILINE)
+
+
+def _attrs() -> dict:
+    decl = [Attr("alpha", float), Attr("n", int), Attr("flag", bool), Attr("name", str),
+            Attr("dims", list[int])]
+    values = {"alpha": 0.5, "n": 3, "flag": True, "name": "x", "dims": [1, 2]}
+    return {a.name: a.coerce(values[a.name], op="test") for a in decl}
+
+
+def _dev():
+    return torch_xla.device()
+
+
+def _custom_calls(hlo: str) -> list[re.Match]:
+    return list(_CUSTOM_CALL.finditer(hlo))
+
+
+# --------------------------------------------------------------------------- lowering
+
+
+def test_lowering_is_one_typed_ffi_custom_call():
+    x = torch.zeros(2, 3, device=_dev())
+    y = torch.zeros(5, dtype=torch.int32, device=_dev())
+    attrs = _attrs()
+    out = xt.custom_call("xk_test.lower_only", [x, y],
+                         [((4, 5), torch.float32), ((7,), "i32")], attrs)
+    assert [tuple(t.shape) for t in out] == [(4, 5), (7,)]
+    assert [t.dtype for t in out] == [torch.float32, torch.int32]
+    assert all(t.device.type == "xla" for t in out)
+
+    hlo = xt.hlo_text(out)
+    calls = _custom_calls(hlo)
+    assert len(calls) == 1, hlo
+    call = calls[0]
+    rest = call["rest"]
+    assert 'custom_call_target="xk_test.lower_only"' in rest
+    assert "api_version=API_VERSION_TYPED_FFI" in rest
+    config = re.search(r"backend_config=(\{.*\})", rest)[1]
+    assert config == mlir_dict(attrs) == (
+        '{alpha = 5.000000e-01 : f32, dims = array<i64: 1, 2>, flag = true, n = 3 : i64, '
+        'name = "x"}')
+    # Operands in the order given, with their shapes; a tuple result for two outputs.
+    operand_shapes = re.findall(r"(\w+\[[\d,]*\])\{", call["operands"])
+    assert operand_shapes == ["f32[2,3]", "s32[5]"], call["operands"]
+    assert call["result"].startswith("(f32[4,5]{1,0}, s32[7]{0})"), call["result"]
+
+
+def test_lowering_single_output_without_attrs():
+    x = torch.ones(3, device=_dev())
+    (out,) = xt.custom_call("xk_test.no_attrs", [x], [((3,), torch.float32)], {})
+    (call,) = _custom_calls(xt.hlo_text([out]))
+    assert call["result"].startswith("f32[3]{0}")
+    assert "backend_config={}" in call["rest"]
+    assert "api_version=API_VERSION_TYPED_FFI" in call["rest"]
+
+
+def test_custom_call_rejects_cpu_tensors_and_bad_outputs():
+    with pytest.raises(OpInputError, match="not an XLA device"):
+        xt.custom_call("xk_test.bad", [torch.ones(3)], [((3,), torch.float32)], {})
+    x = torch.ones(3, device=_dev())
+    with pytest.raises(OpInputError, match="at least one output"):
+        xt.custom_call("xk_test.bad", [x], [], {})
+    with pytest.raises(TypeError, match=r"outputs\[0\]"):
+        xt.custom_call("xk_test.bad", [x], [(3, torch.float32)], {})
+
+
+# --------------------------------------------------------------------------- execution
+
+
+def _ffi_include_dir() -> Path:
+    jax = pytest.importorskip("jax")
+    return Path(jax.ffi.include_dir())
+
+
+def _build(tmp_path_factory, source: str) -> ctypes.CDLL:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    out = tmp_path_factory.mktemp("torch_xla_fixtures") / (Path(source).stem + ".so")
+    cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", f"-I{_ffi_include_dir()}",
+           str(FIXTURES / source), "-o", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return ctypes.CDLL(str(out))
+
+
+def _address(lib: ctypes.CDLL, name: str) -> int:
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    lib = _build(tmp_path_factory, "add_kernels.cc")
+    for name in ("xk_test_add", "xk_test_scale_add"):
+        pjrt_plugin.register_handler(name, _address(lib, name), "cpu")
+    return lib
+
+
+def test_ffi_api_version_matches_build_headers():
+    version = pjrt_plugin.ffi_api_version()
+    assert version[0] == 0
+    if torch_xla.__version__.startswith("2.9."):
+        assert version == (0, 1)
+    header = (_ffi_include_dir() / "xla/ffi/api/c_api.h").read_text()
+    minor = int(re.search(r"#define XLA_FFI_API_MINOR (\d+)", header)[1])
+    if minor != version[1]:
+        pytest.fail(f"jax.ffi.include_dir() has FFI 0.{minor} headers but torch_xla runs "
+                    f"0.{version[1]}: install {pjrt_plugin.HEADERS_FOR_FFI_VERSION[version]}")
+
+
+def test_execute_add(kernels):
+    x = torch.tensor([1.0, 2.0, 3.0], device=_dev())
+    y = torch.tensor([4.0, 5.0, 6.0], device=_dev())
+    (out,) = xt.custom_call("xk_test_add", [x, y], [((3,), torch.float32)], {})
+    np.testing.assert_array_equal(out.cpu().numpy(), [5.0, 7.0, 9.0])
+    # Mixed with ordinary lazy ops, inside one graph.
+    (out2,) = xt.custom_call("xk_test_add", [x * 2, y], [((3,), torch.float32)], {})
+    np.testing.assert_array_equal((out2 + 1).cpu().numpy(), [7.0, 10.0, 13.0])
+
+
+def test_execute_attributes_reach_the_kernel(kernels):
+    x = torch.tensor([1.0, 2.0, 3.0], device=_dev())
+    y = torch.tensor([4.0, 5.0, 6.0], device=_dev())
+    (out,) = xt.custom_call("xk_test_scale_add", [x, y], [((3,), torch.float32)], _attrs())
+    # alpha*x + y + n + 1000*flag + 10*dims[0] + 100*dims[1] + 10000*len(name)
+    extra = 3 + 1000 + 10 + 200 + 10000
+    np.testing.assert_allclose(out.cpu().numpy(), 0.5 * np.array([1, 2, 3]) + [4, 5, 6] + extra)
+
+
+def test_kernel_error_surfaces(kernels):
+    x = torch.ones(3, device=_dev())
+    bad = _attrs() | {"dims": np.array([1, 2, 3])}
+    (out,) = xt.custom_call("xk_test_scale_add", [x, x], [((3,), torch.float32)], bad)
+    with pytest.raises(RuntimeError, match="dims must have 2 items"):
+        out.cpu()
+
+
+def test_register_is_idempotent_and_refuses_a_second_handler(kernels):
+    add = _address(kernels, "xk_test_add")
+    first = pjrt_plugin.register_handler("xk_test_add", add, "cpu")
+    assert pjrt_plugin.register_handler("xk_test_add", add, "cpu") == first
+    assert first.ffi_version == pjrt_plugin.ffi_api_version()
+    with pytest.raises(RegistrationError, match="another handler"):
+        pjrt_plugin.register_handler("xk_test_add", _address(kernels, "xk_test_scale_add"),
+                                     "cpu")
+    assert "xk_test_add" in [r.target for r in pjrt_plugin.registered_handlers()]
+
+
+def test_register_refuses_a_handler_of_another_ffi_version(tmp_path_factory):
+    lib = _build(tmp_path_factory, "wrong_ffi_version.cc")
+    with pytest.raises(RegistrationError, match=r"API version \(0\.99\).*Fix: rebuild"):
+        pjrt_plugin.register_handler("xk_test_wrong_version",
+                                     _address(lib, "xk_test_wrong_version"), "cpu")
+
+
+@pytest.mark.parametrize("platform", ["cuda", "gpu", "CUDA"])
+def test_cuda_cannot_execute(platform):
+    with pytest.raises(RegistrationError, match="cannot execute on CUDA"):
+        pjrt_plugin.register_handler("xk_test_add", 1234, platform)
+
+
+def test_other_pjrt_device_is_refused(monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "TPU")
+    with pytest.raises(RegistrationError, match="PJRT_DEVICE=TPU"):
+        pjrt_plugin.register_handler("xk_test_other_device", 1234, "cpu")
+
+
+def test_op_call_builds_registers_and_runs():
+    pytest.importorskip("jax")
+    from xla_kernels.kernels.simple_add import simple_add
+
+    x = torch.tensor([1.0, 2.0, 3.0], device=_dev())
+    y = torch.tensor([4.0, 5.0, 6.0], device=_dev())
+    out = xt.call(simple_add, x, y)
+    (call,) = _custom_calls(xt.hlo_text([out]))
+    assert 'custom_call_target="xla_kernels.simple_add"' in call["rest"]
+    np.testing.assert_array_equal(out.cpu().numpy(), [5.0, 7.0, 9.0])
+    with pytest.raises(RegistrationError, match="cannot execute on CUDA"):
+        xt.register_op(simple_add, "cuda")
