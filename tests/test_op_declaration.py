@@ -154,3 +154,11 @@ def test_legacy_kernels_get_an_opaque_bytes_attribute():
     bound = op.bind([xk.Spec((3,), "f32")], {"opaque": b"\x01\x02"})
     assert bound.attrs["opaque"].tolist() == [1, 2]
     assert op.kernels["cpu"].handler == "XlaKernelsLegacy_Fn"
+
+
+def test_a_traced_attribute_says_attributes_are_static():
+    import jax
+
+    with pytest.raises(xk.OpTypeError, match="attributes are static, but it got a traced "
+                                             "value. Fix: pass a Python value"):
+        jax.jit(lambda x, n: ATTR_OP(x, n=n))(np.ones(3, np.float32), 3)

@@ -20,7 +20,20 @@ from xla_kernels.errors import (
     RegistrationError,
     XlaKernelsError,
 )
-from xla_kernels.op import PLATFORMS, BoundCall, Invalid, Kernel, Op, Spec, Tensor, like
+from xla_kernels import hlo
+from xla_kernels.diagnostics import explain, explained_errors
+from xla_kernels.hlo import assert_single_custom_call, hlo_text
+from xla_kernels.op import (
+    PLATFORMS,
+    BoundCall,
+    Invalid,
+    Kernel,
+    Op,
+    Spec,
+    Tensor,
+    declared_ops,
+    like,
+)
 from xla_kernels.runtime.registry import ensure_registered, registrations
 
 __version__ = "0.1.0"
@@ -29,5 +42,6 @@ __all__ = [
     "PLATFORMS", "REQUIRED", "Attr", "BoundCall", "BuildError", "CompilerNotFoundError",
     "Invalid", "Kernel", "Op", "OpDeclarationError", "OpInputError", "OpTypeError",
     "PlatformError", "RegistrationError", "Spec", "Tensor", "XlaKernelsError",
-    "ensure_registered", "like", "registrations",
+    "assert_single_custom_call", "declared_ops", "ensure_registered", "explain",
+    "explained_errors", "hlo", "hlo_text", "like", "registrations",
 ]

@@ -119,6 +119,10 @@ class Attr:
         :class:`OpInputError` for one out of the type's range.
         """
         want = _type_name(self.type)
+        if hasattr(value, "aval") or type(value).__name__.endswith("Tracer"):
+            raise OpTypeError(op, self.name, "attributes are static, but it got a traced value",
+                              "pass a Python value: mark it static (jax.jit(..., "
+                              "static_argnames=...)) or close over it")
         if self.type is str:
             if not isinstance(value, str):
                 raise OpTypeError(op, self.name, f"expected a str, got {type(value).__name__}")

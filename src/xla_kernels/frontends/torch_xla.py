@@ -2,7 +2,8 @@
 
 :func:`custom_call` adds one ``custom-call`` to the lazy-tensor graph with
 ``api_version=API_VERSION_TYPED_FFI`` (4) and the attributes rendered as the MLIR
-dictionary XLA's typed FFI decodes (``backend_config={alpha = 5.000000e-01 : f32, ...}``).
+dictionary XLA's typed FFI decodes (``backend_config={alpha = 5.000000e-01 : f32, ...}``),
+wrapped in a called computation so that torch_xla's graph cache tells attributes apart.
 :func:`register_op` builds an :class:`~xla_kernels.Op`'s CPU kernel and registers its
 handler with torch_xla's runtime (see :mod:`xla_kernels.runtime.pjrt_plugin`);
 :func:`call` does both for one call of an op.
@@ -26,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +45,10 @@ if TYPE_CHECKING:
 TYPED_FFI_API_VERSION = 4
 
 Shape = Sequence[int]
+
+_lock = threading.Lock()
+# (target, inputs, outputs, backend_config, side effect) -> (computation, params, count)
+_computations: dict[tuple, tuple[Any, list[int], int]] = {}
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
@@ -64,6 +71,13 @@ def custom_call(
 ) -> list[torch.Tensor]:
     """Add one typed-FFI custom call of ``target`` to torch_xla's lazy graph.
 
+    The call is traced once per (target, input/output shapes and dtypes, attributes) with
+    ``torch_xla._XLAC._xla_custom_call(..., backend_config=mlir_dict(attrs),
+    api_version=4)`` into a small XLA computation, which the graph then calls (XLA
+    inlines it when compiling). Emitting the custom call straight into the graph would be
+    wrong: torch_xla 2.9 hashes a custom-call node by target and operands only, so calls
+    that differ only in attributes or output shapes would reuse one compiled executable.
+
     Args:
         target: the ``custom_call_target``; its handler must be registered (for execution,
             not for lowering) with :func:`xla_kernels.runtime.pjrt_plugin.register_handler`.
@@ -81,9 +95,12 @@ def custom_call(
         >>> x = torch.ones(3, device=torch_xla.device())                  # doctest: +SKIP
         >>> (y,) = custom_call("my_lib.scale", [x], [((3,), torch.float32)],
         ...                    {"alpha": np.float32(0.5)})                 # doctest: +SKIP
-        >>> print(torch_xla._XLAC._get_xla_tensors_hlo([y]))              # doctest: +SKIP
-        ... custom_call_target="my_lib.scale", api_version=API_VERSION_TYPED_FFI,
-            backend_config={alpha = 5.000000e-01 : f32} ...
+        >>> print(hlo_text([y]))                                          # doctest: +SKIP
+        %xk_my_lib_scale.2 (p0.3: f32[3]) -> (f32[3]) {
+          ... custom-call(f32[3]{0} %p0.3), custom_call_target="my_lib.scale",
+          api_version=API_VERSION_TYPED_FFI, backend_config={alpha = 5.000000e-01 : f32}
+        ...
+        ENTRY ... call(f32[3]{0} %p0.1), to_apply=%xk_my_lib_scale.2 ...
     """
     import torch
 
@@ -113,9 +130,57 @@ def custom_call(
                               f"{e}") from None
         if any(d < 0 for d in shapes[-1]):
             raise OpInputError(target, f"outputs[{i}]", f"negative dimension in {shapes[-1]}")
-    return list(torch_xla._XLAC._xla_custom_call(
-        tensors, target, shapes, out_dtypes, bool(has_side_effect),
-        mlir_dict(dict(attrs)), TYPED_FFI_API_VERSION, {}))
+    config = mlir_dict(dict(attrs))
+    key = (target, tuple((tuple(t.shape), t.dtype) for t in tensors),
+           tuple((tuple(sh), dt) for sh, dt in zip(shapes, out_dtypes, strict=True)),
+           config, bool(has_side_effect))
+    with _lock:
+        built = _computations.get(key)
+    if built is None:
+        built = _build_computation(target, tensors, shapes, out_dtypes, config,
+                                   bool(has_side_effect))
+        with _lock:
+            built = _computations.setdefault(key, built)
+    computation, param_of_input, n_params = built
+    operands: list[Any] = [None] * n_params
+    for i, p in enumerate(param_of_input):
+        operands[p] = tensors[i]
+    return list(torch_xla._XLAC._xla_user_computation(
+        f"xla::{_computation_name(target)}", operands, computation))
+
+
+def _computation_name(target: str) -> str:
+    return "xk_" + re.sub(r"[^A-Za-z0-9_]", "_", target)
+
+
+def _build_computation(target: str, tensors: Sequence[torch.Tensor], shapes: list[list[int]],
+                       out_dtypes: list[torch.dtype], config: str,
+                       has_side_effect: bool) -> tuple[Any, list[int], int]:
+    """Trace the custom call on placeholders into its own XLA computation.
+
+    torch_xla 2.9 hashes a ``CustomCall`` IR node by its target and operands only (not
+    ``backend_config``, output shapes or ``api_version``), so two calls that differ only
+    in attributes would share one compiled executable. Wrapping the call in a user
+    computation makes the graph hash cover the whole custom-call instruction.
+    """
+    import torch_xla.core.xla_builder as xb
+
+    import torch_xla
+
+    xlac = torch_xla._XLAC
+    fakes = [xb.create_placeholder_tensor(t.shape, t.dtype) for t in tensors]
+    results = xlac._xla_custom_call(fakes, target, shapes, out_dtypes, has_side_effect, config,
+                                    TYPED_FFI_API_VERSION, {})
+    ctx = xlac.lowering.LoweringContext(_computation_name(target))
+    ctx.build(list(results))
+    param_of_input = [ctx.tensor_parameter_id(f) for f in fakes]
+    n_params = len(ctx.device_parameter_id_tensor_mapping())
+    if sorted(param_of_input) != list(range(n_params)):
+        raise OpInputError(target, "inputs", f"internal: parameters {param_of_input} of the "
+                           f"traced call do not match its {n_params} inputs")
+    computation = xb.computation_from_module_proto(f"xla::{_computation_name(target)}",
+                                                   ctx.hlo())
+    return computation, param_of_input, n_params
 
 
 def hlo_text(tensors: Sequence[torch.Tensor]) -> str:

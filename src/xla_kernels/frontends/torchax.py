@@ -1,0 +1,192 @@
+"""The torchax frontend: the torch operator of an op lowers to the op's XLA custom-call.
+
+torchax runs PyTorch programs on JAX: each torch operator is replaced by a JAX function.
+:func:`register_torchax` registers, for ``torch_op(op)`` (or an operator you defined
+yourself, e.g. with ``torch.library.custom_op``), a JAX function that calls the op's JAX
+frontend, so on torchax tensors the op becomes the same typed-FFI ``custom-call`` that
+JAX emits: eagerly, under ``torchax.interop.jax_jit`` and under ``jax.jit`` of a
+``jax_view``-ed function.
+
+Example:
+    >>> import torch
+    >>> from xla_kernels.kernels.simple_add import simple_add
+    >>> register_torchax(simple_add)
+    >>> torchax = import_torchax()
+    >>> with torchax.default_env():                                   # doctest: +SKIP
+    ...     a = torch.tensor([1.0, 2.0, 3.0], device="jax")
+    ...     torch.ops.xla_kernels.simple_add(a, a)
+    Tensor(<class 'jaxlib._jax.ArrayImpl'> [2. 4. 6.])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from xla_kernels.errors import OpInputError, RegistrationError
+from xla_kernels.frontends import torch as torch_frontend
+from xla_kernels.op import Op
+
+__all__ = ["import_torchax", "jax_impl", "register_torchax"]
+
+# Named-tensor overloads ("prod.dim_Dimname", "std.names_dim", ...) that torchax 0.0.13
+# names at import time and that newer torch releases no longer have.
+_NAMED_TENSOR_OVERLOAD = re.compile(r"dimname|names", re.IGNORECASE)
+
+
+class _MissingOverload:
+    """Stands for an operator overload this torch does not have (never called)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<overload {self.name} missing in torch {torch.__version__}>"
+
+
+@contextlib.contextmanager
+def _tolerate_missing_named_tensor_overloads() -> Iterator[list[str]]:
+    """While torchax imports, a missing named-tensor overload is a placeholder, not an
+    ``AttributeError`` (torchax 0.0.13 lists overloads that torch 2.13 removed)."""
+    packet_type = torch._ops.OpOverloadPacket
+    original = packet_type.__getattr__
+    missing: list[str] = []
+
+    def getattr_or_placeholder(self: Any, key: str) -> Any:
+        try:
+            return original(self, key)
+        except AttributeError:
+            if key.startswith("__") or not _NAMED_TENSOR_OVERLOAD.search(key):
+                raise
+            missing.append(f"{self._qualified_op_name}.{key}")
+            return _MissingOverload(f"{self._qualified_op_name}.{key}")
+
+    packet_type.__getattr__ = getattr_or_placeholder
+    try:
+        yield missing
+    finally:
+        packet_type.__getattr__ = original
+
+
+_import_lock = threading.Lock()
+
+
+def import_torchax() -> ModuleType:
+    """Import torchax (and the op tables it loads lazily), working around overloads that
+    this torch no longer has; returns the module.
+
+    Example:
+        >>> import_torchax().__name__
+        'torchax'
+    """
+    module = sys.modules.get("torchax")
+    if module is not None and "torchax.decompositions" in sys.modules:
+        return module
+    with _import_lock, _tolerate_missing_named_tensor_overloads():
+        try:
+            import torchax
+            import torchax.decompositions
+            import torchax.interop
+            import torchax.ops.jaten
+            import torchax.ops.jtorch
+        except ImportError as e:
+            raise RegistrationError(
+                f"torchax is not importable: {e}. Fix: pip install torchax "
+                "(or xla-kernels[torchax]).") from e
+    return torchax
+
+
+def jax_impl(op: Op) -> Callable[..., Any]:
+    """The JAX function torchax runs for ``op``'s torch operator.
+
+    It takes JAX arrays and the torch call's keyword attributes (``None`` meaning "not
+    passed", ``bytes`` attributes as bytes or lists of ints) and calls ``op`` itself.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from xla_kernels.kernels.simple_add import simple_add
+        >>> jax_impl(simple_add)(jnp.ones(2), jnp.ones(2))           # doctest: +SKIP
+        Array([2., 2.], dtype=float32)
+    """
+    byte_attrs = frozenset(a.name for a in op.attrs if a.type is bytes)
+
+    def impl(*arrays: Any, **attrs: Any) -> Any:
+        values = {}
+        for name, value in attrs.items():
+            if value is None:
+                continue
+            if name in byte_attrs and not isinstance(value, (bytes, bytearray)):
+                try:
+                    value = bytes(value)
+                except (TypeError, ValueError) as e:
+                    raise OpInputError(op.name, name, f"expected bytes (a list of ints "
+                                                      f"0..255), got {value!r}: {e}") from None
+            values[name] = value
+        return op(*arrays, **values)
+
+    impl.__name__ = impl.__qualname__ = f"{op.name.rpartition('.')[2]}_torchax"
+    impl.__doc__ = op.doc
+    return impl
+
+
+_registered: dict[Any, Op] = {}
+_lock = threading.Lock()
+
+
+def _overload(target: Any) -> Any:
+    """The ``OpOverload`` torchax looks up, from an overload, a packet or a custom op."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return target.default
+    inner = getattr(target, "_opoverload", None)  # torch.library.custom_op's CustomOpDef
+    if isinstance(inner, torch._ops.OpOverload):
+        return inner
+    raise RegistrationError(
+        f"register_torchax: {target!r} is not a torch operator. Fix: pass an OpOverload "
+        "(torch.ops.ns.name.default), its packet, or a torch.library.custom_op function.")
+
+
+def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> None:
+    """Lower ``torch_target`` (default: ``torch_op(op)``) to ``op`` on torchax tensors.
+
+    Idempotent. The lowering goes into torchax's global op table (used by every
+    ``torchax.tensor.Environment`` created afterwards) and into the environments that
+    already exist: torchax's default one and ``env`` if given.
+
+    Args:
+        op: the declared op whose custom-call the operator becomes.
+        torch_target: an existing torch operator with the same tensor arguments and
+            attributes, e.g. one made with ``torch.library.custom_op``; by default the
+            operator :func:`~xla_kernels.frontends.torch.torch_op` defines for ``op``.
+        env: a ``torchax.tensor.Environment`` to register in as well.
+
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add
+        >>> register_torchax(simple_add)
+        >>> register_torchax(simple_add)   # a second call changes nothing
+    """
+    torchax = import_torchax()
+    from torchax.ops import ops_registry
+
+    target = torch_frontend.torch_op(op) if torch_target is None else torch_target
+    overload = _overload(target)
+    with _lock:
+        known = _registered.get(overload)
+        if known is None or known is not op:
+            impl = jax_impl(op)
+            ops_registry.register_torch_dispatch_op(
+                overload, impl, is_jax_function=True, is_user_defined=True)
+            _registered[overload] = op
+        operator = ops_registry.all_aten_ops[overload]
+        envs = [e for e in (getattr(torchax, "_env", None), env) if e is not None]
+        for e in envs:
+            if e._ops.get(overload) is not operator:
+                e._ops[overload] = operator

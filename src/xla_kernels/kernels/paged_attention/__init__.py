@@ -1,0 +1,147 @@
+"""``paged_attention``: vLLM-style decode attention over a paged KV cache, one custom-call.
+
+One query token per sequence attends to its cached keys/values, which live in fixed-size
+blocks scattered over a shared cache and are found through a block table::
+
+    paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
+                    *, scale, softcap=0.0, sliding_window=0, layout="vllm") -> out
+
+* ``query`` [num_seqs, num_q_heads, head_dim]; ``out`` has its shape and dtype.
+* ``key_cache``/``value_cache``: ``layout="vllm"`` [num_blocks, block_size, num_kv_heads,
+  head_dim] (vLLM's ``reshape_and_cache_flash`` layout) or ``layout="pallas"``
+  [num_kv_heads, num_blocks, block_size, head_dim] (torch_xla / JAX Pallas layout).
+* ``block_tables`` int32 [num_seqs, max_blocks_per_seq]: token ``t`` of sequence ``s`` is
+  slot ``t % block_size`` of physical block ``block_tables[s, t // block_size]``.
+* ``seq_lens`` int32 [num_seqs]: ragged context lengths.
+* dtypes bf16, f16, f32 (query, caches and output share one); head_dim 64, 128, 256;
+  block_size 16, 32, 64; any GQA/MQA ratio (num_q_heads % num_kv_heads == 0).
+* ``scale`` multiplies q.k; ``softcap > 0`` gives ``softcap * tanh(logit / softcap)``
+  (after the scale); ``sliding_window > 0`` attends only positions
+  ``t >= seq_len - sliding_window``.
+
+Robustness: a block id outside ``[0, num_blocks)`` is never dereferenced, its tokens are
+skipped (masked out); ``seq_len <= 0`` gives an all-zero output row, as does a row whose
+tokens are all masked; ``seq_len`` above the capacity ``max_blocks_per_seq * block_size`` is
+clamped to it; cache slots that are not attended are never read (they may hold NaN). The
+softmax statistics and accumulations are f32; valid input never yields NaN.
+
+Kernels: CUDA (``paged_attention.cu``: tensor-core flash-decoding for bf16/f16, CUDA-core
+f32, one CTA per (sequence, partition, kv head) serving all its query heads) and CPU
+(``paged_attention_cpu.cc``). :func:`paged_attention_xla` is the plain-XLA fallback for
+other platforms; :func:`paged_attention_numpy_f64` the float64 test oracle. The op has a
+hidden f32 workspace output sized by :func:`workspace_size`.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from xla_kernels.kernels.paged_attention import paged_attention
+    >>> q = jnp.ones((2, 8, 128), jnp.bfloat16)                  # 2 seqs, 8 q heads
+    >>> kc = jnp.ones((64, 16, 2, 128), jnp.bfloat16)             # 2 kv heads, vllm layout
+    >>> bt = jnp.arange(8, dtype=jnp.int32).reshape(2, 4)
+    >>> lens = jnp.array([50, 7], jnp.int32)
+    >>> f = jax.jit(lambda *a: paged_attention(*a, scale=128 ** -0.5))
+    >>> f(q, kc, kc, bt, lens).shape                             # doctest: +SKIP
+    (2, 8, 128)
+"""
+
+from __future__ import annotations
+
+import math
+
+from xla_kernels.attrs import Attr
+from xla_kernels.op import Invalid, Kernel, Op, Spec, Tensor
+
+from .reference import LAYOUTS, paged_attention_numpy_f64, paged_attention_xla
+from .workspace import max_partitions, workspace_size
+
+DTYPES = ("bf16", "f16", "f32")
+HEAD_DIMS = (64, 128, 256)
+BLOCK_SIZES = (16, 32, 64)
+
+
+def _cache_dims(cache: Spec, layout: str) -> tuple[int, int, int, int]:
+    """(num_blocks, block_size, num_kv_heads, head_dim) of a cache spec."""
+    if layout == "vllm":
+        return cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]
+    return cache.shape[1], cache.shape[2], cache.shape[0], cache.shape[3]
+
+
+def _output_rule(query: Spec, key_cache: Spec, value_cache: Spec, block_tables: Spec,
+                 seq_lens: Spec, *, scale: float, softcap: float, sliding_window: int,
+                 layout: str) -> list[Spec]:
+    """Validate a call; returns [out, workspace]."""
+    if layout not in LAYOUTS:
+        raise Invalid("layout", f"unknown layout {layout!r}",
+                      'use "vllm" ([num_blocks, block_size, num_kv_heads, head_dim]) or '
+                      '"pallas" ([num_kv_heads, num_blocks, block_size, head_dim])')
+    num_seqs, num_q_heads, head_dim = query.shape
+    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
+        bad = "key_cache" if key_cache.dtype != query.dtype else "value_cache"
+        other = key_cache if bad == "key_cache" else value_cache
+        raise Invalid(bad, f"dtype {other.dtype} differs from the query's {query.dtype}",
+                      "cast query and caches to one dtype")
+    if head_dim not in HEAD_DIMS:
+        raise Invalid("query", f"head_dim {head_dim} is not supported",
+                      f"use head_dim {', '.join(map(str, HEAD_DIMS))} (pad the head dimension)")
+    if value_cache.shape != key_cache.shape:
+        raise Invalid("value_cache", f"shape {value_cache.shape} differs from key_cache's "
+                      f"{key_cache.shape}", "pass key and value caches of one shape")
+    num_blocks, block_size, num_kv_heads, cache_dim = _cache_dims(key_cache, layout)
+    if cache_dim != head_dim:
+        raise Invalid("key_cache", f"head_dim {cache_dim} (last dimension) differs from the "
+                      f"query's {head_dim}", "pass caches with the query's head_dim")
+    if block_size not in BLOCK_SIZES:
+        raise Invalid("key_cache", f"block_size {block_size} is not supported (shape "
+                      f"{key_cache.shape} read in layout {layout!r})",
+                      f"use block_size {', '.join(map(str, BLOCK_SIZES))}, and check that "
+                      "`layout` matches the cache")
+    if num_kv_heads <= 0 or num_q_heads % num_kv_heads:
+        raise Invalid("key_cache", f"num_q_heads {num_q_heads} is not a multiple of "
+                      f"num_kv_heads {num_kv_heads}",
+                      "use a kv head count that divides the query head count (GQA/MQA)")
+    if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs:
+        raise Invalid("block_tables", f"expected shape ({num_seqs}, max_blocks_per_seq), "
+                      f"got {block_tables.shape}", "pass one row of block ids per sequence")
+    if seq_lens.shape != (num_seqs,):
+        raise Invalid("seq_lens", f"expected shape ({num_seqs},), got {seq_lens.shape}",
+                      "pass one length per sequence")
+    if not math.isfinite(float(scale)):
+        raise Invalid("scale", f"must be finite, got {float(scale)}",
+                      "pass e.g. scale=head_dim ** -0.5")
+    if not math.isfinite(float(softcap)) or float(softcap) < 0:
+        raise Invalid("softcap", f"must be finite and >= 0, got {float(softcap)}",
+                      "pass softcap=0.0 to disable it")
+    if int(sliding_window) < 0:
+        raise Invalid("sliding_window", f"must be >= 0, got {int(sliding_window)}",
+                      "pass sliding_window=0 to disable it")
+    max_context = block_tables.shape[1] * block_size
+    ws = workspace_size(num_seqs, num_q_heads, head_dim, max_context)
+    return [Spec(query.shape, query.dtype), Spec((ws,), "f32", workspace=True)]
+
+
+paged_attention = Op(
+    "xla_kernels.paged_attention",
+    inputs=[
+        Tensor("query", dtypes=DTYPES, rank=3, doc="[num_seqs, num_q_heads, head_dim]"),
+        Tensor("key_cache", dtypes=DTYPES, rank=4, doc="paged keys, in `layout`"),
+        Tensor("value_cache", dtypes=DTYPES, rank=4, doc="paged values, key_cache's shape"),
+        Tensor("block_tables", dtypes=("i32",), rank=2, doc="[num_seqs, max_blocks_per_seq]"),
+        Tensor("seq_lens", dtypes=("i32",), rank=1, doc="[num_seqs]"),
+    ],
+    attrs=[
+        Attr("scale", float, doc="multiplies q.k"),
+        Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
+        Attr("sliding_window", int, default=0, doc="> 0: attend the last this many tokens"),
+        Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
+    ],
+    outputs=_output_rule,
+    kernels={
+        "cpu": Kernel(["paged_attention_cpu.cc"], handler="XkPagedAttentionCpu"),
+        "cuda": Kernel(["paged_attention.cu"], handler="XkPagedAttentionCuda"),
+    },
+    doc=__doc__ or "",
+)
+
+__all__ = [
+    "BLOCK_SIZES", "DTYPES", "HEAD_DIMS", "LAYOUTS", "max_partitions", "paged_attention",
+    "paged_attention_numpy_f64", "paged_attention_xla", "workspace_size",
+]

@@ -1,0 +1,67 @@
+"""Errors a user meets at run time: unregistered targets, compile errors, and `doctor`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import xla_kernels as xk
+from xla_kernels import cli
+from xla_kernels.diagnostics import explain, explained_errors
+
+unregistered = xk.Op("xk_tests.never_registered", inputs=[xk.Tensor("x", ("f32",))],
+                     outputs=xk.like,
+                     kernels={"cpu": xk.Kernel(["fixtures/broken/broken.cc"], "Nothing")})
+
+
+def _run_raw_ffi_call(target: str) -> None:
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((3,), jnp.float32))
+    jax.block_until_ready(jax.jit(call)(jnp.ones(3)))
+
+
+def test_unregistered_xla_kernels_op_is_explained_with_the_fix():
+    with pytest.raises(xk.RegistrationError) as e, explained_errors():
+        _run_raw_ffi_call("xk_tests.never_registered")
+    message = str(e.value)
+    assert message.startswith("xk_tests.never_registered: no handler is registered for "
+                              "platform cpu in this process")
+    assert "xla_kernels.ensure_registered(op, 'cpu')" in message
+
+
+def test_unknown_target_is_explained_with_doctor():
+    with pytest.raises(xk.RegistrationError, match="xla-kernels doctor nobody.knows"), \
+            explained_errors():
+        _run_raw_ffi_call("nobody.knows")
+
+
+def test_other_errors_pass_through_unchanged():
+    assert explain(ValueError("something else")) is None
+    with pytest.raises(ValueError, match="something else"), explained_errors():
+        raise ValueError("something else")
+
+
+def test_gpu_wording_of_the_error_is_recognized():
+    err = RuntimeError("No registered implementation for FFI custom call to "
+                       "xk_tests.never_registered for platform CUDA")
+    assert "has kernels for cpu only" in str(explain(err))
+
+
+def test_compile_error_names_the_op_file_and_line():
+    with pytest.raises(xk.BuildError) as e:
+        unregistered(jnp.ones(3))
+    message = str(e.value)
+    assert "xk_tests.never_registered" in message
+    assert "broken.cc:4" in message and "undefined_name" in message
+
+
+def test_doctor_registers_a_shipped_op(capsys):
+    assert cli.main(["doctor", "xla_kernels.simple_add", "--register"]) == 0
+    out = capsys.readouterr().out
+    assert "register cpu" in out and "ok: XlaKernelsSimpleAddCpu" in out
+    assert "xla_kernels.simple_add [cpu]" in out
+
+
+def test_doctor_on_an_unknown_target_says_what_to_do(capsys):
+    assert cli.main(["doctor", "no.such_op"]) == 1
+    assert "import the module that declares 'no.such_op'" in capsys.readouterr().out

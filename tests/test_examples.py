@@ -1,0 +1,44 @@
+"""The README's example op works as written, on the CPU here and on the GPU there."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+scale = _load(EXAMPLES / "scale" / "scale.py").scale
+
+
+def test_readme_scale_op_runs_with_its_attribute(rng):
+    x = rng.standard_normal(1001).astype(np.float32)
+    out = jax.jit(lambda x: scale(x, factor=-1.5))(x)
+    np.testing.assert_allclose(np.asarray(out), x * np.float32(-1.5), rtol=0)
+
+
+def test_readme_scale_example_script_prints_the_custom_call():
+    result = subprocess.run([sys.executable, str(EXAMPLES / "scale" / "scale.py")],
+                            capture_output=True, text=True, timeout=300, check=True)
+    assert 'custom_call_target="my_project.scale"' in result.stdout
+
+
+@pytest.mark.gpu
+def test_readme_scale_op_runs_on_the_gpu(rng):
+    x = jnp.asarray(rng.standard_normal(100_003).astype(np.float32))
+    assert x.devices().pop().platform == "gpu"
+    np.testing.assert_allclose(np.asarray(scale(x, factor=3.0)), np.asarray(x) * 3.0, rtol=0)
