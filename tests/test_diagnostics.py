@@ -30,7 +30,7 @@ def test_unregistered_xla_kernels_op_is_explained_with_the_fix():
 
 
 def test_unknown_target_is_explained_with_doctor():
-    with pytest.raises(xk.RegistrationError, match="xla-kernels doctor nobody.knows"), \
+    with pytest.raises(xk.RegistrationError, match=r"xla-kernels doctor nobody\.knows"), \
             explained_errors():
         _run_raw_ffi_call("nobody.knows")
 

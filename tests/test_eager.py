@@ -401,6 +401,16 @@ def test_handler_metadata(lib):
     assert shape.state_type_id == attrs.state_type_id == 0
 
 
+def test_handler_built_for_newer_api_is_refused(lib):
+    from xla_kernels.errors import RegistrationError
+
+    major, minor = eager.ffi_api_version()
+    x = buf(np.zeros(1, np.float32))
+    with pytest.raises(RegistrationError, match=rf"newer_op: the handler was built against "
+                                                rf"XLA FFI API {major}\.{minor + 1}"):
+        call_handler(lib.xk_test_newer_api, args=[x], rets=[x], attrs={}, op_name="newer_op")
+
+
 def test_api_table_is_complete():
     import jax.ffi
 
@@ -436,7 +446,7 @@ def test_same_handler_runs_through_xla(lib):
     eager_shape = np.full(16, -99, np.int64)
     call_handler(fn(lib, "xk_test_shape"), args=[buf(h)], rets=[buf(eager_shape)], attrs={})
 
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), jax.default_device(jax.devices("cpu")[0]):
         out, summary = jax.ffi.ffi_call(
             "xk_test_eager_attrs",
             (jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct((64,), jnp.float64)),

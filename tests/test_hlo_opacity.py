@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ops import attrs_echo
 
+from ops import attrs_echo
 from xla_kernels.hlo import assert_single_custom_call, custom_calls, hlo_text
 from xla_kernels.kernels.simple_add import simple_add
 

@@ -6,9 +6,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ops import attrs_echo
 
 import xla_kernels as xk
+from ops import attrs_echo
 from xla_kernels import dtypes
 from xla_kernels.kernels.simple_add import simple_add
 

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ops import legacy_add, seeds_legacy_add, size_opaque
 
+from ops import legacy_add, seeds_legacy_add, size_opaque
 from xla_kernels import build
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.runtime import library

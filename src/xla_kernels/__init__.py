@@ -9,7 +9,9 @@ Example:
     ['cpu', 'cuda']
 """
 
+from xla_kernels import hlo
 from xla_kernels.attrs import REQUIRED, Attr
+from xla_kernels.diagnostics import explain, explained_errors
 from xla_kernels.errors import (
     BuildError,
     CompilerNotFoundError,
@@ -20,8 +22,6 @@ from xla_kernels.errors import (
     RegistrationError,
     XlaKernelsError,
 )
-from xla_kernels import hlo
-from xla_kernels.diagnostics import explain, explained_errors
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.op import (
     PLATFORMS,

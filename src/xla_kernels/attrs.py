@@ -37,6 +37,7 @@ import numpy as np
 
 from xla_kernels.errors import OpDeclarationError, OpInputError, OpTypeError
 
+
 class _Required:
     def __repr__(self) -> str:
         return "REQUIRED"
@@ -133,7 +134,8 @@ class Attr:
 
     def _coerce_scalar(self, value: Any, dtype: np.dtype, op: str, want: str) -> Any:
         if isinstance(value, (np.ndarray, list, tuple, str, bytes)) or value is None:
-            raise OpTypeError(op, self.name, f"expected a {want} scalar, got {type(value).__name__}")
+            raise OpTypeError(op, self.name,
+                              f"expected a {want} scalar, got {type(value).__name__}")
         if dtype.kind == "b":
             if not isinstance(value, (bool, np.bool_)):
                 raise OpTypeError(op, self.name, f"expected a bool, got {type(value).__name__}")

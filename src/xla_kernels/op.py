@@ -316,8 +316,8 @@ class Op:
                                f"expected {len(self.inputs)} array inputs ({names}), "
                                f"got {len(inputs)}", "pass the arrays positionally, "
                                "attributes by keyword")
-        specs = tuple(self._spec_of(t, x) for t, x in zip(self.inputs, inputs))
-        for t, s in zip(self.inputs, specs):
+        specs = tuple(self._spec_of(t, x) for t, x in zip(self.inputs, inputs, strict=True))
+        for t, s in zip(self.inputs, specs, strict=True):
             t.check(self.name, s)
         values = dict(attrs) if coerced else self._coerce_attrs(attrs)
         rule_attrs = {k: v for k, v in values.items() if k not in self._implicit_attrs}
@@ -366,7 +366,7 @@ class Op:
         kernel = self.kernels[platform]
         if kernel.dtypes is None:
             return
-        for tensor, spec in zip(self.inputs, inputs):
+        for tensor, spec in zip(self.inputs, inputs, strict=True):
             if spec.dtype in tensor.dtypes and spec.dtype not in kernel.dtypes:
                 raise OpTypeError(self.name, tensor.name,
                                   f"dtype {spec.dtype} is not supported on {platform}",

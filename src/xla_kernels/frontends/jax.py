@@ -78,7 +78,7 @@ def call(op: Op, arrays: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
     """
     bound = op.bind(arrays, attrs)
     outs = primitive(op).bind(*arrays, attrs=FrozenAttrs(bound.attrs))
-    visible = [o for o, spec in zip(outs, bound.outputs) if not spec.workspace]
+    visible = [o for o, spec in zip(outs, bound.outputs, strict=True) if not spec.workspace]
     return visible[0] if len(visible) == 1 else tuple(visible)
 
 
@@ -130,15 +130,15 @@ def _no_kernel(op: Op, ctx: Any, *operands: Any, attrs: FrozenAttrs) -> Any:
 
 def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | None], *,
            attrs: FrozenAttrs) -> tuple[list[Any], list[int]]:
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     moved = [a if d is None else jax.numpy.moveaxis(a, d, 0)
-             for a, d in zip(args, dims)]
+             for a, d in zip(args, dims, strict=True)]
     if op.vmap_method == "sequential":
         batched = [i for i, d in enumerate(dims) if d is not None]
 
         def one(slices: Sequence[Any]) -> Any:
             full = list(moved)
-            for i, s in zip(batched, slices):
+            for i, s in zip(batched, slices, strict=True):
                 full[i] = s
             return prim.bind(*full, attrs=attrs)
 
@@ -146,7 +146,7 @@ def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | No
     else:
         expand = op.vmap_method == "expand_dims"
         new_args = []
-        for a, d in zip(moved, dims):
+        for a, d in zip(moved, dims, strict=True):
             if d is None:
                 a = a[None] if expand else jax.numpy.broadcast_to(a, (size, *a.shape))
             new_args.append(a)

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import re
 import sys
 import threading
@@ -88,6 +89,7 @@ def import_torchax() -> ModuleType:
     """
     module = sys.modules.get("torchax")
     if module is not None and "torchax.decompositions" in sys.modules:
+        _default_rng_device(module)
         return module
     with _import_lock, _tolerate_missing_named_tensor_overloads():
         try:
@@ -100,7 +102,34 @@ def import_torchax() -> ModuleType:
             raise RegistrationError(
                 f"torchax is not importable: {e}. Fix: pip install torchax "
                 "(or xla-kernels[torchax]).") from e
+    _default_rng_device(torchax)
     return torchax
+
+
+def _default_rng_device(torchax: ModuleType) -> None:
+    """Let torch call ``set_rng_state(state)`` on torchax's device module.
+
+    torchax makes "jax" torch's accelerator; torch's ``freeze_rng_state`` (used by
+    ``torch.library.opcheck``) then calls ``set_rng_state(state)`` without a device,
+    which torchax 0.0.13's no-op ``set_rng_state(new_state, device)`` rejects.
+    """
+    module = getattr(torchax, "device_module", None)
+    original = getattr(module, "set_rng_state", None)
+    if original is None or getattr(original, "_xla_kernels_wrapped", False):
+        return
+    try:
+        signature = inspect.signature(original)
+    except (TypeError, ValueError):
+        return
+    device = signature.parameters.get("device")
+    if device is None or device.default is not inspect.Parameter.empty:
+        return
+
+    def set_rng_state(new_state: Any, device: Any = "jax") -> Any:
+        return original(new_state, device)
+
+    set_rng_state._xla_kernels_wrapped = True  # type: ignore[attr-defined]
+    module.set_rng_state = set_rng_state
 
 
 def jax_impl(op: Op) -> Callable[..., Any]:

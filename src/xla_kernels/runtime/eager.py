@@ -456,6 +456,10 @@ def call_handler(
     """Call a typed XLA FFI handler on the calling thread, as XLA would at stage EXECUTE.
 
     Returns once the handler returns; on CUDA, when it has queued its work on ``stream``.
+    Like XLA at registration, the first call with a handler asks it for its metadata (an
+    empty call frame with the metadata extension) and refuses a handler built against a
+    newer XLA FFI API than the runtime, so ``handler`` must be a typed FFI handler
+    (``XLA_FFI_DEFINE_HANDLER_SYMBOL``) or answer metadata requests as one does.
 
     Args:
         handler: the handler's address (``ctypes.cast(lib.Symbol, ctypes.c_void_p).value``)
@@ -565,6 +569,8 @@ def call_handler(
     if pool:
         view[pool_off:err_off] = pool
 
+    if allocator is not None:
+        allocator._take_error()  # forget what an earlier call left behind
     scratch.busy = True
     try:
         rc = lib.xk_eager_call_packed(base)

@@ -5,7 +5,8 @@
 //
 // What the runtime provides to a handler, function by function:
 //
-//   Error_Create/GetMessage/Destroy  our own XLA_FFI_Error (code + message)
+//   Error_Create/GetMessage/Destroy  our own XLA_FFI_Error (code + message);
+//                                    GetMessage is GetDetails from FFI API 0.4
 //   Stream_Get                       XkDevice.stream (NULL on the host)
 //   DeviceOrdinal_Get                XkDevice.device_ordinal
 //   RunId_Get                        0
@@ -13,11 +14,17 @@
 //                                    caller's XkAllocFn/XkFreeFn, or an error
 //   ThreadPool_Schedule              runs the task inline, before returning
 //   ThreadPool_NumThreads            0 (no pool; what ffi.h reports without one)
-//   ExecutionContext_Get, State_*    error: not available in eager mode
+//   ExecutionContext_Get, State_*    error: not available in eager mode;
+//                                    ExecutionContext_Get is InvokeContext_Get
+//                                    from 0.4
+//   InvokeContext_FindExtension      (0.4) no extensions: finds nothing
 //   Type_Register, Handler_Register  error: register with XLA instead
 //   Future_*                         error: asynchronous handlers unsupported
 //
 // The call frame is built on the stack (heap only past kInline* entries).
+//
+// Compiles against the XLA FFI headers of FFI API 0.3 (jaxlib 0.10) and 0.4
+// (jaxlib 0.11), which renamed a few functions; see "Header versions" below.
 
 #include "eager_ffi.h"
 
@@ -28,11 +35,40 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <new>
 #include <string>
 #include <string_view>
 
 #include "xla/ffi/api/c_api.h"
+
+//===----------------------------------------------------------------------===//
+// Header versions.
+//===----------------------------------------------------------------------===//
+
+// FFI API 0.4 renamed XLA_FFI_ExecutionContext to XLA_FFI_InvokeContext (the
+// old name stays as an alias), XLA_FFI_Error_GetMessage to _GetDetails (which
+// also returns the code) and XLA_FFI_ExecutionContext_Get to
+// XLA_FFI_InvokeContext_Get, and appended XLA_FFI_InvokeContext_FindExtension.
+#if XLA_FFI_API_MAJOR > 0 || XLA_FFI_API_MINOR >= 4
+#define XK_FFI_API_0_4 1
+#define XK_CONTEXT_STRUCT XLA_FFI_InvokeContext
+#define XK_ERROR_GET_FN XLA_FFI_Error_GetDetails
+#define XK_CONTEXT_GET_FN XLA_FFI_InvokeContext_Get
+#define XK_LAST_API_FN XLA_FFI_InvokeContext_FindExtension
+using XkErrorGetArgs = XLA_FFI_Error_GetDetails_Args;
+using XkContextGetArgs = XLA_FFI_InvokeContext_Get_Args;
+constexpr size_t kContextGetArgsSize = XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE;
+#else
+#define XK_FFI_API_0_4 0
+#define XK_CONTEXT_STRUCT XLA_FFI_ExecutionContext
+#define XK_ERROR_GET_FN XLA_FFI_Error_GetMessage
+#define XK_CONTEXT_GET_FN XLA_FFI_ExecutionContext_Get
+#define XK_LAST_API_FN XLA_FFI_DeviceOrdinal_Get
+using XkErrorGetArgs = XLA_FFI_Error_GetMessage_Args;
+using XkContextGetArgs = XLA_FFI_ExecutionContext_Get_Args;
+constexpr size_t kContextGetArgsSize = XLA_FFI_ExecutionContext_Get_Args_STRUCT_SIZE;
+#endif
+#define XK_STR_(x) #x
+#define XK_STR(x) XK_STR_(x)
 
 //===----------------------------------------------------------------------===//
 // Opaque C API types, defined by the runtime.
@@ -43,9 +79,10 @@ struct XLA_FFI_Error {
   std::string message;
 };
 
-struct XLA_FFI_ExecutionContext {
+struct XK_CONTEXT_STRUCT {
   const XkDevice* device;
 };
+using XkContext = XK_CONTEXT_STRUCT;
 
 // The Python side (eager.py) packs these structs with `struct`: keep them fixed.
 static_assert(sizeof(void*) == 8, "the eager runtime assumes a 64-bit platform");
@@ -75,18 +112,20 @@ XLA_FFI_Error* SizeError(const char* what, size_t expected, size_t actual) {
                        std::to_string(XLA_FFI_API_MINOR) + ".");
 }
 
-#define XK_CHECK_ARGS(Type)                                            \
-  do {                                                                 \
-    if (args == nullptr) {                                             \
-      return MakeError(XLA_FFI_Error_Code_INVALID_ARGUMENT,            \
-                       #Type " must not be null");                     \
-    }                                                                  \
-    if (!SizeOk(args->struct_size, Type##_STRUCT_SIZE)) {              \
-      return SizeError(#Type, Type##_STRUCT_SIZE, args->struct_size);  \
-    }                                                                  \
+#define XK_CHECK_ARGS_SIZE(name, expected)                                   \
+  do {                                                                       \
+    if (args == nullptr) {                                                   \
+      return MakeError(XLA_FFI_Error_Code_INVALID_ARGUMENT,                  \
+                       std::string(name) + " must not be null");             \
+    }                                                                        \
+    if (!SizeOk(args->struct_size, expected)) {                              \
+      return SizeError(name, expected, args->struct_size);                   \
+    }                                                                        \
   } while (false)
 
-const XkDevice& DeviceOf(XLA_FFI_ExecutionContext* ctx) {
+#define XK_CHECK_ARGS(Type) XK_CHECK_ARGS_SIZE(#Type, Type##_STRUCT_SIZE)
+
+const XkDevice& DeviceOf(XkContext* ctx) {
   return (ctx != nullptr && ctx->device != nullptr) ? *ctx->device : kHostDevice;
 }
 
@@ -104,9 +143,13 @@ XLA_FFI_Error* ErrorCreate(XLA_FFI_Error_Create_Args* args) {
   return MakeError(args->errc, args->message ? args->message : "");
 }
 
-void ErrorGetMessage(XLA_FFI_Error_GetMessage_Args* args) {
+// XLA_FFI_Error_GetMessage (API 0.3) or XLA_FFI_Error_GetDetails (0.4).
+void ErrorGet(XkErrorGetArgs* args) {
   if (args == nullptr) return;
   args->message = args->error ? args->error->message.c_str() : "";
+#if XK_FFI_API_0_4
+  args->errc = args->error ? args->error->errc : XLA_FFI_Error_Code_OK;
+#endif
 }
 
 // Returned by API functions newer than the headers the runtime was built with
@@ -142,10 +185,20 @@ XLA_FFI_Error* TypeRegister(XLA_FFI_Type_Register_Args* args) {
                    "with XLA");
 }
 
-XLA_FFI_Error* ExecutionContextGet(XLA_FFI_ExecutionContext_Get_Args* args) {
-  XK_CHECK_ARGS(XLA_FFI_ExecutionContext_Get_Args);
-  return NotInEager("user data (XLA_FFI_ExecutionContext_Get)");
+// XLA_FFI_ExecutionContext_Get (API 0.3) or XLA_FFI_InvokeContext_Get (0.4).
+XLA_FFI_Error* ContextGet(XkContextGetArgs* args) {
+  XK_CHECK_ARGS_SIZE(XK_STR(XK_CONTEXT_GET_FN) "_Args", kContextGetArgsSize);
+  return NotInEager("user data (" XK_STR(XK_CONTEXT_GET_FN) ")");
 }
+
+#if XK_FFI_API_0_4
+// Extensions attach backend data to the context; the eager runtime has none.
+XLA_FFI_Error* InvokeContextFindExtension(XLA_FFI_InvokeContext_FindExtension_Args* args) {
+  XK_CHECK_ARGS(XLA_FFI_InvokeContext_FindExtension_Args);
+  args->extension = nullptr;
+  return nullptr;
+}
+#endif
 
 XLA_FFI_Error* StateSet(XLA_FFI_State_Set_Args* args) {
   XK_CHECK_ARGS(XLA_FFI_State_Set_Args);
@@ -277,8 +330,7 @@ XLA_FFI_Error* DeviceOrdinalGet(XLA_FFI_DeviceOrdinal_Get_Args* args) {
 XLA_FFI_Error* UnknownApiFunction(void*) { return &kUnknownFunctionError; }
 
 // Offset just past the last API function this file knows about.
-constexpr size_t kKnownApiEnd =
-    offsetof(XLA_FFI_Api, XLA_FFI_DeviceOrdinal_Get) + sizeof(void*);
+constexpr size_t kKnownApiEnd = offsetof(XLA_FFI_Api, XK_LAST_API_FN) + sizeof(void*);
 static_assert(XLA_FFI_Api_STRUCT_SIZE >= kKnownApiEnd,
               "XLA_FFI_Api lost a function: update eager_ffi.cc");
 static_assert((XLA_FFI_Api_STRUCT_SIZE - kKnownApiEnd) % sizeof(void*) == 0,
@@ -298,12 +350,12 @@ XLA_FFI_Api MakeApi() {
   api.internal_api = nullptr;
 
   api.XLA_FFI_Error_Create = ErrorCreate;
-  api.XLA_FFI_Error_GetMessage = ErrorGetMessage;
+  api.XK_ERROR_GET_FN = ErrorGet;
   api.XLA_FFI_Error_Destroy = ErrorDestroy;
   api.XLA_FFI_Handler_Register = HandlerRegister;
   api.XLA_FFI_Stream_Get = StreamGet;
   api.XLA_FFI_Type_Register = TypeRegister;
-  api.XLA_FFI_ExecutionContext_Get = ExecutionContextGet;
+  api.XK_CONTEXT_GET_FN = ContextGet;
   api.XLA_FFI_State_Set = StateSet;
   api.XLA_FFI_State_Get = StateGet;
   api.XLA_FFI_DeviceMemory_Allocate = DeviceMemoryAllocate;
@@ -315,6 +367,9 @@ XLA_FFI_Api MakeApi() {
   api.XLA_FFI_Future_SetError = FutureSetError;
   api.XLA_FFI_RunId_Get = RunIdGet;
   api.XLA_FFI_DeviceOrdinal_Get = DeviceOrdinalGet;
+#if XK_FFI_API_0_4
+  api.XLA_FFI_InvokeContext_FindExtension = InvokeContextFindExtension;
+#endif
 
   // Headers newer than this file may append functions: fill them with a stub
   // returning an UNIMPLEMENTED error, so that the table has no null entries.
@@ -505,7 +560,7 @@ int32_t Call(XLA_FFI_Handler* handler, const XkDevice* device, const XkBuffer* a
     attr_ptrs.get()[k] = &value;
   }
 
-  XLA_FFI_ExecutionContext ctx{device != nullptr ? device : &kHostDevice};
+  XkContext ctx{device != nullptr ? device : &kHostDevice};
 
   XLA_FFI_CallFrame frame;
   std::memset(&frame, 0, sizeof(frame));
@@ -595,7 +650,7 @@ int32_t xk_eager_handler_metadata(void* handler, int32_t* api_major, int32_t* ap
   extension.extension_base.next = nullptr;
   extension.metadata = &metadata;
 
-  XLA_FFI_ExecutionContext ctx{&kHostDevice};
+  XkContext ctx{&kHostDevice};
   XLA_FFI_CallFrame frame;
   std::memset(&frame, 0, sizeof(frame));
   frame.struct_size = XLA_FFI_CallFrame_STRUCT_SIZE;

@@ -85,7 +85,7 @@ def _output_rule(query: Spec, key_cache: Spec, value_cache: Spec, block_tables: 
     if value_cache.shape != key_cache.shape:
         raise Invalid("value_cache", f"shape {value_cache.shape} differs from key_cache's "
                       f"{key_cache.shape}", "pass key and value caches of one shape")
-    num_blocks, block_size, num_kv_heads, cache_dim = _cache_dims(key_cache, layout)
+    _, block_size, num_kv_heads, cache_dim = _cache_dims(key_cache, layout)
     if cache_dim != head_dim:
         raise Invalid("key_cache", f"head_dim {cache_dim} (last dimension) differs from the "
                       f"query's {head_dim}", "pass caches with the query's head_dim")
@@ -141,7 +141,16 @@ paged_attention = Op(
     doc=__doc__ or "",
 )
 
+
+
+def sanitize_cases(platform: str = "gpu") -> None:
+    """Small kernel runs for compute-sanitizer (see :func:`.testing.sanitize_cases`)."""
+    from .testing import sanitize_cases as run
+
+    run(platform)
+
+
 __all__ = [
     "BLOCK_SIZES", "DTYPES", "HEAD_DIMS", "LAYOUTS", "max_partitions", "paged_attention",
-    "paged_attention_numpy_f64", "paged_attention_xla", "workspace_size",
+    "paged_attention_numpy_f64", "paged_attention_xla", "sanitize_cases", "workspace_size",
 ]

@@ -1,0 +1,161 @@
+"""paged_attention's CUDA kernel against the float64 reference (GPU machine only).
+
+Covers every dtype x head_dim x block_size x layout x GQA ratio (1, 4, 32 = MQA), softcap
+and sliding windows, long contexts with small batches (many partitions, the reduce kernel),
+out-of-range block ids, empty sequences, and outputs/workspace poisoned with NaN before the
+call (through the eager runtime with torch CUDA tensors). Caches hold NaN in every slot the
+kernel must not read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax
+import numpy as np
+import pytest
+
+from xla_kernels.kernels.paged_attention import (
+    paged_attention,
+    paged_attention_numpy_f64,
+    workspace_size,
+)
+from xla_kernels.kernels.paged_attention.testing import (
+    TOLERANCES,
+    make_inputs,
+    rel_error,
+)
+
+pytestmark = pytest.mark.gpu
+ARGS = ("query", "key_cache", "value_cache", "block_tables", "seq_lens")
+
+
+def gpu() -> jax.Device:
+    return jax.devices("gpu")[0]
+
+
+_jitted: dict = {}
+
+
+def run_jax(x: dict, **attrs) -> np.ndarray:
+    key = tuple(sorted(attrs.items()))
+    if key not in _jitted:
+        _jitted[key] = jax.jit(lambda *a: paged_attention(*a, **attrs))
+    args = [jax.device_put(x[k], gpu()) for k in ARGS]
+    return np.asarray(_jitted[key](*args)).astype(np.float32)
+
+
+def reference(x: dict, **attrs) -> np.ndarray:
+    return paged_attention_numpy_f64(*(x[k] for k in ARGS), **attrs)
+
+
+def check(out: np.ndarray, ref: np.ndarray, dtype: str, what: str = "") -> None:
+    assert not np.isnan(out).any(), f"{what}: NaN in the output"
+    err = rel_error(out, ref)
+    assert err <= TOLERANCES[dtype], f"{what}: relative error {err:.3g} > {TOLERANCES[dtype]}"
+
+
+HEADS = [(8, 8), (8, 2), (32, 1)]
+FULL = list(itertools.product(("bf16", "f16", "f32"), (64, 128, 256), (16, 32, 64),
+                              ("vllm", "pallas"), HEADS))
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads", FULL)
+def test_cuda_matches_float64(rng, dtype, head_dim, block_size, layout, heads):
+    hq, hkv = heads
+    x = make_inputs(rng, num_seqs=5, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+                    block_size=block_size, dtype=dtype, layout=layout, max_context=700)
+    scale = float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim)
+    check(run_jax(x, scale=scale, layout=layout), reference(x, scale=scale, layout=layout),
+          dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+@pytest.mark.parametrize("softcap,window", [(5.0, 0), (0.0, 1), (0.0, 100), (30.0, 333),
+                                            (0.0, 10**9)])
+def test_softcap_and_sliding_window(rng, dtype, layout, softcap, window):
+    x = make_inputs(rng, num_seqs=6, num_q_heads=16, num_kv_heads=4, head_dim=128,
+                    block_size=16, dtype=dtype, layout=layout, max_context=1500,
+                    sliding_window=window)
+    attrs = dict(scale=0.2, softcap=softcap, sliding_window=window, layout=layout)
+    check(run_jax(x, **attrs), reference(x, **attrs), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("heads", [(32, 8), (32, 32), (32, 1), (12, 4)])
+def test_long_context_small_batch(rng, dtype, heads):
+    hq, hkv = heads
+    x = make_inputs(rng, num_seqs=2, num_q_heads=hq, num_kv_heads=hkv, head_dim=128,
+                    block_size=16, dtype=dtype, seq_lens=[32768, 20001], max_context=32768,
+                    poison=False)
+    check(run_jax(x, scale=0.0884), reference(x, scale=0.0884), dtype)
+
+
+@pytest.mark.parametrize("num_seqs", [1, 3, 130])
+def test_batch_sizes_and_ragged(rng, num_seqs):
+    x = make_inputs(rng, num_seqs=num_seqs, num_q_heads=8, num_kv_heads=2, head_dim=128,
+                    block_size=32, dtype="bf16", max_context=4000, poison=num_seqs < 100)
+    check(run_jax(x, scale=0.1), reference(x, scale=0.1), "bf16")
+
+
+def test_out_of_range_ids_and_empty_rows(rng):
+    x = make_inputs(rng, num_seqs=6, num_q_heads=8, num_kv_heads=2, head_dim=64,
+                    block_size=16, dtype="bf16", seq_lens=[0, -3, 1000, 700, 10**7, 64],
+                    max_context=1024, poison=False)
+    bt = x["block_tables"]
+    nb = x["key_cache"].shape[0]
+    bt[2, 5] = -1
+    bt[2, 40] = nb
+    bt[3, ::3] = 2**31 - 1
+    bt[5, :] = -(2**31)  # every token masked
+    out = run_jax(x, scale=0.125)
+    ref = reference(x, scale=0.125)
+    assert np.all(out[[0, 1, 5]] == 0)
+    check(out, ref, "bf16")
+
+
+def test_deterministic(rng):
+    x = make_inputs(rng, num_seqs=4, num_q_heads=32, num_kv_heads=8, head_dim=128,
+                    block_size=16, dtype="bf16", max_context=9000, poison=False)
+    a, b = run_jax(x, scale=0.1), run_jax(x, scale=0.1)
+    np.testing.assert_array_equal(a, b)
+
+
+def _torch_tensor(a: np.ndarray):
+    import torch
+
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("seq_lens", [[1, 5000, 33, 640], [20000]])
+def test_poisoned_output_and_workspace_fully_written(rng, dtype, seq_lens):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    from xla_kernels.runtime.eager import Buffer, call_handler
+    from xla_kernels.runtime.library import load_kernel
+
+    x = make_inputs(rng, num_seqs=len(seq_lens), num_q_heads=16, num_kv_heads=4,
+                    head_dim=128, block_size=16, dtype=dtype, seq_lens=seq_lens)
+    q = x["query"]
+    ins = [_torch_tensor(x[k]) for k in ARGS]
+    out = torch.full(q.shape, float("nan"), dtype=ins[0].dtype, device="cuda")
+    n = workspace_size(q.shape[0], q.shape[1], q.shape[2], x["block_tables"].shape[1] * 16)
+    ws = torch.full((n,), float("nan"), dtype=torch.float32, device="cuda")
+    fn = load_kernel(paged_attention, "cuda").function
+    attrs = {"scale": np.float32(0.1), "softcap": np.float32(0.0),
+             "sliding_window": np.int64(0), "layout": "vllm"}
+    call_handler(fn, args=[Buffer.from_array(t) for t in ins],
+                 rets=[Buffer.from_array(out), Buffer.from_array(ws)], attrs=attrs,
+                 platform="cuda", stream=torch.cuda.current_stream().cuda_stream,
+                 op_name=paged_attention.name)
+    torch.cuda.synchronize()
+    got = out.float().cpu().numpy()
+    check(got, reference(x, scale=0.1), dtype, "eager")
