@@ -22,11 +22,11 @@ test: test-main test-torch-xla
 
 test-main: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples scripts
-	$(BIN)/python -m pytest -q --ignore=tests/torch_xla --doctest-modules src tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --ignore=tests/torch_xla_frontend --doctest-modules src tests $(PYTEST_ARGS)
 
 test-torch-xla:
 	bash scripts/torch_xla_env.sh
-	.venv-torch-xla/bin/python -m pytest -q tests/torch_xla $(PYTEST_ARGS)
+	.venv-torch-xla/bin/python -m pytest -q tests/torch_xla_frontend $(PYTEST_ARGS)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples scripts

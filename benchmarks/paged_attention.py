@@ -7,10 +7,11 @@ pre-scaled queries, since it applies no softmax scale). It also measures the dev
 bandwidth (a large jitted elementwise copy, bytes read + written) and reports, per config:
 times, KV bytes read, achieved GB/s, fraction of copy bandwidth and speedups.
 
-Timing: each jitted program runs a chain of ``CHAIN`` calls on different input sets (queries
-and block tables rotate over disjoint blocks of a cache sized past the 50 MB L2, so small
-configs are not served from L2); many programs are queued back to back and the median
-per-call time of several windows is kept. Sequences all have the full context length.
+Timing: each jitted program runs a chain of ``CHAIN`` calls, each with its own query and
+block table (so XLA can merge no work between calls); the tables rotate over disjoint sets
+of blocks of a cache sized past the 50 MB L2, so small configs are not served from L2. Many
+programs are queued back to back and the median per-call time of several windows is kept.
+Sequences all have the full context length.
 
 Writes ``paged_attention.json``, ``paged_attention.md`` and (if matplotlib is there)
 ``paged_attention.png`` to ``--out``.
@@ -132,21 +133,83 @@ def make_data(cfg: dict[str, Any], sets: int) -> dict[str, Any]:
         base = jax.random.normal(k, (base_blocks, BLOCK, hkv, d), jnp.bfloat16)
         return jnp.tile(base, (reps, 1, 1, 1))[:nblocks]
 
-    perm = np.random.default_rng(0).permutation(nblocks).reshape(sets, s, pages)
-    qs = jax.random.normal(k3, (sets, s, hq, d), jnp.bfloat16)
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(nblocks).reshape(sets, s, pages)
+    # One table per call: call i reads set i % sets, in its own block order (so XLA cannot
+    # merge the gathers of different calls either).
+    tables = [perm[i % sets] if i < sets else perm[i % sets][:, rng.permutation(pages)]
+              for i in range(CHAIN)]
+    # One query per call of a chain: identical calls would be merged by XLA (CSE).
+    qs = jax.random.normal(k3, (CHAIN, s, hq, d), jnp.bfloat16)
     return {
         "k": cache(k1), "v": cache(k2),
-        "qs": [qs[i] for i in range(sets)],
-        "bts": [jnp.asarray(perm[i], jnp.int32) for i in range(sets)],
+        "qs": [qs[i] for i in range(CHAIN)],
+        "bts": [jnp.asarray(tables[i], jnp.int32) for i in range(CHAIN)],
         "lens": jnp.full((s,), ctx, jnp.int32),
     }
 
 
-def chained(impl: Any, sets: int) -> Any:
+def chained(impl: Any) -> Any:
     def run(qs: list, k: Any, v: Any, bts: list, lens: Any) -> list:
-        return [impl(qs[i % sets], k, v, bts[i % sets], lens) for i in range(CHAIN)]
+        return [impl(qs[i], k, v, bts[i], lens) for i in range(CHAIN)]
 
     return jax.jit(run)
+
+
+def events_ms(data: dict[str, Any], k: Any, v: Any, scale: float, layout: str,
+              budget: float) -> float | None:
+    """Our kernel's device time per call from CUDA events (torch), calling the handler
+    eagerly on torch's stream: no XLA, no dispatch in the number. None without torch."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+    except ImportError:
+        return None
+    from xla_kernels.kernels.paged_attention import workspace_size
+    from xla_kernels.runtime.eager import Buffer, call_handler
+    from xla_kernels.runtime.library import load_kernel
+
+    fn = load_kernel(paged_attention, "cuda").function
+    tq = [torch.from_dlpack(q) for q in data["qs"]]
+    tb = [torch.from_dlpack(b) for b in data["bts"]]
+    tk, tv, tl = torch.from_dlpack(k), torch.from_dlpack(v), torch.from_dlpack(data["lens"])
+    s, hq, d = tq[0].shape
+    block = tk.shape[1] if layout == "vllm" else tk.shape[2]
+    out = torch.empty_like(tq[0])
+    ws = torch.empty(workspace_size(s, hq, d, tb[0].shape[1] * block), dtype=torch.float32,
+                     device=out.device)
+    stream = torch.cuda.current_stream()
+    attrs = {"scale": np.float32(scale), "softcap": np.float32(0), "sliding_window": np.int64(0),
+             "layout": layout}
+    fixed = [Buffer.from_array(t) for t in (tk, tv)]
+
+    def call(i: int) -> None:
+        args = [Buffer.from_array(tq[i % len(tq)]), *fixed,
+                Buffer.from_array(tb[i % len(tb)]), Buffer.from_array(tl)]
+        call_handler(fn, args=args, rets=[Buffer.from_array(out), Buffer.from_array(ws)],
+                     attrs=attrs, platform="cuda", stream=stream.cuda_stream,
+                     op_name=paged_attention.name)
+
+    for i in range(3):
+        call(i)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call(0)
+    end.record()
+    end.synchronize()
+    n = max(8, min(400, int(budget / max(start.elapsed_time(end) * 1e-3, 1e-6))))
+    samples = []
+    for _ in range(3):
+        start.record()
+        for i in range(n):
+            call(i)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / n)
+    return statistics.median(samples)
 
 
 def measure(cfg: dict[str, Any], budget: float, pallas: Any) -> dict[str, Any]:
@@ -160,7 +223,7 @@ def measure(cfg: dict[str, Any], budget: float, pallas: Any) -> dict[str, Any]:
 
     def run(name: str, impl: Any, call_args: tuple) -> None:
         try:
-            fn = chained(impl, sets)
+            fn = chained(impl)
             row[f"{name}_ms"] = timed(fn, call_args, budget) * 1e3
             outs[name] = np.asarray(jax.jit(impl)(*(a[0] if isinstance(a, list) else a
                                                     for a in call_args)), np.float32)
@@ -169,6 +232,10 @@ def measure(cfg: dict[str, Any], budget: float, pallas: Any) -> dict[str, Any]:
             traceback.print_exc(limit=2)
 
     run("ours", lambda q, k, v, bt, ln: paged_attention(q, k, v, bt, ln, scale=scale), args)
+    try:
+        row["ours_events_ms"] = events_ms(data, data["k"], data["v"], scale, "vllm", budget)
+    except Exception as e:
+        row["ours_events_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     xla_bytes = 3 * nbytes + 4 * cfg["num_seqs"] * cfg["num_q_heads"] * cfg["context"]
     if xla_bytes <= XLA_CAP:
         run("xla", lambda q, k, v, bt, ln: paged_attention_xla(q, k, v, bt, ln, scale=scale),
@@ -215,10 +282,13 @@ def markdown(result: dict[str, Any]) -> str:
     copy = result["copy_gbs"]
     lines = [f"# paged_attention — {result['device']}, jax {result['jax']}, {result['date']}",
              "", f"Device copy bandwidth (read + write): {copy:.0f} GB/s. bf16, block 16, "
-             f"all sequences at full context; times are per call (median).", "",
+             "all sequences at full context; times are per call (median), under jax.jit in "
+             "chains of distinct calls. 'ours events' is our kernel alone: CUDA events around "
+             "eager handler calls on torch's stream (calls shorter than the eager call's host "
+             "overhead, ~50 us, measure the host instead).", "",
              "| seqs | context | q/kv heads | d | KV MB | ours ms | ours GB/s | % copy bw | "
-             "ours (pallas layout) ms | XLA ms | Pallas ms | vs Pallas | vs XLA |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ours events ms | ours (pallas layout) ms | XLA ms | Pallas ms | vs Pallas | vs XLA |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         if "skipped" in r:
             continue
@@ -227,6 +297,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['num_seqs']} | {r['context']} | {r['num_q_heads']}/{r['num_kv_heads']} | "
             f"{r['head_dim']} | {r['kv_bytes'] / 1e6:.1f} | {fmt(r.get('ours_ms'), '.4f')} | "
             f"{fmt(r.get('ours_gbs'), '.0f')} | {fmt(frac, '.0f')} | "
+            f"{fmt(r.get('ours_events_ms'), '.4f')} | "
             f"{fmt(r.get('ours_pallas_layout_ms'), '.4f')} | {fmt(r.get('xla_ms'), '.4f')} | "
             f"{fmt(r.get('pallas_ms'), '.4f')} | {fmt(r.get('speedup_vs_pallas'), '.2f', 'x')} | "
             f"{fmt(r.get('speedup_vs_xla'), '.2f', 'x')} |")
@@ -281,13 +352,23 @@ def plot(result: dict[str, Any], path: Path) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    parser.add_argument("--out", type=Path, default=Path("."), help="output directory")
     parser.add_argument("--quick", action="store_true", help="headline config and a few more")
     parser.add_argument("--smoke", action="store_true",
                         help="two tiny configs: checks the script itself on any backend")
+    parser.add_argument("--profile", action="store_true",
+                        help="only run the headline config a few times (for ncu / nsys)")
     parser.add_argument("--budget", type=float, default=0.15,
                         help="seconds of timed runs per implementation and config")
     args = parser.parse_args()
+    if args.profile:
+        cfg = matrix(quick=True)[0]
+        data = make_data(cfg, 1)
+        f = jax.jit(lambda q, k, v, bt, ln: paged_attention(q, k, v, bt, ln, scale=0.088))
+        for i in range(5):
+            jax.block_until_ready(f(data["qs"][i], data["k"], data["v"], data["bts"][0],
+                                    data["lens"]))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     copy_gbs = copy_bandwidth_gbs(1 << 24 if args.smoke else 1 << 30)

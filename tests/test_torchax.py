@@ -27,6 +27,13 @@ def env():
     return torchax.default_env()
 
 
+@pytest.fixture
+def on_cpu():
+    """torch_attrs has a CPU kernel only: keep its JAX arrays on the CPU (GPU machines)."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 def jax_tensor(env, array: np.ndarray, dtype: torch.dtype | None = None) -> torch.Tensor:
     t = torch.from_numpy(array)
     if dtype is not None:
@@ -75,7 +82,7 @@ def test_jax_jit_of_jax_view_runs(env):
     np.testing.assert_array_equal(np.asarray(out), [5.0, 7.0, 9.0])
 
 
-def test_attributes_and_workspace_through_torchax_match_eager_torch(env, rng):
+def test_attributes_and_workspace_through_torchax_match_eager_torch(env, rng, on_cpu):
     x = rng.standard_normal(6).astype(np.float32)
     values = dict(i=-(2**40), i32=-7, u8=200, flag=True, f=0.75, f64=-1e200,
                   s="torchax ✓", list_i=[5, -6], list_f=[0.5], blob=b"\x10\x00\xff")
@@ -94,7 +101,7 @@ def test_attributes_and_workspace_through_torchax_match_eager_torch(env, rng):
                 assert torch.equal(got.to("cpu"), ref)
 
 
-def test_defaults_through_torchax(env):
+def test_defaults_through_torchax(env, on_cpu):
     with env:
         x = jax_tensor(env, np.zeros(2, np.float32))
         ints, reals, y = torch.ops.xk_tests.torch_attrs(x, i32=1)
@@ -104,7 +111,7 @@ def test_defaults_through_torchax(env):
         assert y.to("cpu").tolist() == [0.5, 0.5]
 
 
-def test_errors_on_torchax_tensors_are_the_library_errors(env):
+def test_errors_on_torchax_tensors_are_the_library_errors(env, on_cpu):
     with env:
         a = jax_tensor(env, np.ones(3, np.int32))
         with pytest.raises(xk.OpTypeError, match="argument 'a': dtype i32 is not supported"):
@@ -128,7 +135,7 @@ def test_registration_is_idempotent_and_reaches_new_environments(env):
         assert torch.ops.xla_kernels.simple_add(a, a).to("cpu").tolist() == [2.0, 4.0]
 
 
-def test_jax_impl_converts_torch_style_attributes():
+def test_jax_impl_converts_torch_style_attributes(on_cpu):
     impl = jax_impl(torch_attrs)
     ints, _, _ = impl(jnp.ones(2), i32=3, blob=[9], list_f=None, s="a")
     assert np.asarray(ints).tolist() == expected_ints(7, 3, 255, False, "a", [1, -2], b"\x09")

@@ -12,26 +12,26 @@
   so ``torch.compile``, ``FakeTensorMode`` and ``torch.library.opcheck`` work without a
   second shape rule anywhere.
 
-Schema rules (``op.name`` ``"my_lib.sub.add"`` becomes ``my_lib_sub::add``):
+Schema rules (``op.name`` ``"my_lib.sub.add"`` becomes ``my_lib_sub::add``; inputs are
+``Tensor`` arguments, in order), attribute by attribute:
 
-================================  =======================  ================================
-declared attribute type           schema type              notes
-================================  =======================  ================================
-``int``, ``np.int*``, ``np.uint*``  ``int``
-``float``, ``np.float32/64``      ``float``                 passed to the kernel as declared
-``bool``, ``np.bool_``            ``bool``
-``str``                           ``str``
-``list[int]``, ``list[np.int32]``  ``int[]``
-``list[float]``, ``list[np.float64]``  ``float[]``
-``bytes``                         ``int[]``                 one entry per byte (0..255)
-================================  =======================  ================================
+* ``int``, NumPy integer types: ``int`` (torch carries int64: a ``np.uint64`` value
+  above 2**63 - 1 cannot be passed through torch);
+* ``float``, ``np.float32``, ``np.float64``: ``float`` (the kernel still receives the
+  declared type);
+* ``bool``, ``np.bool_``: ``bool``; ``str``: ``str``;
+* ``list[int]``, ``list[np.int32]``: ``int[]``; ``list[float]``, ``list[np.float64]``:
+  ``float[]``;
+* ``bytes``: ``int[]``, one entry per byte (0..255); :func:`call` and
+  :func:`attrs_for_torch` accept ``bytes`` and convert.
 
 Attributes are keyword-only. A declared default becomes the schema default; a required
 attribute, or a default the schema language cannot spell (``inf``, ``nan``, an odd
 string, an int beyond int64), becomes ``T? name=None``, where ``None`` means "not
 passed" so that the library's own error (or the declared default) applies. Visible
 outputs become the return: ``Tensor`` or ``(Tensor, Tensor, ...)``; workspace outputs
-are allocated and handed to the kernel but never returned.
+are allocated and handed to the kernel but never returned. ``torch.ops.<ns>.<name>``
+exists once :func:`torch_op` (or :func:`call`, or torchax registration) ran for the op.
 
 Example:
     >>> import torch
@@ -301,9 +301,8 @@ class _Entry:
             address = self.handlers[platform] = load_kernel(self.op, platform).address
         return address
 
-    def plan(self, key: Any, tensors: tuple[torch.Tensor, ...], kwargs: dict[str, Any],
-             platform: str) -> _Plan:
-        """Validate a call (``op.bind``) and the platform's kernel, and remember it."""
+    def plan(self, key: Any, tensors: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> _Plan:
+        """Validate a call (``op.bind``) and remember the result under ``key``."""
         op = self.op
         attrs = (_attrs_from_torch(op, self.byte_attrs, kwargs) if self.byte_attrs
                  or None in kwargs.values() else kwargs)
@@ -315,6 +314,7 @@ class _Entry:
         return plan
 
     def check(self, plan: _Plan, platform: str) -> None:
+        """Raise unless ``platform`` has a kernel that takes the plan's dtypes."""
         op = self.op
         if platform not in op.kernels:
             raise PlatformError(
@@ -335,7 +335,7 @@ def _attr_key(kwargs: dict[str, Any]) -> Any:
 
 
 _entries: dict[str, _Entry] = {}
-_by_op: dict[tuple[int, str | None], Any] = {}
+_by_op: dict[tuple[Op, str | None], Any] = {}  # holds the op: its id is never reused
 _lock = threading.RLock()
 
 
@@ -363,7 +363,7 @@ def torch_op(op: Op, *, namespace: str | None = None, num_outputs: int | None = 
         >>> torch.ops.xla_kernels.simple_add(torch.ones(2), torch.ones(2))  # doctest: +SKIP
         tensor([2., 2.])
     """
-    key = (id(op), namespace)
+    key = (op, namespace)
     packet = _by_op.get(key)
     if packet is not None:
         return packet
@@ -443,7 +443,7 @@ def _run(entry: _Entry, platform: str, tensors: tuple[torch.Tensor, ...],
     tensors = tuple(t if t.is_contiguous() else t.contiguous() for t in tensors)
     plan = entry.plans.get(key) if key is not None else None
     if plan is None:
-        plan = entry.plan(key, tensors, kwargs, platform)
+        plan = entry.plan(key, tensors, kwargs)
     if platform not in plan.checked:
         entry.check(plan, platform)
     handler = entry.handlers.get(platform) or entry.handler(platform)

@@ -5,7 +5,7 @@
 dictionary XLA's typed FFI decodes (``backend_config={alpha = 5.000000e-01 : f32, ...}``),
 wrapped in a called computation so that torch_xla's graph cache tells attributes apart.
 :func:`register_op` builds an :class:`~xla_kernels.Op`'s CPU kernel and registers its
-handler with torch_xla's runtime (see :mod:`xla_kernels.runtime.pjrt_plugin`);
+handler with torch_xla's runtime (see :mod:`xla_kernels.runtime.torch_xla_registry`);
 :func:`call` does both for one call of an op.
 
 What executes (torch_xla 2.9.0): the CPU client (``PJRT_DEVICE=CPU``), with handlers
@@ -17,7 +17,7 @@ torch and torch_xla are optional dependencies: they are imported on first use.
 
 Example:
     >>> import torch, torch_xla                                           # doctest: +SKIP
-    >>> from xla_kernels.runtime.pjrt_plugin import register_handler
+    >>> from xla_kernels.runtime.torch_xla_registry import register_handler
     >>> register_handler("my_lib.add", handler_address, "cpu")            # doctest: +SKIP
     >>> x = torch.tensor([1., 2., 3.], device=torch_xla.device())          # doctest: +SKIP
     >>> (out,) = custom_call("my_lib.add", [x, x], [((3,), torch.float32)], {})  # doctest: +SKIP
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import torch
 
     from xla_kernels.op import Op
-    from xla_kernels.runtime.pjrt_plugin import TorchXlaRegistration
+    from xla_kernels.runtime.torch_xla_registry import TorchXlaRegistration
 
 #: ``api_version`` of a typed XLA FFI custom call (``API_VERSION_TYPED_FFI``).
 TYPED_FFI_API_VERSION = 4
@@ -80,7 +80,7 @@ def custom_call(
 
     Args:
         target: the ``custom_call_target``; its handler must be registered (for execution,
-            not for lowering) with :func:`xla_kernels.runtime.pjrt_plugin.register_handler`.
+            not for lowering) with :func:`xla_kernels.runtime.torch_xla_registry.register_handler`.
         inputs: XLA tensors (``device.type == "xla"``), passed to the handler in order.
         outputs: one ``(shape, dtype)`` per result; dtype is a ``torch.dtype`` or any name
             :mod:`xla_kernels.dtypes` knows (``"f32"``, ``np.float32``...).
@@ -207,7 +207,7 @@ def register_op(op: Op, platform: str = "cpu") -> TorchXlaRegistration:
         'xla_kernels.simple_add'
     """
     from xla_kernels.runtime.library import load_kernel
-    from xla_kernels.runtime.pjrt_plugin import check_platform, register_handler
+    from xla_kernels.runtime.torch_xla_registry import check_platform, register_handler
 
     check_platform(platform, op.name)  # fail before building code that cannot run
     kernel = load_kernel(op, platform)

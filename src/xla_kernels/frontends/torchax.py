@@ -52,13 +52,17 @@ class _MissingOverload:
         return f"<overload {self.name} missing in torch {torch.__version__}>"
 
 
+#: The overloads torchax named that this torch lacks (filled by :func:`import_torchax`).
+tolerated_missing_overloads: list[str] = []
+
+
 @contextlib.contextmanager
-def _tolerate_missing_named_tensor_overloads() -> Iterator[list[str]]:
+def _tolerate_missing_named_tensor_overloads() -> Iterator[None]:
     """While torchax imports, a missing named-tensor overload is a placeholder, not an
     ``AttributeError`` (torchax 0.0.13 lists overloads that torch 2.13 removed)."""
     packet_type = torch._ops.OpOverloadPacket
     original = packet_type.__getattr__
-    missing: list[str] = []
+    missing = tolerated_missing_overloads
 
     def getattr_or_placeholder(self: Any, key: str) -> Any:
         try:
@@ -71,7 +75,7 @@ def _tolerate_missing_named_tensor_overloads() -> Iterator[list[str]]:
 
     packet_type.__getattr__ = getattr_or_placeholder
     try:
-        yield missing
+        yield
     finally:
         packet_type.__getattr__ = original
 

@@ -42,6 +42,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace xla_kernels::paged_attention {
 
@@ -286,29 +287,33 @@ __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.f
 
 // ------------------------------------------------------------------ tile loader
 
+// Physical block of token pos0 + lane (lanes < NW), or -1 past the partition's end. Issued
+// one iteration before the copies that use it, so its latency hides behind a tile's math.
+template <int NW>
+__device__ __forceinline__ int lookup_block(const KernelArgs& a, const int32_t* bt_row, int pos0,
+                                            int p_hi, int lane) {
+  const int pos = pos0 + lane;
+  // pos < p_hi <= L <= capacity: the block_tables read is in bounds.
+  return (lane < NW && pos < p_hi) ? __ldg(bt_row + (pos >> a.log2_bs)) : -1;
+}
+
 // Streams tokens [pos0, pos0 + NW) of one kv head into shared memory: rows of D elements with
-// RS elements between rows. Returns the warp-uniform mask of the rows that hold a token.
+// RS elements between rows; `blk` comes from lookup_block. Returns the warp-uniform mask of
+// the rows that hold a token; the other rows are zero-filled and never read from memory.
 template <typename T, int D, int NW, int RS>
-__device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a,
-                                              const int32_t* bt_row, int pos0, int p_hi, int kvh,
-                                              int lane) {
+__device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a, int blk,
+                                              int pos0, int kvh, int lane) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   constexpr int kCpr = D / kVec;  // 16-byte chunks per row
   constexpr int kPerLane = NW * kCpr / 32;
   static_assert(NW <= 32 && (NW * kCpr) % 32 == 0, "tile does not split over a warp");
   int64_t off = 0;
-  bool valid = false;
-  if (lane < NW) {
+  const bool valid = blk >= 0 && blk < a.num_blocks;  // checked before any address is formed
+  if (valid) {
     const int pos = pos0 + lane;
-    if (pos < p_hi) {  // pos < L <= capacity: the block_tables read is in bounds
-      const int blk = __ldg(bt_row + (pos >> a.log2_bs));
-      if (blk >= 0 && blk < a.num_blocks) {  // checked before any address is formed
-        valid = true;
-        off = static_cast<int64_t>(blk) * a.sb +
-              static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss +
-              static_cast<int64_t>(kvh) * a.sh;
-      }
-    }
+    off = static_cast<int64_t>(blk) * a.sb +
+          static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss +
+          static_cast<int64_t>(kvh) * a.sh;
   }
   const uint32_t mask = __ballot_sync(kFull, valid);
   const T* kc = static_cast<const T*>(a.k);
@@ -699,38 +704,41 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
   const int p_lo = sp.lo + part * sp.P;
   const int p_hi = min(sp.hi, p_lo + sp.P);
 
-  const T* qg = static_cast<const T*>(a.q) + (static_cast<int64_t>(s) * a.Hq + h0) * D;
-  Core::stage_q(qg, nh, smem + L::kExtraOff, tid);
-  __syncthreads();
-  Core core;
-  core.init(smem + L::kExtraOff, warp, lane);
-
   T* staging = reinterpret_cast<T*>(smem) + warp * kStages * 2 * L::kTileElems;
   uint32_t* masks = reinterpret_cast<uint32_t*>(smem + L::kMaskOff) + warp * kStages;
   const int32_t* bt_row = a.bt + static_cast<int64_t>(s) * a.max_blocks;
   const int ntile = (p_hi - p_lo + NW - 1) / NW;
   const int my_n = warp < ntile ? (ntile - warp + kWarps - 1) / kWarps : 0;
 
+  auto tile_pos = [&](int i) { return p_lo + (warp + i * kWarps) * NW; };
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < my_n) {
       T* kb = staging + (2 * st) * L::kTileElems;
-      const uint32_t mk = load_tile<T, D, NW, RS>(kb, kb + L::kTileElems, a, bt_row,
-                                                  p_lo + (warp + st * kWarps) * NW, p_hi, kvh,
-                                                  lane);
+      const int blk = lookup_block<NW>(a, bt_row, tile_pos(st), p_hi, lane);
+      const uint32_t mk =
+          load_tile<T, D, NW, RS>(kb, kb + L::kTileElems, a, blk, tile_pos(st), kvh, lane);
       if (lane == 0) masks[st] = mk;
     }
     cp_async_commit();
   }
+  int blk_next = lookup_block<NW>(a, bt_row, tile_pos(kStages - 1), p_hi, lane);
+
+  // The query goes to shared memory while the first K/V tiles are in flight.
+  const T* qg = static_cast<const T*>(a.q) + (static_cast<int64_t>(s) * a.Hq + h0) * D;
+  Core::stage_q(qg, nh, smem + L::kExtraOff, tid);
+  __syncthreads();
+  Core core;
+  core.init(smem + L::kExtraOff, warp, lane);
   for (int it = 0; it < my_n; ++it) {
     const int nx = it + kStages - 1;
     if (nx < my_n) {
       const int st = nx % kStages;
       T* kb = staging + (2 * st) * L::kTileElems;
-      const uint32_t mk = load_tile<T, D, NW, RS>(kb, kb + L::kTileElems, a, bt_row,
-                                                  p_lo + (warp + nx * kWarps) * NW, p_hi, kvh,
-                                                  lane);
+      const uint32_t mk =
+          load_tile<T, D, NW, RS>(kb, kb + L::kTileElems, a, blk_next, tile_pos(nx), kvh, lane);
       if (lane == 0) masks[st] = mk;
+      blk_next = lookup_block<NW>(a, bt_row, tile_pos(nx + 1), p_hi, lane);  // prefetch
     }
     cp_async_commit();
     cp_async_wait<kStages - 1>();
@@ -793,41 +801,67 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
 }
 
 // Combines the partitions of each (sequence, q head); sequences with one partition were
-// finished by the main kernel. 128 threads handle 512 / D heads, 4 dims per thread.
+// finished by the main kernel. One warp per (sequence, q head): lanes read the (m, l) of up
+// to 64 partitions at once, then each lane sums D/32 dims over the partitions.
+constexpr int kReduceHeads = 2;  // warps (q heads) per CTA of the reduce kernel
+static_assert(kMaxParts <= 64, "the reduce kernel holds two partitions per lane");
+
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) paged_attention_reduce(const KernelArgs a) {
-  constexpr int kTph = D / 4;
-  constexpr int kHpb = kThreads / kTph;
-  const int blocks_per_seq = (a.Hq + kHpb - 1) / kHpb;
+__global__ void __launch_bounds__(32 * kReduceHeads) paged_attention_reduce(const KernelArgs a) {
+  constexpr int kDpl = D / 32;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int blocks_per_seq = (a.Hq + kReduceHeads - 1) / kReduceHeads;
   const int s = blockIdx.x / blocks_per_seq;
-  const int h = (blockIdx.x % blocks_per_seq) * kHpb + threadIdx.x / kTph;
-  const int d = (threadIdx.x % kTph) * 4;
+  const int h = (blockIdx.x % blocks_per_seq) * kReduceHeads + warp;
   if (h >= a.Hq) return;
   const SeqPart sp = seq_partition(a, s);
   if (sp.n <= 1) return;
   const int64_t row = (static_cast<int64_t>(s) * a.Hq + h) * a.T;
   const float* ws_acc = a.ws + row * D;
   const float* ws_ml = a.ws + static_cast<int64_t>(a.S) * a.Hq * a.T * D + row * 2;
-  float mx = -INFINITY;
-  for (int p = 0; p < sp.n; ++p) mx = fmaxf(mx, ws_ml[2 * p]);
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  if (lane < sp.n) {
+    m0 = ws_ml[2 * lane];
+    l0 = ws_ml[2 * lane + 1];
+  }
+  if (lane + 32 < sp.n) {
+    m1 = ws_ml[2 * (lane + 32)];
+    l1 = ws_ml[2 * (lane + 32) + 1];
+  }
+  float mx = fmaxf(m0, m1);
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
   const float b = safe_max(mx);
-  float lsum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const float w0 = exp2f(m0 - b), w1 = exp2f(m1 - b);  // 0 for absent partitions
+  float lsum = w0 * l0 + w1 * l1;
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) lsum += __shfl_xor_sync(kFull, lsum, off);
+  float acc[kDpl];
+#pragma unroll
+  for (int e = 0; e < kDpl; ++e) acc[e] = 0.f;
+#pragma unroll 4
   for (int p = 0; p < sp.n; ++p) {
-    const float c = exp2f(ws_ml[2 * p] - b);
-    lsum = fmaf(c, ws_ml[2 * p + 1], lsum);
-    const float4 x = *reinterpret_cast<const float4*>(ws_acc + static_cast<int64_t>(p) * D + d);
-    acc.x = fmaf(c, x.x, acc.x);
-    acc.y = fmaf(c, x.y, acc.y);
-    acc.z = fmaf(c, x.z, acc.z);
-    acc.w = fmaf(c, x.w, acc.w);
+    const float w = __shfl_sync(kFull, p < 32 ? w0 : w1, p & 31);
+    const float* x = ws_acc + static_cast<int64_t>(p) * D + lane * kDpl;
+    if constexpr (kDpl == 2) {
+      const float2 v = *reinterpret_cast<const float2*>(x);
+      acc[0] = fmaf(w, v.x, acc[0]);
+      acc[1] = fmaf(w, v.y, acc[1]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kDpl; e += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + e);
+        acc[e] = fmaf(w, v.x, acc[e]);
+        acc[e + 1] = fmaf(w, v.y, acc[e + 1]);
+        acc[e + 2] = fmaf(w, v.z, acc[e + 2]);
+        acc[e + 3] = fmaf(w, v.w, acc[e + 3]);
+      }
+    }
   }
   const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-  T* o = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h) * D + d;
-  o[0] = from_float<T>(acc.x * inv);
-  o[1] = from_float<T>(acc.y * inv);
-  o[2] = from_float<T>(acc.z * inv);
-  o[3] = from_float<T>(acc.w * inv);
+  T* o = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h) * D + lane * kDpl;
+#pragma unroll
+  for (int e = 0; e < kDpl; ++e) o[e] = from_float<T>(acc[e] * inv);
 }
 
 // ------------------------------------------------------------------ host side
@@ -838,13 +872,13 @@ inline std::string cuda_error(const char* what, cudaError_t e) {
 }
 
 // Raises the kernel's dynamic shared-memory limit and returns its CTAs per SM, once per
-// device (function attributes are per device context).
-template <typename Kernel>
-inline std::string prepare_kernel(Kernel kernel, int smem, int device, int* ctas_per_sm) {
+// (kernel, device): function attributes are per device context.
+inline std::string prepare_kernel(const void* kernel, int smem, int device, int* ctas_per_sm) {
   static std::mutex mu;
-  static std::map<int, int> cache;
+  static std::map<std::pair<const void*, int>, int> cache;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device);
+  const auto key = std::make_pair(kernel, device);
+  auto it = cache.find(key);
   if (it != cache.end()) {
     *ctas_per_sm = it->second;
     return "";
@@ -858,7 +892,7 @@ inline std::string prepare_kernel(Kernel kernel, int smem, int device, int* ctas
     return "paged_attention: the kernel does not fit on this GPU (" + std::to_string(smem) +
            " bytes of shared memory per CTA)";
   }
-  cache[device] = occ;
+  cache[key] = occ;
   *ctas_per_sm = occ;
   return "";
 }
@@ -872,7 +906,8 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
   if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", e);
-  std::string err = prepare_kernel(main_kernel, L::kBytes, device, &ctas_per_sm);
+  std::string err = prepare_kernel(reinterpret_cast<const void*>(main_kernel), L::kBytes, device,
+                                   &ctas_per_sm);
   if (!err.empty()) return err;
 
   a.chunks = (a.G + Core::GC - 1) / Core::GC;
@@ -899,10 +934,10 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_error("launching the main kernel", e);
   if (parts > 1) {
-    constexpr int kHpb = kThreads / (D / 4);
-    const int64_t rgrid = p.num_seqs * ((p.num_q_heads + kHpb - 1) / kHpb);
+    const int64_t rgrid = p.num_seqs * ((p.num_q_heads + kReduceHeads - 1) / kReduceHeads);
     if (rgrid > INT_MAX) return "paged_attention: problem too large for one launch";
-    paged_attention_reduce<T, D><<<static_cast<unsigned>(rgrid), kThreads, 0, stream>>>(a);
+    paged_attention_reduce<T, D>
+        <<<static_cast<unsigned>(rgrid), 32 * kReduceHeads, 0, stream>>>(a);
     e = cudaGetLastError();
     if (e != cudaSuccess) return cuda_error("launching the reduce kernel", e);
   }

@@ -40,6 +40,8 @@ from xla_kernels.errors import RegistrationError
 
 #: Mangled name of ``xla::ffi::GetXlaFfiApi()`` (a local symbol in ``_XLAC.so``).
 GET_FFI_API_SYMBOL = "_ZN3xla3ffi12GetXlaFfiApiEv"
+#: Mangled name of ``xla::ffi::api``, the ``XLA_FFI_Api`` that GetXlaFfiApi returns.
+FFI_API_SYMBOL = "_ZN3xla3ffi3apiE"
 #: An exported symbol of ``_XLAC.so`` whose run-time address anchors the others.
 ANCHOR_SYMBOL = "PyInit__XLAC"
 #: The XLA FFI API major version this module's struct layouts follow.
@@ -165,7 +167,7 @@ def _find_ffi_api() -> _FfiApi:
             "pip install torch==2.9.0 torch_xla==2.9.0.") from e
     so = torch_xla._XLAC.__file__
     version = getattr(torch_xla, "__version__", "?")
-    values = elf_symbol_values(so, [GET_FFI_API_SYMBOL, ANCHOR_SYMBOL])
+    values = elf_symbol_values(so, [GET_FFI_API_SYMBOL, ANCHOR_SYMBOL, FFI_API_SYMBOL])
     if GET_FFI_API_SYMBOL not in values or ANCHOR_SYMBOL not in values:
         raise RegistrationError(
             f"torch_xla {version}: {so} has no symbol table entry for xla::ffi::GetXlaFfiApi "
@@ -174,10 +176,13 @@ def _find_ffi_api() -> _FfiApi:
             "through JAX/torchax.")
     module = ctypes.CDLL(so, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)  # the instance torch uses
     anchor = ctypes.cast(getattr(module, ANCHOR_SYMBOL), _VoidP).value or 0
-    get_api = ctypes.CFUNCTYPE(_VoidP)(anchor - values[ANCHOR_SYMBOL] + values[GET_FFI_API_SYMBOL])
-    address = get_api() or 0
-    if not address:
-        raise RegistrationError(f"torch_xla {version}: xla::ffi::GetXlaFfiApi() returned NULL")
+    base = anchor - values[ANCHOR_SYMBOL]
+    address = ctypes.CFUNCTYPE(_VoidP)(base + values[GET_FFI_API_SYMBOL])() or 0
+    expected = base + values[FFI_API_SYMBOL] if FFI_API_SYMBOL in values else address
+    if not address or address != expected:
+        raise RegistrationError(
+            f"torch_xla {version}: xla::ffi::GetXlaFfiApi() returned {address:#x}, expected "
+            f"{expected:#x} (xla::ffi::api). Fix: reinstall torch_xla 2.9.0.")
     size = ctypes.c_size_t.from_address(address).value
     major = ctypes.c_int.from_address(address + _API_MAJOR_OFFSET).value
     minor = ctypes.c_int.from_address(address + _API_MINOR_OFFSET).value
@@ -185,7 +190,7 @@ def _find_ffi_api() -> _FfiApi:
         raise RegistrationError(
             f"torch_xla {version}: its XLA FFI API is version {major}.{minor} with a "
             f"{size}-byte XLA_FFI_Api; xla-kernels knows major version {SUPPORTED_FFI_MAJOR}. "
-            "Fix: use torch_xla 2.9.0, or extend runtime/pjrt_plugin.py for this version.")
+            "Fix: use torch_xla 2.9.0, or extend runtime/torch_xla_registry.py for this version.")
 
     def fn(index: int, argtype: type) -> ctypes._CFuncPtr:
         ptr = _VoidP.from_address(address + _API_FIRST_FN_OFFSET + 8 * index).value

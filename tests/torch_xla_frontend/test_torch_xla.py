@@ -15,15 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-# "torch_xla.version" rather than "torch_xla": with tests/ on sys.path, this very folder
-# (tests/torch_xla) would import as an empty namespace package named torch_xla.
-pytest.importorskip("torch_xla.version")
+pytest.importorskip("torch_xla")
 torch = pytest.importorskip("torch")
 import torch_xla  # noqa: E402
 from xla_kernels.attrs import Attr, mlir_dict  # noqa: E402
 from xla_kernels.errors import OpInputError, RegistrationError  # noqa: E402
 from xla_kernels.frontends import torch_xla as xt  # noqa: E402
-from xla_kernels.runtime import pjrt_plugin  # noqa: E402
+from xla_kernels.runtime import torch_xla_registry  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 _CUSTOM_CALL = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>\S+)\s*=\s*(?P<result>.+?)\s+"
@@ -142,12 +140,12 @@ def _address(lib: ctypes.CDLL, name: str) -> int:
 def kernels(tmp_path_factory):
     lib = _build(tmp_path_factory, "add_kernels.cc")
     for name in ("xk_test_add", "xk_test_scale_add"):
-        pjrt_plugin.register_handler(name, _address(lib, name), "cpu")
+        torch_xla_registry.register_handler(name, _address(lib, name), "cpu")
     return lib
 
 
 def test_ffi_api_version_matches_build_headers():
-    version = pjrt_plugin.ffi_api_version()
+    version = torch_xla_registry.ffi_api_version()
     assert version[0] == 0
     if torch_xla.__version__.startswith("2.9."):
         assert version == (0, 1)
@@ -155,7 +153,7 @@ def test_ffi_api_version_matches_build_headers():
     minor = int(re.search(r"#define XLA_FFI_API_MINOR (\d+)", header)[1])
     if minor != version[1]:
         pytest.fail(f"jax.ffi.include_dir() has FFI 0.{minor} headers but torch_xla runs "
-                    f"0.{version[1]}: install {pjrt_plugin.HEADERS_FOR_FFI_VERSION[version]}")
+                    f"0.{version[1]}: install {torch_xla_registry.HEADERS_FOR_FFI_VERSION[version]}")
 
 
 def test_execute_add(kernels):
@@ -202,32 +200,32 @@ def test_kernel_error_surfaces(kernels):
 
 def test_register_is_idempotent_and_refuses_a_second_handler(kernels):
     add = _address(kernels, "xk_test_add")
-    first = pjrt_plugin.register_handler("xk_test_add", add, "cpu")
-    assert pjrt_plugin.register_handler("xk_test_add", add, "cpu") == first
-    assert first.ffi_version == pjrt_plugin.ffi_api_version()
+    first = torch_xla_registry.register_handler("xk_test_add", add, "cpu")
+    assert torch_xla_registry.register_handler("xk_test_add", add, "cpu") == first
+    assert first.ffi_version == torch_xla_registry.ffi_api_version()
     with pytest.raises(RegistrationError, match="another handler"):
-        pjrt_plugin.register_handler("xk_test_add", _address(kernels, "xk_test_scale_add"),
+        torch_xla_registry.register_handler("xk_test_add", _address(kernels, "xk_test_scale_add"),
                                      "cpu")
-    assert "xk_test_add" in [r.target for r in pjrt_plugin.registered_handlers()]
+    assert "xk_test_add" in [r.target for r in torch_xla_registry.registered_handlers()]
 
 
 def test_register_refuses_a_handler_of_another_ffi_version(tmp_path_factory):
     lib = _build(tmp_path_factory, "wrong_ffi_version.cc")
     with pytest.raises(RegistrationError, match=r"API version \(0\.99\).*Fix: rebuild"):
-        pjrt_plugin.register_handler("xk_test_wrong_version",
+        torch_xla_registry.register_handler("xk_test_wrong_version",
                                      _address(lib, "xk_test_wrong_version"), "cpu")
 
 
 @pytest.mark.parametrize("platform", ["cuda", "CUDA", "GPU"])
 def test_cuda_cannot_execute(platform):
     with pytest.raises(RegistrationError, match="cannot execute on CUDA"):
-        pjrt_plugin.register_handler("xk_test_add", 1234, platform)
+        torch_xla_registry.register_handler("xk_test_add", 1234, platform)
 
 
 def test_other_pjrt_device_is_refused(monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "TPU")
     with pytest.raises(RegistrationError, match="PJRT_DEVICE=TPU"):
-        pjrt_plugin.register_handler("xk_test_other_device", 1234, "cpu")
+        torch_xla_registry.register_handler("xk_test_other_device", 1234, "cpu")
 
 
 def test_op_call_builds_registers_and_runs():
