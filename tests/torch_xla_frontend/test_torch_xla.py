@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("torch_xla")
 torch = pytest.importorskip("torch")
 import torch_xla  # noqa: E402
+
 from xla_kernels.attrs import Attr, mlir_dict  # noqa: E402
 from xla_kernels.errors import OpInputError, RegistrationError  # noqa: E402
 from xla_kernels.frontends import torch_xla as xt  # noqa: E402
@@ -152,8 +153,9 @@ def test_ffi_api_version_matches_build_headers():
     header = (_ffi_include_dir() / "xla/ffi/api/c_api.h").read_text()
     minor = int(re.search(r"#define XLA_FFI_API_MINOR (\d+)", header)[1])
     if minor != version[1]:
+        wanted = torch_xla_registry.HEADERS_FOR_FFI_VERSION[version]
         pytest.fail(f"jax.ffi.include_dir() has FFI 0.{minor} headers but torch_xla runs "
-                    f"0.{version[1]}: install {torch_xla_registry.HEADERS_FOR_FFI_VERSION[version]}")
+                    f"0.{version[1]}: install {wanted}")
 
 
 def test_execute_add(kernels):

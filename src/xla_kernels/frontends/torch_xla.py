@@ -103,7 +103,6 @@ def custom_call(
         ENTRY ... call(f32[3]{0} %p0.1), to_apply=%xk_my_lib_scale.2 ...
     """
     import torch
-
     import torch_xla
 
     if not isinstance(target, str) or not target:
@@ -163,9 +162,8 @@ def _build_computation(target: str, tensors: Sequence[torch.Tensor], shapes: lis
     in attributes would share one compiled executable. Wrapping the call in a user
     computation makes the graph hash cover the whole custom-call instruction.
     """
-    import torch_xla.core.xla_builder as xb
-
     import torch_xla
+    import torch_xla.core.xla_builder as xb
 
     xlac = torch_xla._XLAC
     fakes = [xb.create_placeholder_tensor(t.shape, t.dtype) for t in tensors]
