@@ -242,3 +242,17 @@ def test_op_call_builds_registers_and_runs():
     np.testing.assert_array_equal(out.cpu().numpy(), [5.0, 7.0, 9.0])
     with pytest.raises(RegistrationError, match="cannot execute on CUDA"):
         xt.register_op(simple_add, "cuda")
+
+
+def test_torch_library_op_on_xla_tensors_emits_the_custom_call():
+    from xla_kernels.kernels.simple_add import simple_add
+
+    add = xt.register_torch_xla(simple_add)
+    device = torch_xla.device()
+    a = torch.tensor([1.0, 2.0, 3.0], device=device)
+    b = torch.tensor([4.0, 5.0, 6.0], device=device)
+    out = add(a, b)
+    text = xt.hlo_text([out])
+    assert 'custom_call_target="xla_kernels.simple_add"' in text
+    assert "api_version=API_VERSION_TYPED_FFI" in text
+    assert out.cpu().tolist() == [5.0, 7.0, 9.0]

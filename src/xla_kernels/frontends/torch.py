@@ -248,6 +248,19 @@ def _attrs_from_torch(op: Op, byte_attrs: frozenset[str], kwargs: dict[str, Any]
     return out
 
 
+def attrs_from_torch(op: Op, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The op's attributes from a torch call's keywords (the inverse of :func:`attrs_for_torch`).
+
+    ``None`` means "not passed" (the op's default applies); byte lists become ``bytes``.
+
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add
+        >>> attrs_from_torch(simple_add, {})
+        {}
+    """
+    return _attrs_from_torch(op, _byte_attrs(op), dict(kwargs))
+
+
 def _concrete(v: Any) -> Any:
     if isinstance(v, torch.SymInt):
         return int(v)

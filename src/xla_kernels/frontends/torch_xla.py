@@ -229,3 +229,34 @@ def call(op: Op, *inputs: torch.Tensor, **attrs: Any) -> torch.Tensor | tuple[to
                        bound.attrs)
     visible = [t for t, spec in zip(outs, bound.outputs, strict=True) if not spec.workspace]
     return visible[0] if len(visible) == 1 else tuple(visible)
+
+
+_dispatch_registered: set[str] = set()
+
+
+def register_torch_xla(op: Op) -> Any:
+    """Give ``torch.ops.<ns>.<name>`` (see :func:`~xla_kernels.frontends.torch.torch_op`) an
+    implementation for the ``XLA`` dispatch key: on XLA tensors it emits the custom call.
+
+    Returns the op's ``OpOverloadPacket``. Idempotent.
+
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add       # doctest: +SKIP
+        >>> add = register_torch_xla(simple_add)                         # doctest: +SKIP
+        >>> add(x, y).cpu()                                              # doctest: +SKIP
+        tensor([5., 7., 9.])
+    """
+    import torch
+
+    from xla_kernels.frontends.torch import attrs_from_torch, qualified_name, torch_op
+
+    packet = torch_op(op)
+    with _lock:
+        if op.name not in _dispatch_registered:
+            def xla_impl(*tensors: torch.Tensor, **kwargs: Any) -> Any:
+                return call(op, *tensors, **attrs_from_torch(op, kwargs))
+
+            xla_impl.__name__ = xla_impl.__qualname__ = f"{op.name.rpartition('.')[2]}_xla"
+            torch.library.impl(qualified_name(op), "XLA", xla_impl)
+            _dispatch_registered.add(op.name)
+    return packet

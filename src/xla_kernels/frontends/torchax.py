@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from xla_kernels.errors import OpInputError, RegistrationError
+from xla_kernels.errors import RegistrationError
 from xla_kernels.frontends import torch as torch_frontend
 from xla_kernels.op import Op
 
@@ -148,21 +148,8 @@ def jax_impl(op: Op) -> Callable[..., Any]:
         >>> jax_impl(simple_add)(jnp.ones(2), jnp.ones(2))           # doctest: +SKIP
         Array([2., 2.], dtype=float32)
     """
-    byte_attrs = frozenset(a.name for a in op.attrs if a.type is bytes)
-
     def impl(*arrays: Any, **attrs: Any) -> Any:
-        values = {}
-        for name, value in attrs.items():
-            if value is None:
-                continue
-            if name in byte_attrs and not isinstance(value, (bytes, bytearray)):
-                try:
-                    value = bytes(value)
-                except (TypeError, ValueError) as e:
-                    raise OpInputError(op.name, name, f"expected bytes (a list of ints "
-                                                      f"0..255), got {value!r}: {e}") from None
-            values[name] = value
-        return op(*arrays, **values)
+        return op(*arrays, **torch_frontend.attrs_from_torch(op, attrs))
 
     impl.__name__ = impl.__qualname__ = f"{op.name.rpartition('.')[2]}_torchax"
     impl.__doc__ = op.doc
