@@ -2,12 +2,16 @@
 # One call on the GPU machine: install what is missing, build, run the GPU tests and the
 # benchmarks, and write every result under OUT_DIR.
 #
-#   bash scripts/gpu_run.sh OUT_DIR [--quick]
+#   bash scripts/gpu_run.sh OUT_DIR [all|tests|bench] [--quick]
 #
-# Expects the torchax wheel in .whl/ (copied from ../shared/wheels and carried along).
+# "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
+# benchmarks; "all" (default): both (about 12 minutes on an H100: more than one 10-minute
+# device call, hence the split). Expects the torchax wheel in .whl/ (copied from
+# ../shared/wheels and carried along).
 set -uo pipefail
-out=${1:?usage: gpu_run.sh OUT_DIR [--quick]}
-quick=${2:-}
+out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench] [--quick]}
+mode=${2:-all}
+quick=${3:-}
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_KERNELS_CACHE_DIR=/tmp/xla-kernels-cache
@@ -36,25 +40,30 @@ for name in ("jax", "jaxlib", "torch", "torchax", "triton"):
 PY
 } 2>&1 | tee "$out/env.txt"
 
-step "demo"
-python3 -m xla_kernels.demo --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
+if [ "$mode" != bench ]; then
+  step "demo"
+  python3 -m xla_kernels.demo --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
 
-step "GPU tests"
-python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$out/gpu_tests.txt" \
-  || status=1
-
-step "benchmarks"
-python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1
-if [ -f benchmarks/paged_attention.py ]; then
-  python3 benchmarks/paged_attention.py --out "$out" $quick 2>&1 | tee "$out/paged_attention.txt" \
+  step "GPU tests"
+  python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$out/gpu_tests.txt" \
     || status=1
+
+  step "compute-sanitizer (memcheck, racecheck) on the CUDA kernels"
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 9 python3 scripts/sanitize_kernels.py \
+      > "$out/sanitizer_$tool.txt" 2>&1
+    code=$?
+    [ $code -eq 0 ] || status=1
+    echo "$tool exit $code: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+      "$out/sanitizer_$tool.txt" | tail -1)"
+  done
 fi
 
-step "compute-sanitizer (memcheck, racecheck) on the CUDA kernels"
-for tool in memcheck racecheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 9 python3 scripts/sanitize_kernels.py \
-    > "$out/sanitizer_$tool.txt" 2>&1
-  echo "$tool exit $? : $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitizer_$tool.txt" | tail -1)"
-done
+if [ "$mode" != tests ]; then
+  step "benchmarks"
+  python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1
+  python3 benchmarks/paged_attention.py --out "$out" $quick 2>&1 \
+    | tee "$out/paged_attention.txt" || status=1
+fi
 
 exit $status
