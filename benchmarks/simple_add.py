@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xla_kernels import dtypes
-from xla_kernels.bench import chained_seconds, copy_bandwidth_gbs, device_description
+from xla_kernels.bench import pipelined_seconds, copy_bandwidth_gbs, device_description
 from xla_kernels.kernels.simple_add import simple_add
 
 
@@ -30,8 +30,8 @@ def measure(size_log2: int, dtype: str, iters: int) -> dict:
     b = jnp.asarray(rng.standard_normal(n).astype(np_dtype))
     assert np.array_equal(np.asarray(jax.jit(simple_add)(a, b)), np.asarray(a + b))
     nbytes = 3 * n * np_dtype.itemsize
-    ours = chained_seconds(simple_add, a, b, repeats=iters)
-    xla = chained_seconds(lambda x, y: x + y, a, b, repeats=iters)
+    ours = pipelined_seconds(simple_add, a, b, repeats=iters)
+    xla = pipelined_seconds(lambda x, y: x + y, a, b, repeats=iters)
     return {"size_log2": size_log2, "dtype": dtype, "bytes": nbytes,
             "ours_ms": ours * 1e3, "xla_ms": xla * 1e3,
             "ours_gbs": nbytes / ours / 1e9, "xla_gbs": nbytes / xla / 1e9,
@@ -42,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--iters", type=int, default=30,
-                        help="timed repeats of a chain of 20 calls (median taken)")
+                        help="timed repeats of 50 queued calls (median taken)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     copy_gbs = copy_bandwidth_gbs()

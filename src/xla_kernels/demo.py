@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xla_kernels.bench import chained_seconds, device_description
+from xla_kernels.bench import pipelined_seconds, device_description
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.kernels.paged_attention import (
     paged_attention,
@@ -62,8 +62,8 @@ def run_paged_attention(on_gpu: bool, iters: int) -> dict:
     print(f"optimized HLO: {call.line[:160]}...")
     kv_bytes = 2 * c["num_seqs"] * c["context"] * c["num_kv_heads"] * c["head_dim"] * \
         args[1].dtype.itemsize
-    t_ours = chained_seconds(lambda *a: paged_attention(*a, scale=scale), *args, repeats=iters)
-    t_xla = chained_seconds(lambda *a: paged_attention_xla(*a, scale=scale), *args,
+    t_ours = pipelined_seconds(lambda *a: paged_attention(*a, scale=scale), *args, repeats=iters)
+    t_xla = pipelined_seconds(lambda *a: paged_attention_xla(*a, scale=scale), *args,
                             repeats=iters)
     print(f"{'implementation':<24}{'median ms':>12}{'KV GB/s':>10}")
     print(f"{'xla-kernels':<24}{t_ours * 1e3:>12.4f}{kv_bytes / t_ours / 1e9:>10.1f}")
@@ -101,8 +101,8 @@ def run(size_log2: int, iters: int) -> dict:
         raise SystemExit("simple_add disagrees with NumPy")
 
     bytes_moved = 3 * n * 4
-    t_ours = chained_seconds(simple_add, a, b, repeats=iters)
-    t_xla = chained_seconds(_xla_add, a, b, repeats=iters)
+    t_ours = pipelined_seconds(simple_add, a, b, repeats=iters)
+    t_xla = pipelined_seconds(_xla_add, a, b, repeats=iters)
     gbs_ours, gbs_xla = bytes_moved / t_ours / 1e9, bytes_moved / t_xla / 1e9
     print(f"{'implementation':<24}{'median ms':>12}{'GB/s':>10}")
     print(f"{'xla-kernels simple_add':<24}{t_ours * 1e3:>12.4f}{gbs_ours:>10.1f}")
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = jax.default_backend() == "gpu"
     parser.add_argument("--size-log2", type=int, default=26 if on_gpu else 22)
     parser.add_argument("--iters", type=int, default=30 if on_gpu else 5,
-                        help="timed repeats of a chain of 20 calls (median taken)")
+                        help="timed repeats of 50 queued calls (median taken)")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args(argv)
     result = run(args.size_log2, args.iters)
