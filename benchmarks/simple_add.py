@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from xla_kernels import dtypes
-from xla_kernels.bench import pipelined_seconds, copy_bandwidth_gbs, device_description
+from xla_kernels.bench import copy_bandwidth_gbs, device_description, pipelined_seconds
 from xla_kernels.kernels.simple_add import simple_add
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xla_kernels.bench import pipelined_seconds, device_description
+from xla_kernels.bench import device_description, pipelined_seconds
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.kernels.paged_attention import (
     paged_attention,
