@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ops import legacy_add, seeds_legacy_add, size_opaque
+from toolchain import requires_nvcc
 from xla_kernels import build
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.runtime import library
@@ -28,15 +29,8 @@ def test_legacy_kernel_appears_as_typed_ffi_not_the_deprecated_api():
     assert "API_VERSION_ORIGINAL" not in text
 
 
-def _nvcc_available() -> bool:
-    try:
-        build.find_nvcc()
-        return True
-    except Exception:
-        return False
 
-
-@pytest.mark.skipif(not _nvcc_available(), reason="nvcc not installed")
+@requires_nvcc
 @pytest.mark.parametrize("op", [seeds_legacy_add, legacy_add], ids=lambda op: op.name)
 def test_legacy_cuda_adapters_compile_with_nvcc(op, tmp_path):
     kernel = op.kernels["cuda"]

@@ -7,7 +7,6 @@ before the call (through the eager runtime, which writes into our own arrays).
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 
 import jax
@@ -16,7 +15,6 @@ import numpy as np
 import pytest
 
 import xla_kernels as xk
-from xla_kernels import build
 from xla_kernels.kernels.paged_attention import (
     paged_attention,
     paged_attention_numpy_f64,
@@ -24,7 +22,7 @@ from xla_kernels.kernels.paged_attention import (
     workspace_size,
 )
 from xla_kernels.kernels.paged_attention.testing import TOLERANCES, make_inputs, rel_error
-from xla_kernels.runtime.eager import Buffer, KernelError, call_handler, handler_metadata
+from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
 from xla_kernels.runtime.library import load_kernel
 
 CPU = jax.devices("cpu")[0]
@@ -240,19 +238,3 @@ def test_kernel_validates_shapes_itself(rng):
                      attrs=_attrs(0.1, layout="bogus"), op_name=paged_attention.name)
 
 
-def _nvcc_available() -> bool:
-    try:
-        build.find_nvcc()
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _nvcc_available(), reason="nvcc not installed")
-def test_cuda_kernel_compiles_for_sm90(tmp_path):
-    kernel = paged_attention.kernels["cuda"]
-    path = build.build_library(paged_attention.name, kernel.resolved_sources(), platform="cuda",
-                               cuda_archs=["90"], cache_dir=tmp_path)
-    lib = ctypes.CDLL(str(path))
-    meta = handler_metadata(getattr(lib, kernel.handler), op_name=paged_attention.name)
-    assert meta.command_buffer_compatible

@@ -2,7 +2,7 @@
 
 Example:
     >>> import jax.numpy as jnp
-    >>> t = median_seconds(lambda x: x + 1, jnp.ones(4), warmup=2, iters=5)
+    >>> t = pipelined_seconds(lambda x: x + 1, jnp.ones(4), calls=3, repeats=3)
     >>> t > 0
     True
 """
@@ -13,25 +13,6 @@ import statistics
 import time
 from collections.abc import Callable
 from typing import Any
-
-
-def median_seconds(fn: Callable[..., Any], *args: Any, warmup: int = 5, iters: int = 50) -> float:
-    """Median wall time of ``jax.jit(fn)(*args)`` until its result is ready.
-
-    Compilation and first-run costs stay in the warm-up; each timed run waits with
-    ``block_until_ready``, so the number includes one dispatch.
-    """
-    import jax
-
-    jitted = jax.jit(fn)
-    for _ in range(warmup):
-        jax.block_until_ready(jitted(*args))
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        jax.block_until_ready(jitted(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def pipelined_seconds(fn: Callable[..., Any], *args: Any, calls: int = 50, repeats: int = 15,
@@ -108,4 +89,4 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, iters: int = 30) -> float:
     import jax.numpy as jnp
 
     x = jnp.arange(nbytes // 4, dtype=jnp.float32)
-    return 2 * nbytes / median_seconds(lambda v: -v, x, iters=iters) / 1e9
+    return 2 * nbytes / pipelined_seconds(lambda v: -v, x, repeats=iters) / 1e9

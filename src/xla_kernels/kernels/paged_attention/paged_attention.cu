@@ -71,17 +71,6 @@ ffi::Error PagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer query, ffi::An
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XkPagedAttentionCuda,
                               xla_kernels::paged_attention::PagedAttentionCuda,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()         // query
-                                  .Arg<ffi::AnyBuffer>()         // key_cache
-                                  .Arg<ffi::AnyBuffer>()         // value_cache
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // block_tables
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // seq_lens
-                                  .Ret<ffi::AnyBuffer>()         // out
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // workspace
-                                  .Attr<float>("scale")
-                                  .Attr<float>("softcap")
-                                  .Attr<int64_t>("sliding_window")
-                                  .Attr<std::string_view>("layout"),
+                              xla_kernels::paged_attention::BindOperands(
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
                               {ffi::Traits::kCmdBufferCompatible});

@@ -214,15 +214,4 @@ ffi::Error PagedAttentionCpu(ffi::AnyBuffer query, ffi::AnyBuffer key_cache,
 }  // namespace xla_kernels::paged_attention
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XkPagedAttentionCpu, xla_kernels::paged_attention::PagedAttentionCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()         // query
-                                  .Arg<ffi::AnyBuffer>()         // key_cache
-                                  .Arg<ffi::AnyBuffer>()         // value_cache
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // block_tables
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // seq_lens
-                                  .Ret<ffi::AnyBuffer>()         // out
-                                  .Ret<ffi::Buffer<ffi::F32>>()  // workspace
-                                  .Attr<float>("scale")
-                                  .Attr<float>("softcap")
-                                  .Attr<int64_t>("sliding_window")
-                                  .Attr<std::string_view>("layout"));
+                              xla_kernels::paged_attention::BindOperands(ffi::Ffi::Bind()));

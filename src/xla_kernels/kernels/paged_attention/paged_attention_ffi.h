@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -136,6 +137,23 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& query, const ffi::AnyB
   }
   *shape = s;
   return ffi::Error::Success();
+}
+
+// The operands, results and attributes both handlers bind, in order; the CUDA handler
+// passes a binding that already holds its stream.
+template <typename Binding>
+auto BindOperands(Binding binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // query
+      .template Arg<ffi::AnyBuffer>()                    // key_cache
+      .template Arg<ffi::AnyBuffer>()                    // value_cache
+      .template Arg<ffi::Buffer<ffi::S32>>()             // block_tables
+      .template Arg<ffi::Buffer<ffi::S32>>()             // seq_lens
+      .template Ret<ffi::AnyBuffer>()                    // out
+      .template Ret<ffi::Buffer<ffi::F32>>()             // workspace
+      .template Attr<float>("scale")
+      .template Attr<float>("softcap")
+      .template Attr<int64_t>("sliding_window")
+      .template Attr<std::string_view>("layout");
 }
 
 }  // namespace xla_kernels::paged_attention
