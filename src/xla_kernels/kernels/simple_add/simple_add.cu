@@ -18,8 +18,29 @@ namespace ffi = xla::ffi;
 namespace xla_kernels::simple_add {
 namespace {
 
+// Tuning knobs, compile-time (benchmarks/simple_add_variants.py measures them side by side).
+#ifndef XK_SIMPLE_ADD_UNROLL
+#define XK_SIMPLE_ADD_UNROLL 4
+#endif
+#ifndef XK_SIMPLE_ADD_STREAMING
+#define XK_SIMPLE_ADD_STREAMING 0
+#endif
+
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
+constexpr int kUnroll = XK_SIMPLE_ADD_UNROLL;
+
+// Every element is touched once: streaming (evict-first) loads and stores keep the data
+// from displacing anything else in L2.
+__device__ __forceinline__ uint4 Load(const uint4* p) {
+  return XK_SIMPLE_ADD_STREAMING ? __ldcs(p) : __ldg(p);
+}
+__device__ __forceinline__ void Store(uint4* p, uint4 v) {
+  if (XK_SIMPLE_ADD_STREAMING) {
+    __stcs(p, v);
+  } else {
+    *p = v;
+  }
+}
 
 template <typename T>
 __device__ __forceinline__ T AddScalar(T x, T y) {
@@ -49,13 +70,13 @@ __global__ void AddVectorized(const uint4* __restrict__ a, const uint4* __restri
     uint4 ra[kUnroll], rb[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      ra[u] = __ldg(a + i + u * stride);
-      rb[u] = __ldg(b + i + u * stride);
+      ra[u] = Load(a + i + u * stride);
+      rb[u] = Load(b + i + u * stride);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) out[i + u * stride] = AddVector<T>(ra[u], rb[u]);
+    for (int u = 0; u < kUnroll; ++u) Store(out + i + u * stride, AddVector<T>(ra[u], rb[u]));
   }
-  for (; i < vectors; i += stride) out[i] = AddVector<T>(__ldg(a + i), __ldg(b + i));
+  for (; i < vectors; i += stride) Store(out + i, AddVector<T>(Load(a + i), Load(b + i)));
 }
 
 template <typename T>
