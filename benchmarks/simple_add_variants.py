@@ -22,11 +22,11 @@ from xla_kernels.bench import pipelined_seconds
 from xla_kernels.kernels.simple_add import simple_add
 
 VARIANTS = {
-    "unroll4": {},
-    "unroll4_streaming": {"XK_SIMPLE_ADD_STREAMING": "1"},
+    "unroll1": {},  # the shipped default
+    "unroll4": {"XK_SIMPLE_ADD_UNROLL": "4"},
+    "unroll4_streaming": {"XK_SIMPLE_ADD_UNROLL": "4", "XK_SIMPLE_ADD_STREAMING": "1"},
     "unroll2_streaming": {"XK_SIMPLE_ADD_UNROLL": "2", "XK_SIMPLE_ADD_STREAMING": "1"},
     "unroll8_streaming": {"XK_SIMPLE_ADD_UNROLL": "8", "XK_SIMPLE_ADD_STREAMING": "1"},
-    "unroll1": {"XK_SIMPLE_ADD_UNROLL": "1"},
 }
 
 

@@ -1,8 +1,10 @@
 // simple_add on NVIDIA GPUs: a bandwidth-bound elementwise add and its XLA FFI binding.
 //
-// Each thread moves 16-byte vectors and keeps kUnroll of them in flight per input
-// before the first use, so that loads overlap; a scalar path takes the tail and any
-// buffer that is not 16-byte aligned (possible for eager torch views).
+// Each thread moves 16-byte vectors (kUnroll of them in flight per input before the first
+// use); a scalar path takes the tail and any buffer that is not 16-byte aligned (possible
+// for eager torch views). Measured on an H100 (benchmarks/results/h100/NOTES.md): one
+// vector per thread with many CTAs beat unroll 2/4/8 by 1-2% at 2^26-2^28 elements, and
+// streaming cache hints gained nothing, so the defaults are unroll 1, no hints.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -20,7 +22,7 @@ namespace {
 
 // Tuning knobs, compile-time (benchmarks/simple_add_variants.py measures them side by side).
 #ifndef XK_SIMPLE_ADD_UNROLL
-#define XK_SIMPLE_ADD_UNROLL 4
+#define XK_SIMPLE_ADD_UNROLL 1
 #endif
 #ifndef XK_SIMPLE_ADD_STREAMING
 #define XK_SIMPLE_ADD_STREAMING 0
