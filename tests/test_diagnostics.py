@@ -65,3 +65,11 @@ def test_doctor_registers_a_shipped_op(capsys):
 def test_doctor_on_an_unknown_target_says_what_to_do(capsys):
     assert cli.main(["doctor", "no.such_op"]) == 1
     assert "import the module that declares 'no.such_op'" in capsys.readouterr().out
+
+
+def test_doctor_lists_the_runtimes(capsys):
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "jax" in out and "default backend" in out
+    assert "torchax" in out and "torch_xla" in out
+    assert "xla_kernels.paged_attention" in out and "xla_kernels.simple_add" in out

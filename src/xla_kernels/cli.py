@@ -34,12 +34,20 @@ def _runtimes() -> dict[str, str]:
         found["jax"] = f"not usable: {e}"
     for name, describe in (("torch", _torch), ("torchax", _version), ("torch_xla", _torch_xla)):
         try:
-            found[name] = describe(importlib.import_module(name))
+            found[name] = describe(_import(name))
         except ImportError:
             found[name] = "not installed"
         except Exception as e:
             found[name] = f"not usable: {e}"
     return found
+
+
+def _import(name: str) -> object:
+    if name == "torchax":  # through the frontend, which tolerates torch/torchax skew
+        from xla_kernels.frontends.torchax import import_torchax
+
+        return import_torchax()
+    return importlib.import_module(name)
 
 
 def _version(module: object) -> str:
