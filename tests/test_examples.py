@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,16 @@ def test_readme_scale_op_runs_on_the_gpu(rng):
     x = jnp.asarray(rng.standard_normal(100_003).astype(np.float32))
     assert x.devices().pop().platform == "gpu"
     np.testing.assert_allclose(np.asarray(scale(x, factor=3.0)), np.asarray(x) * 3.0, rtol=0)
+
+
+def test_demo_main_job_runs_and_checks_its_results(tmp_path):
+    out = tmp_path / "demo.json"
+    result = subprocess.run([sys.executable, "-m", "xla_kernels.demo", "--size-log2", "12",
+                             "--iters", "2", "--json", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "simple_add([1, 2, 3], [4, 5, 6]) = [5.0, 7.0, 9.0]" in result.stdout
+    assert 'custom_call_target="xla_kernels.simple_add"' in result.stdout
+    assert 'custom_call_target="xla_kernels.pa' in result.stdout
+    numbers = json.loads(out.read_text())
+    assert numbers["simple_add"]["exact"] and numbers["paged_attention"]["rel_error"] < 1e-5
