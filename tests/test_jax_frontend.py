@@ -104,3 +104,19 @@ def test_registration_is_listed_and_idempotent():
     listed = [(r.target, r.platform) for r in xk.registrations()]
     assert ("xla_kernels.simple_add", "cpu") in listed
     assert first.handler == "XlaKernelsSimpleAddCpu" and first.library.exists()
+
+
+def test_a_second_declaration_with_other_kernels_cannot_take_over_a_target():
+    first = xk.Op("xk_tests.twice", inputs=[xk.Tensor("a", ("f32",)), xk.Tensor("b", ("f32",))],
+                  outputs=lambda a, b: xk.like(a), kernels=simple_add.kernels)
+    np.testing.assert_array_equal(np.asarray(first(np.ones(2, np.float32),
+                                                   np.ones(2, np.float32))), [2.0, 2.0])
+    same = xk.Op("xk_tests.twice", inputs=first.inputs, outputs=first.output_rule,
+                 kernels=simple_add.kernels)
+    np.testing.assert_array_equal(np.asarray(same(np.ones(2, np.float32),
+                                                  np.ones(2, np.float32))), [2.0, 2.0])
+    other = xk.Op("xk_tests.twice", inputs=first.inputs, outputs=first.output_rule,
+                  kernels={"cpu": xk.Kernel(["fixtures/legacy/legacy_add_cpu.cc"], "Other")})
+    with pytest.raises(xk.RegistrationError, match="already registered for cpu by another "
+                                                   "declaration"):
+        other(np.ones(2, np.float32), np.ones(2, np.float32))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -82,16 +83,17 @@ def call(op: Op, arrays: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
     return visible[0] if len(visible) == 1 else tuple(visible)
 
 
-_primitives: dict[str, Primitive] = {}
+# Keyed by the Op object: a re-executed declaration gets a primitive with its own rule.
+_primitives: weakref.WeakKeyDictionary[Op, Primitive] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
 def primitive(op: Op) -> Primitive:
     """The JAX primitive of ``op``, created and registered on first use."""
     with _lock:
-        if op.name not in _primitives:
-            _primitives[op.name] = _make_primitive(op)
-        return _primitives[op.name]
+        if op not in _primitives:
+            _primitives[op] = _make_primitive(op)
+        return _primitives[op]
 
 
 def _make_primitive(op: Op) -> Primitive:

@@ -38,6 +38,9 @@ class Registration:
 
 
 _registrations: dict[tuple[str, str, str], Registration] = {}
+# The kernel declaration behind each registration: XLA cannot replace a handler, so a
+# second declaration of the same target with other sources must not pass silently.
+_kernels: dict[tuple[str, str, str], object] = {}
 _lock = threading.Lock()
 
 
@@ -46,6 +49,12 @@ def ensure_registered(op: Op, platform: str, runtime: str = "jax") -> Registrati
     key = (op.target, platform, runtime)
     with _lock:
         if key in _registrations:
+            if _kernels[key] != op.kernels.get(platform):
+                raise RegistrationError(
+                    f"{op.name}: target already registered for {platform} by another "
+                    f"declaration (handler {_registrations[key].handler} from "
+                    f"{_registrations[key].library}), and XLA cannot replace a handler. "
+                    "Fix: give this op another name, or reuse the first declaration.")
             return _registrations[key]
     kernel = load_kernel(op, platform)
     if runtime != "jax":
@@ -62,6 +71,7 @@ def ensure_registered(op: Op, platform: str, runtime: str = "jax") -> Registrati
     registration = Registration(op.target, platform, runtime, kernel.handler, kernel.library)
     with _lock:
         _registrations[key] = registration
+        _kernels[key] = op.kernels[platform]
     return registration
 
 
