@@ -8,7 +8,7 @@ import ctypes
 import pytest
 
 from toolchain import requires_nvcc
-from xla_kernels import build
+from xla_kernels import builder
 from xla_kernels.cli import shipped_ops
 from xla_kernels.runtime.eager import handler_metadata
 
@@ -25,7 +25,7 @@ def test_the_shipped_ops_are_found():
 def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path):
     op = SHIPPED[name]
     kernel = op.kernels["cuda"]
-    path = build.build_library(op.name, kernel.resolved_sources(), platform="cuda",
+    path = builder.build_library(op.name, kernel.resolved_sources(), platform="cuda",
                                cuda_archs=["90"], cache_dir=tmp_path)
     handler = getattr(ctypes.CDLL(str(path)), kernel.handler)
     assert handler_metadata(handler, op_name=op.name).command_buffer_compatible

@@ -468,7 +468,7 @@ def test_cuda_handler_on_torch_stream_with_torch_scratch():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU visible to torch")
-    from xla_kernels.build import build_library
+    from xla_kernels.builder import build_library
 
     so = build_library("xk_eager_cuda_test", [FIXTURE.with_name("cuda_handlers.cu")],
                        platform="cuda")

@@ -9,7 +9,7 @@ import pytest
 
 from ops import legacy_add, seeds_legacy_add, size_opaque
 from toolchain import requires_nvcc
-from xla_kernels import build
+from xla_kernels import builder
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.runtime import library
 
@@ -35,7 +35,7 @@ def test_legacy_kernel_appears_as_typed_ffi_not_the_deprecated_api():
 def test_legacy_cuda_adapters_compile_with_nvcc(op, tmp_path):
     kernel = op.kernels["cuda"]
     sources = library._sources(op, kernel, "cuda")
-    path = build.build_library(op.name, sources, platform="cuda", cuda_archs=["90"],
+    path = builder.build_library(op.name, sources, platform="cuda", cuda_archs=["90"],
                                cache_dir=tmp_path)
     assert path.exists()
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from xla_kernels import build
+from xla_kernels import builder
 from xla_kernels.errors import CompilerNotFoundError
 
 
 def nvcc_available() -> bool:
     """Whether nvcc can be found the way xla-kernels looks for it."""
     try:
-        build.find_nvcc()
+        builder.find_nvcc()
         return True
     except CompilerNotFoundError:
         return False

@@ -13,7 +13,7 @@ import pkgutil
 import sys
 from collections.abc import Callable
 
-from xla_kernels import build
+from xla_kernels import builder
 from xla_kernels.op import Op, declared_ops
 from xla_kernels.runtime.registry import ensure_registered, registrations
 
@@ -79,7 +79,7 @@ def doctor(target: str | None, try_register: bool) -> int:
     print("runtimes:")
     for name, text in _runtimes().items():
         _line(name, text)
-    report = build.toolchain_report()
+    report = builder.toolchain_report()
     print("compilers:")
     for key in ("cxx", "nvcc"):
         entry = report[key]

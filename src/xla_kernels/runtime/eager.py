@@ -246,7 +246,7 @@ _verified: set[int] = set()  # handler addresses whose API version was checked
 
 def _build() -> Path:
     """Compile ``eager_ffi.cc`` (plain C++, no CUDA), or take it from the build cache."""
-    from xla_kernels.build import build_library
+    from xla_kernels.builder import build_library
 
     return build_library("xk_eager", [_SOURCE], platform="cpu")
 

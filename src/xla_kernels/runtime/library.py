@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xla_kernels import build
+from xla_kernels import builder
 from xla_kernels.errors import PlatformError, RegistrationError
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ def _load(op: Op, platform: str) -> LoadedKernel:
             f"{', '.join(sorted(op.kernels))}). Fix: run it on a platform it supports, "
             f"or declare kernels={{'{platform}': Kernel(...)}}.")
     sources = _sources(op, kernel, platform)
-    path = build.build_library(
+    path = builder.build_library(
         op.name, sources, platform=platform,
         include_dirs=kernel.resolved_include_dirs(), defines=dict(kernel.defines),
         extra_flags=kernel.flags)
@@ -95,7 +95,7 @@ def _legacy_adapter(kernel: Kernel, source: Path, platform: str) -> Path:
             f"{_LEGACY_MACRO[platform]}({kernel.handler}, {kernel.legacy_function});\n")
     suffix = ".cu" if platform == "cuda" else ".cc"
     digest = hashlib.sha256(text.encode() + source.read_bytes()).hexdigest()[:16]
-    folder = build.default_cache_dir() / "generated"
+    folder = builder.default_cache_dir() / "generated"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"legacy_{kernel.legacy_function}_{digest}{suffix}"
     if not path.exists():

@@ -1,4 +1,4 @@
-"""Tests of xla_kernels.build: caching, rebuilds, concurrency, errors, g++ and nvcc builds."""
+"""Tests of xla_kernels.builder: caching, rebuilds, concurrency, errors, g++ and nvcc builds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xla_kernels.build import (
+from xla_kernels.builder import (
     build_library,
     compiler,
     default_cache_dir,
@@ -122,7 +122,7 @@ def test_concurrent_builds_in_two_processes(tmp_path):
         """)
     cxx.chmod(0o755)
     script = (
-        "import sys; from xla_kernels.build import build_library; "
+        "import sys; from xla_kernels.builder import build_library; "
         f"print(build_library('v', [{str(src)!r}], platform='cpu', defines={{'VALUE': '5'}}, "
         f"cache_dir={str(tmp_path / 'cache')!r}))"
     )

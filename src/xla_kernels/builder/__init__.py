@@ -1,7 +1,7 @@
 """Build C++/CUDA sources into a cached shared library of XLA FFI handlers.
 
 Example:
-    >>> from xla_kernels.build import build_library
+    >>> from xla_kernels.builder import build_library
     >>> so = build_library("simple_add", ["simple_add.cc"], platform="cpu")  # doctest: +SKIP
     >>> import ctypes; ctypes.CDLL(str(so)).SimpleAdd                       # doctest: +SKIP
 

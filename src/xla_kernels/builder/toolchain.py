@@ -1,7 +1,7 @@
 """Finding compilers, reading their versions, and choosing CUDA architectures.
 
 Example:
-    >>> from xla_kernels.build.toolchain import find_cxx, compiler_version, short_version
+    >>> from xla_kernels.builder.toolchain import find_cxx, compiler_version, short_version
     >>> cxx = find_cxx()                       # doctest: +SKIP
     >>> short_version(cxx, compiler_version(cxx))   # doctest: +SKIP
     'g++ 12.2.0'
