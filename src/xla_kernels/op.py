@@ -260,7 +260,7 @@ class Op:
         self.output_rule = outputs
         self.vmap_method = vmap_method
         self.doc = doc
-        base = _caller_dir()
+        base, self.module = _caller_location()
         self.kernels = {p: k if k.base_dir else dataclasses.replace(k, base_dir=base)
                         for p, k in kernels.items()}
         self._implicit_attrs: frozenset[str] = frozenset()
@@ -393,10 +393,16 @@ def declared_ops() -> dict[str, Op]:
     return dict(sorted(_declared.items()))
 
 
-def _caller_dir() -> Path | None:
-    """Folder of the first file on the stack outside this module (the declaring file)."""
-    for frame in inspect.stack()[2:]:
-        filename = frame.filename
+def _caller_location() -> tuple[Path | None, str | None]:
+    """Folder and module name of the first file on the stack outside this module.
+
+    The folder resolves relative kernel sources; the module is what a process that loads
+    an exported program must import to have the op declared again.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        filename = frame.f_code.co_filename
         if filename != __file__ and not filename.startswith("<"):
-            return Path(filename).resolve().parent
-    return None
+            return Path(filename).resolve().parent, frame.f_globals.get("__name__")
+        frame = frame.f_back
+    return None, None
