@@ -238,3 +238,20 @@ def test_kernel_validates_shapes_itself(rng):
                      attrs=_attrs(0.1, layout="bogus"), op_name=paged_attention.name)
 
 
+
+
+def test_workspace_formula_is_the_one_in_limits_h():
+    import ctypes
+
+    from xla_kernels.kernels.paged_attention import paged_attention, workspace_size
+
+    library = ctypes.CDLL(str(paged_attention.record.kernel("cpu").library))
+    elems = library.XkPagedAttentionWorkspaceElems
+    elems.restype = ctypes.c_int64
+    elems.argtypes = [ctypes.c_int64] * 4
+    for seqs in (0, 1, 3, 32, 129, 4096):
+        for heads in (1, 8, 32):
+            for dim in (64, 128, 256):
+                for context in (0, 16, 64, 65, 2048, 32768, 10**6):
+                    assert workspace_size(seqs, heads, dim, context) == elems(
+                        seqs, heads, dim, context), (seqs, heads, dim, context)

@@ -165,24 +165,6 @@ def test_torch_op_is_idempotent_and_cached():
     assert torch_op(simple_add) is first
 
 
-def test_a_redeclared_op_takes_over_and_a_conflicting_one_is_refused():
-    def declare(rule):
-        return xk.Op("xk_tests.redeclared", inputs=[xk.Tensor("x", ("f32",))], outputs=rule,
-                     kernels={"cpu": xk.Kernel([str(FIXTURE)], "XkTestWritesNothing")})
-
-    first = declare(lambda x: xk.Spec((1,), "f32"))
-    second = declare(lambda x: xk.Spec((2,), "f32"))
-    packet = torch_op(first)
-    with FakeTensorMode():
-        assert packet(torch.empty(5)).shape == (1,)
-    assert torch_op(second) is packet
-    with FakeTensorMode():
-        assert packet(torch.empty(5)).shape == (2,)
-    third = declare(lambda x: (xk.like(x), xk.like(x)))
-    with pytest.raises(xk.RegistrationError, match="already defined with schema"):
-        torch_op(third)
-
-
 def test_a_name_torch_already_has_is_refused_with_a_fix():
     torch.library.define("xk_tests_taken::simple_add", "(Tensor a) -> Tensor")
     with pytest.raises(xk.RegistrationError, match="pass namespace="):
@@ -427,3 +409,18 @@ def test_torch_compile_fullgraph_aot_eager():
 @pytest.mark.slow
 def test_torch_compile_fullgraph_inductor():
     in_fresh_python("compile_inductor_checks")
+
+
+def test_every_shipped_op_is_a_torch_op_out_of_the_box():
+    import importlib
+    import pkgutil
+
+    import xla_kernels.kernels as shipped
+
+    for module in pkgutil.iter_modules(shipped.__path__):
+        importlib.import_module(f"xla_kernels.kernels.{module.name}")
+    ops = [op for name, op in xk.declared_ops().items() if name.startswith("xla_kernels.")]
+    assert {op.name for op in ops} >= {"xla_kernels.simple_add", "xla_kernels.paged_attention"}
+    for op in ops:
+        packet = torch_op(op)
+        assert packet is getattr(torch.ops.xla_kernels, op.name.rpartition(".")[2])

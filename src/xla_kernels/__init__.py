@@ -22,10 +22,12 @@ from xla_kernels.errors import (
     RegistrationError,
     XlaKernelsError,
 )
+from xla_kernels.frontends import jax as _jax_frontend  # noqa: F401  (installs Op.__call__)
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.op import (
     PLATFORMS,
     BoundCall,
+    CallPlan,
     Invalid,
     Kernel,
     Op,
@@ -34,14 +36,15 @@ from xla_kernels.op import (
     declared_ops,
     like,
 )
+from xla_kernels.record import OpRecord, record_of
 from xla_kernels.runtime.registry import ensure_registered, registrations
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "PLATFORMS", "REQUIRED", "Attr", "BoundCall", "BuildError", "CompilerNotFoundError",
-    "Invalid", "Kernel", "Op", "OpDeclarationError", "OpInputError", "OpTypeError",
-    "PlatformError", "RegistrationError", "Spec", "Tensor", "XlaKernelsError",
-    "assert_single_custom_call", "declared_ops", "ensure_registered", "explain",
-    "explained_errors", "hlo", "hlo_text", "like", "registrations",
+    "PLATFORMS", "REQUIRED", "Attr", "BoundCall", "BuildError", "CallPlan",
+    "CompilerNotFoundError", "Invalid", "Kernel", "Op", "OpDeclarationError", "OpInputError",
+    "OpRecord", "OpTypeError", "PlatformError", "RegistrationError", "Spec", "Tensor",
+    "XlaKernelsError", "assert_single_custom_call", "declared_ops", "ensure_registered",
+    "explain", "explained_errors", "hlo", "hlo_text", "like", "record_of", "registrations",
 ]

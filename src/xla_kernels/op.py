@@ -15,9 +15,11 @@ Example:
     ...     outputs=lambda x, *, factor: xk.like(x),
     ...     kernels={"cpu": xk.Kernel(["scale.cc"], handler="Scale")},
     ... )
-    >>> call = scale.bind([xk.Spec((3,), "f32")], {})
-    >>> call.outputs, call.attrs
+    >>> plan = scale.bind([xk.Spec((3,), "f32")], {})
+    >>> plan.outputs, plan.attrs
     ((Spec(shape=(3,), dtype='f32', workspace=False),), {'factor': np.float32(2.0)})
+    >>> plan.mlir_dict()
+    '{factor = 2.000000e+00 : f32}'
 """
 
 from __future__ import annotations
@@ -25,16 +27,21 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xla_kernels import dtypes as _dtypes
-from xla_kernels.attrs import Attr
+from xla_kernels import platforms as _platforms
+from xla_kernels.attr_types import EagerAttr
+from xla_kernels.attrs import Attr, mlir_dict
 from xla_kernels.errors import OpDeclarationError, OpInputError, OpTypeError
+from xla_kernels.record import OpRecord, declare, record_of, records
 
-PLATFORMS = ("cpu", "cuda")
+if TYPE_CHECKING:
+    from xla_kernels.runtime.library import LoadedKernel
+
+PLATFORMS = _platforms.NAMES
 VMAP_METHODS = ("sequential", "broadcast_all", "expand_dims")
 _TARGET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")
 
@@ -204,9 +211,23 @@ class Kernel:
 
 
 @dataclasses.dataclass(frozen=True)
-class BoundCall:
-    """A validated call: input specs, coerced attributes and output specs."""
+class CallPlan:
+    """One validated call: what every frontend consumes to run it.
 
+    Attributes:
+        op: the declaration that validated it.
+        inputs: one Spec per array input.
+        attrs: every attribute, coerced (declared defaults filled in).
+        outputs: one Spec per kernel result, workspaces included.
+
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add
+        >>> plan = simple_add.bind([Spec((3,), "f32")] * 2, {})
+        >>> plan.visible_indices, plan.results(["sum"])
+        ((0,), 'sum')
+    """
+
+    op: Op
     inputs: tuple[Spec, ...]
     attrs: dict[str, Any]
     outputs: tuple[Spec, ...]
@@ -215,6 +236,44 @@ class BoundCall:
     def visible_outputs(self) -> tuple[Spec, ...]:
         """The outputs returned to the caller (workspaces left out)."""
         return tuple(o for o in self.outputs if not o.workspace)
+
+    @property
+    def visible_indices(self) -> tuple[int, ...]:
+        """Positions of the visible outputs among all kernel results."""
+        return tuple(i for i, o in enumerate(self.outputs) if not o.workspace)
+
+    def results(self, outs: Sequence[Any]) -> Any:
+        """What the caller gets from the kernel's results: one array, or a tuple of them."""
+        visible = [outs[i] for i in self.visible_indices]
+        return visible[0] if len(visible) == 1 else tuple(visible)
+
+    def mlir_attributes(self) -> dict[str, str]:
+        """Each attribute as MLIR attribute text (the JAX lowering parses these)."""
+        types = self.op.attr_types
+        return {k: types[k].mlir_text(v) for k, v in sorted(self.attrs.items())}
+
+    def mlir_dict(self) -> str:
+        """The attributes as the MLIR dictionary of a typed-FFI ``backend_config``."""
+        return mlir_dict(self.attrs, self.op.attr_types)
+
+    def eager_attrs(self) -> dict[str, EagerAttr]:
+        """The attributes as the eager FFI runtime takes them."""
+        types = self.op.attr_types
+        return {k: types[k].eager(v) for k, v in self.attrs.items()}
+
+    def hashable_attrs(self) -> tuple[Any, ...]:
+        """The attributes as a hashable key (JAX primitive parameters, plan caches)."""
+        types = self.op.attr_types
+        return tuple((k, types[k].hashable(v)) for k, v in sorted(self.attrs.items()))
+
+    def kernel(self, platform: str) -> LoadedKernel:
+        """The loaded kernel that runs this call on ``platform`` (checked for dtypes)."""
+        self.op.check_platform(platform, self.inputs)
+        return self.op.record.kernel(platform)
+
+
+BoundCall = CallPlan
+"""The earlier name of :class:`CallPlan`."""
 
 
 class Op:
@@ -231,7 +290,15 @@ class Op:
         vmap_method: how ``jax.vmap`` batches the op: ``"sequential"`` (a loop of calls,
             always correct), ``"broadcast_all"`` or ``"expand_dims"`` (one call on arrays
             with a leading batch dimension; the kernel must accept it).
+        output_names: names of the visible outputs (what the shape rule returns, less
+            workspaces). Frontends that need the count before any call (the torch schema)
+            take it from here; without it they run the shape rule on probe inputs.
         doc: a docstring for the generated functions.
+
+    Attributes:
+        module: the module that declared the op (what a loader of a program that uses it
+            must import).
+        attr_types: each attribute's codec (:mod:`xla_kernels.attr_types`), by name.
 
     Example:
         >>> op = Op("docs.add", inputs=[Tensor("a", ("f32",)), Tensor("b", ("f32",))],
@@ -249,6 +316,7 @@ class Op:
         attrs: Sequence[Attr] = (),
         kernels: Mapping[str, Kernel],
         vmap_method: str = "sequential",
+        output_names: Sequence[str] | None = None,
         doc: str = "",
     ):
         if not _TARGET_NAME.match(name):
@@ -259,6 +327,7 @@ class Op:
         self.attrs = tuple(attrs)
         self.output_rule = outputs
         self.vmap_method = vmap_method
+        self.output_names = None if output_names is None else tuple(output_names)
         self.doc = doc
         base, self.module = _caller_location()
         self.kernels = {p: k if k.base_dir else dataclasses.replace(k, base_dir=base)
@@ -270,13 +339,19 @@ class Op:
             # written without it, never sees this attribute.
             self.attrs += (Attr("opaque", bytes, default=b"", doc="legacy opaque bytes"),)
             self._implicit_attrs = frozenset({"opaque"})
+        self.attr_types = {a.name: a.codec for a in self.attrs}
         self._check_declaration()
-        _declared[name] = self
+        declare(self)
 
     @property
     def target(self) -> str:
         """The ``custom_call_target`` this op lowers to."""
         return self.name
+
+    @property
+    def record(self) -> OpRecord:
+        """The record of this op's target: what every frontend made from it."""
+        return record_of(self.target)
 
     def __repr__(self) -> str:
         ins = ", ".join(t.name for t in self.inputs)
@@ -293,17 +368,20 @@ class Op:
         if not self.kernels:
             raise OpDeclarationError(self.name, "no kernels given",
                                      'pass kernels={"cpu": Kernel(...), "cuda": Kernel(...)}')
-        unknown = sorted(set(self.kernels) - set(PLATFORMS))
+        unknown = sorted(set(self.kernels) - set(_platforms.NAMES))
         if unknown:
             raise OpDeclarationError(self.name, f"unknown platforms {unknown}",
                                      f"use {' and/or '.join(PLATFORMS)}")
+        if self.output_names is not None and not self.output_names:
+            raise OpDeclarationError(self.name, "output_names is empty",
+                                     "name each visible output, e.g. output_names=('out',)")
         if self.vmap_method not in VMAP_METHODS:
             raise OpDeclarationError(self.name, f"unknown vmap_method {self.vmap_method!r}",
                                      f"use one of {', '.join(VMAP_METHODS)}")
 
     def bind(self, inputs: Sequence[Any], attrs: Mapping[str, Any], *,
-             coerced: bool = False) -> BoundCall:
-        """Validate a call and compute its outputs.
+             coerced: bool = False) -> CallPlan:
+        """Validate a call and compute its outputs: the :class:`CallPlan` frontends run.
 
         ``inputs`` are Specs or anything with ``.shape`` and ``.dtype`` (JAX, NumPy and
         torch arrays, tracers, fake tensors). ``coerced=True`` says ``attrs`` is already
@@ -330,7 +408,7 @@ class Op:
         if not outputs or not all(isinstance(o, Spec) for o in outputs):
             raise OpDeclarationError(self.name, f"the output rule returned {out!r}",
                                      "return a Spec or a sequence of Specs")
-        return BoundCall(specs, values, outputs)
+        return CallPlan(self, specs, values, outputs)
 
     def _spec_of(self, tensor: Tensor, x: Any) -> Spec:
         if isinstance(x, Spec):
@@ -362,8 +440,13 @@ class Op:
         return out
 
     def check_platform(self, platform: str, inputs: Sequence[Spec]) -> None:
-        """Raise if the ``platform`` kernel cannot take these inputs' dtypes."""
-        kernel = self.kernels[platform]
+        """Raise if there is no ``platform`` kernel or it cannot take these inputs' dtypes."""
+        kernel = self.kernels.get(platform)
+        if kernel is None:
+            raise _platforms.no_kernel_error(
+                self.name, platform, self.kernels,
+                f"run it on {' or '.join(sorted(self.kernels))}, or declare "
+                f"kernels={{'{platform}': Kernel(...)}}")
         if kernel.dtypes is None:
             return
         for tensor, spec in zip(self.inputs, inputs, strict=True):
@@ -374,23 +457,30 @@ class Op:
 
     def __call__(self, *arrays: Any, **attrs: Any) -> Any:
         """Run the op on JAX arrays (works under ``jax.jit`` and ``jax.vmap``)."""
-        from xla_kernels.frontends import jax as jax_frontend
+        if _call_hook is None:
+            raise OpDeclarationError(self.name, "no frontend is installed to run the op",
+                                     "import xla_kernels (it installs the JAX frontend)")
+        return _call_hook(self, arrays, attrs)
 
-        return jax_frontend.call(self, arrays, attrs)
+
+_call_hook: Callable[[Op, Sequence[Any], Mapping[str, Any]], Any] | None = None
 
 
-_declared: weakref.WeakValueDictionary[str, Op] = weakref.WeakValueDictionary()
+def set_call_hook(hook: Callable[[Op, Sequence[Any], Mapping[str, Any]], Any]) -> None:
+    """Make ``op(*arrays, **attrs)`` call ``hook(op, arrays, attrs)`` (the JAX frontend)."""
+    global _call_hook
+    _call_hook = hook
 
 
 def declared_ops() -> dict[str, Op]:
-    """Every op declared in this process (and still alive), by name.
+    """Every op declared in this process (its current declaration), by name.
 
     Example:
         >>> from xla_kernels.kernels.simple_add import simple_add
         >>> declared_ops()["xla_kernels.simple_add"] is simple_add
         True
     """
-    return dict(sorted(_declared.items()))
+    return {name: record.op for name, record in records().items()}
 
 
 def _caller_location() -> tuple[Path | None, str | None]:

@@ -16,43 +16,44 @@ Example:
 from __future__ import annotations
 
 import functools
-import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
-import numpy as np
 from jax import lax
 from jax._src import dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
+from jax.interpreters.mlir import ir
 
-from xla_kernels import dtypes
-from xla_kernels.errors import PlatformError
+from xla_kernels import dtypes, platforms
+from xla_kernels.op import set_call_hook
 from xla_kernels.runtime.registry import ensure_registered
 
 if TYPE_CHECKING:
-    from xla_kernels.op import Op
-
-_PLATFORMS_WITH_KERNELS = ("cpu", "cuda")
+    from xla_kernels.op import CallPlan, Op
 
 
 class FrozenAttrs:
-    """Coerced attribute values in a hashable form, as JAX primitive parameters need.
+    """A call's coerced attributes in a hashable form, as JAX primitive parameters need.
 
     Example:
-        >>> FrozenAttrs({"n": np.int64(2)}) == FrozenAttrs({"n": np.int64(2)})
+        >>> from xla_kernels.kernels.paged_attention import paged_attention
+        >>> from xla_kernels.op import Spec
+        >>> specs = [Spec((1, 8, 64), "f32"), Spec((4, 16, 2, 64), "f32"),
+        ...          Spec((4, 16, 2, 64), "f32"), Spec((1, 4), "i32"), Spec((1,), "i32")]
+        >>> plan = paged_attention.bind(specs, {"scale": 0.125})
+        >>> FrozenAttrs(plan) == FrozenAttrs(paged_attention.bind(specs, {"scale": 0.125}))
         True
     """
 
-    def __init__(self, values: Mapping[str, Any]):
-        self._items = tuple(sorted(values.items()))
-        self._key = tuple((k, _hashable(v)) for k, v in self._items)
+    def __init__(self, plan: CallPlan):
+        self._values = plan.attrs
+        self._key = plan.hashable_attrs()
 
     def thaw(self) -> dict[str, Any]:
         """The attribute values, as the op's kernels receive them."""
-        return dict(self._items)
+        return dict(self._values)
 
     def __hash__(self) -> int:
         return hash(self._key)
@@ -61,15 +62,7 @@ class FrozenAttrs:
         return isinstance(other, FrozenAttrs) and self._key == other._key
 
     def __repr__(self) -> str:
-        return "{" + ", ".join(f"{k}={v!r}" for k, v in self._items) + "}"
-
-
-def _hashable(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return (value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, np.generic):
-        return (value.dtype.str, value.item())
-    return value
+        return "{" + ", ".join(f"{k}={v!r}" for k, v in sorted(self._values.items())) + "}"
 
 
 def call(op: Op, arrays: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
@@ -77,57 +70,52 @@ def call(op: Op, arrays: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
 
     Returns one array for a single visible output, else a tuple.
     """
-    bound = op.bind(arrays, attrs)
-    outs = primitive(op).bind(*arrays, attrs=FrozenAttrs(bound.attrs))
-    visible = [o for o, spec in zip(outs, bound.outputs, strict=True) if not spec.workspace]
-    return visible[0] if len(visible) == 1 else tuple(visible)
-
-
-# Keyed by the Op object: a re-executed declaration gets a primitive with its own rule.
-_primitives: weakref.WeakKeyDictionary[Op, Primitive] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+    plan = op.bind(arrays, attrs)
+    return plan.results(primitive(op).bind(*arrays, attrs=FrozenAttrs(plan)))
 
 
 def primitive(op: Op) -> Primitive:
-    """The JAX primitive of ``op``, created and registered on first use."""
-    with _lock:
-        if op not in _primitives:
-            _primitives[op] = _make_primitive(op)
-        return _primitives[op]
+    """The JAX primitive of ``op``'s current declaration, created on first use."""
+    record = op.record
+    with record.lock:
+        if record.jax_primitive is None or record.jax_primitive.xk_op is not record.op:
+            record.jax_primitive = _make_primitive(record.op)
+        return record.jax_primitive
 
 
 def _make_primitive(op: Op) -> Primitive:
     prim = Primitive(op.name)
+    prim.xk_op = op  # type: ignore[attr-defined]
     prim.multiple_results = True
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
     prim.def_abstract_eval(functools.partial(_abstract_eval, op))
-    for platform in _PLATFORMS_WITH_KERNELS:
-        rule = (functools.partial(_lower, op, platform) if platform in op.kernels
+    for platform in platforms.PLATFORMS.values():
+        rule = (functools.partial(_lower, op, platform.name) if platform.name in op.kernels
                 else functools.partial(_no_kernel, op))
-        mlir.register_lowering(prim, rule, platform=platform)
+        mlir.register_lowering(prim, rule, platform=platform.jax_lowering)
     mlir.register_lowering(prim, functools.partial(_no_kernel, op))
     batching.primitive_batchers[prim] = functools.partial(_batch, op, prim)
     return prim
 
 
 def _abstract_eval(op: Op, *avals: Any, attrs: FrozenAttrs) -> list[jax.core.ShapedArray]:
-    bound = op.bind(avals, attrs.thaw(), coerced=True)
-    return [jax.core.ShapedArray(o.shape, dtypes.to_numpy(o.dtype)) for o in bound.outputs]
+    plan = op.bind(avals, attrs.thaw(), coerced=True)
+    return [jax.core.ShapedArray(o.shape, dtypes.to_numpy(o.dtype)) for o in plan.outputs]
 
 
 def _lower(op: Op, platform: str, ctx: Any, *operands: Any, attrs: FrozenAttrs) -> Any:
-    op.check_platform(platform, op.bind(ctx.avals_in, attrs.thaw(), coerced=True).inputs)
+    plan = op.bind(ctx.avals_in, attrs.thaw(), coerced=True)
+    op.check_platform(platform, plan.inputs)
     ensure_registered(op, platform)
-    return jax.ffi.ffi_lowering(op.target)(ctx, *operands, **attrs.thaw())
+    config = {k: ir.Attribute.parse(text) for k, text in plan.mlir_attributes().items()}
+    return jax.ffi.ffi_lowering(op.target, backend_config=config)(ctx, *operands)
 
 
 def _no_kernel(op: Op, ctx: Any, *operands: Any, attrs: FrozenAttrs) -> Any:
-    platforms = ", ".join(ctx.module_context.platforms)
-    raise PlatformError(
-        f"{op.name}: no kernel for platform {platforms} (it has kernels for "
-        f"{', '.join(sorted(op.kernels))}). Fix: place the computation on a supported "
-        "device (e.g. jax.jit(f, device=jax.devices('cpu')[0])), or declare a kernel for "
-        "this platform.")
+    raise platforms.no_kernel_error(
+        op.name, ", ".join(ctx.module_context.platforms), op.kernels,
+        "place the computation on a supported device (e.g. jax.jit(f, "
+        "device=jax.devices('cpu')[0])), or declare a kernel for this platform")
 
 
 def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | None], *,
@@ -154,3 +142,6 @@ def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | No
             new_args.append(a)
         outs = prim.bind(*new_args, attrs=attrs)
     return list(outs), [0] * len(outs)
+
+
+set_call_hook(call)

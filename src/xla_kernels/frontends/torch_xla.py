@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from xla_kernels.attrs import mlir_dict
 from xla_kernels.errors import OpInputError, OpTypeError
+from xla_kernels.torch_operator import attrs_from_torch, define
 
 if TYPE_CHECKING:
     import torch
@@ -65,7 +66,7 @@ def custom_call(
     target: str,
     inputs: Sequence[torch.Tensor],
     outputs: Sequence[tuple[Shape, Any]],
-    attrs: Mapping[str, Any],
+    attrs: Mapping[str, Any] | str,
     *,
     has_side_effect: bool = False,
 ) -> list[torch.Tensor]:
@@ -85,7 +86,8 @@ def custom_call(
         outputs: one ``(shape, dtype)`` per result; dtype is a ``torch.dtype`` or any name
             :mod:`xla_kernels.dtypes` knows (``"f32"``, ``np.float32``...).
         attrs: the coerced attributes (:meth:`xla_kernels.Attr.coerce` values: NumPy
-            scalars, 1-D NumPy arrays, str); the handler binds them by name.
+            scalars, 1-D NumPy arrays, str), or a call plan's ``mlir_dict()`` text; the
+            handler binds them by name.
         has_side_effect: keep the call even when its results are unused.
 
     Returns one lazy XLA tensor per entry of ``outputs``.
@@ -129,7 +131,7 @@ def custom_call(
                               f"{e}") from None
         if any(d < 0 for d in shapes[-1]):
             raise OpInputError(target, f"outputs[{i}]", f"negative dimension in {shapes[-1]}")
-    config = mlir_dict(dict(attrs))
+    config = attrs if isinstance(attrs, str) else mlir_dict(dict(attrs))
     key = (target, tuple((tuple(t.shape), t.dtype) for t in tensors),
            tuple((tuple(sh), dt) for sh, dt in zip(shapes, out_dtypes, strict=True)),
            config, bool(has_side_effect))
@@ -204,12 +206,12 @@ def register_op(op: Op, platform: str = "cpu") -> TorchXlaRegistration:
         >>> register_op(simple_add).target                               # doctest: +SKIP
         'xla_kernels.simple_add'
     """
-    from xla_kernels.runtime.library import load_kernel
     from xla_kernels.runtime.torch_xla_registry import check_platform, register_handler
 
     check_platform(platform, op.name)  # fail before building code that cannot run
-    kernel = load_kernel(op, platform)
-    return register_handler(op.target, kernel.address, platform)
+    registration = register_handler(op.target, op.record.kernel(platform).address, platform)
+    op.record.torch_xla_platforms.add(platform)
+    return registration
 
 
 def call(op: Op, *inputs: torch.Tensor, **attrs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
@@ -222,21 +224,18 @@ def call(op: Op, *inputs: torch.Tensor, **attrs: Any) -> torch.Tensor | tuple[to
         >>> call(simple_add, x, y).cpu()                                 # doctest: +SKIP
         tensor([5., 7., 9.])
     """
-    bound = op.bind(inputs, attrs)
-    op.check_platform("cpu", bound.inputs)
+    plan = op.bind(inputs, attrs)
+    op.check_platform("cpu", plan.inputs)
     register_op(op, "cpu")
-    outs = custom_call(op.target, inputs, [(o.shape, o.dtype) for o in bound.outputs],
-                       bound.attrs)
-    visible = [t for t, spec in zip(outs, bound.outputs, strict=True) if not spec.workspace]
-    return visible[0] if len(visible) == 1 else tuple(visible)
-
-
-_dispatch_registered: set[str] = set()
+    outs = custom_call(op.target, inputs, [(o.shape, o.dtype) for o in plan.outputs],
+                       plan.mlir_dict())
+    return plan.results(outs)
 
 
 def register_torch_xla(op: Op) -> Any:
-    """Give ``torch.ops.<ns>.<name>`` (see :func:`~xla_kernels.frontends.torch.torch_op`) an
-    implementation for the ``XLA`` dispatch key: on XLA tensors it emits the custom call.
+    """Give the op's torch operator (:func:`xla_kernels.torch_operator.define`) an
+    implementation for the ``XLA`` dispatch key: on XLA tensors it emits the custom call
+    of the target's current declaration.
 
     Returns the op's ``OpOverloadPacket``. Idempotent.
 
@@ -248,15 +247,15 @@ def register_torch_xla(op: Op) -> Any:
     """
     import torch
 
-    from xla_kernels.frontends.torch import attrs_from_torch, qualified_name, torch_op
-
-    packet = torch_op(op)
+    operator = define(op)
+    record = op.record
     with _lock:
-        if op.name not in _dispatch_registered:
+        if not record.torch_xla_dispatch:
             def xla_impl(*tensors: torch.Tensor, **kwargs: Any) -> Any:
-                return call(op, *tensors, **attrs_from_torch(op, kwargs))
+                current = record.op
+                return call(current, *tensors, **attrs_from_torch(current, kwargs))
 
             xla_impl.__name__ = xla_impl.__qualname__ = f"{op.name.rpartition('.')[2]}_xla"
-            torch.library.impl(qualified_name(op), "XLA", xla_impl)
-            _dispatch_registered.add(op.name)
-    return packet
+            torch.library.impl(operator.qualname, "XLA", xla_impl)
+            record.torch_xla_dispatch = True
+    return operator.packet

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from xla_kernels.errors import RegistrationError
-from xla_kernels.frontends import torch as torch_frontend
 from xla_kernels.op import Op
+from xla_kernels.torch_operator import attrs_from_torch, define
 
 __all__ = ["import_torchax", "jax_impl", "register_torchax"]
 
@@ -140,7 +140,8 @@ def jax_impl(op: Op) -> Callable[..., Any]:
     """The JAX function torchax runs for ``op``'s torch operator.
 
     It takes JAX arrays and the torch call's keyword attributes (``None`` meaning "not
-    passed", ``bytes`` attributes as bytes or lists of ints) and calls ``op`` itself.
+    passed", ``bytes`` attributes as bytes or lists of ints) and calls the current
+    declaration of ``op``'s target (see :mod:`xla_kernels.record`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -148,15 +149,17 @@ def jax_impl(op: Op) -> Callable[..., Any]:
         >>> jax_impl(simple_add)(jnp.ones(2), jnp.ones(2))           # doctest: +SKIP
         Array([2., 2.], dtype=float32)
     """
+    record = op.record
+
     def impl(*arrays: Any, **attrs: Any) -> Any:
-        return op(*arrays, **torch_frontend.attrs_from_torch(op, attrs))
+        current = record.op
+        return current(*arrays, **attrs_from_torch(current, attrs))
 
     impl.__name__ = impl.__qualname__ = f"{op.name.rpartition('.')[2]}_torchax"
     impl.__doc__ = op.doc
     return impl
 
 
-_registered: dict[Any, Op] = {}
 _lock = threading.Lock()
 
 
@@ -185,7 +188,7 @@ def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> No
         op: the declared op whose custom-call the operator becomes.
         torch_target: an existing torch operator with the same tensor arguments and
             attributes, e.g. one made with ``torch.library.custom_op``; by default the
-            operator :func:`~xla_kernels.frontends.torch.torch_op` defines for ``op``.
+            op's own operator (:func:`xla_kernels.torch_operator.define`).
         env: a ``torchax.tensor.Environment`` to register in as well.
 
     Example:
@@ -196,15 +199,14 @@ def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> No
     torchax = import_torchax()
     from torchax.ops import ops_registry
 
-    target = torch_frontend.torch_op(op) if torch_target is None else torch_target
+    target = define(op).packet if torch_target is None else torch_target
     overload = _overload(target)
+    record = op.record
     with _lock:
-        known = _registered.get(overload)
-        if known is None or known is not op:
-            impl = jax_impl(op)
+        if overload not in record.torchax_overloads:
             ops_registry.register_torch_dispatch_op(
-                overload, impl, is_jax_function=True, is_user_defined=True)
-            _registered[overload] = op
+                overload, jax_impl(op), is_jax_function=True, is_user_defined=True)
+            record.torchax_overloads.add(overload)
         operator = ops_registry.all_aten_ops[overload]
         envs = [e for e in (getattr(torchax, "_env", None), env) if e is not None]
         for e in envs:

@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from xla_kernels import dtypes
+from xla_kernels import dtypes, platforms
+from xla_kernels.attr_types import EagerAttr, attr_type_of_value
 from xla_kernels.errors import OpInputError, OpTypeError, RegistrationError, XlaKernelsError
 
 __all__ = [
@@ -55,9 +56,8 @@ _SOURCE = Path(__file__).with_name("eager_ffi.cc")
 #: Must equal XK_EAGER_ABI_VERSION in eager_ffi.h.
 _ABI_VERSION = 1
 
-# XLA_FFI_AttrType (c_api.h) and XK_PLATFORM_* (eager_ffi.h).
-_ARRAY, _SCALAR, _STRING = 1, 3, 4
-_PLATFORMS = {"cpu": 0, "cuda": 1}
+# XkDevice.platform (eager_ffi.h), from the platform table.
+_PLATFORMS = {p.name: p.eager_kind for p in platforms.PLATFORMS.values()}
 
 # XLA_FFI_Error_Code names, for messages and KernelError.code_name.
 _ERROR_CODES = (
@@ -71,16 +71,10 @@ _ERR_LEN = 2048  # bytes of error message kept
 
 # dtype short name -> XLA_FFI_DataType, for the per-call fast path.
 _BUFFER_CODES = {name: dtypes.ffi_code(name) for name in dtypes.ALL}
-# Attribute scalars the typed FFI decodes (api.h: bool, every int and float type):
-# NumPy scalar type -> (XLA_FFI_DataType, struct format of the 8-byte inline value).
-_SCALAR_FORMATS = {"bool": "?7x", "i8": "b7x", "i16": "h6x", "i32": "i4x", "i64": "q",
-                   "u8": "B7x", "u16": "H6x", "u32": "I4x", "u64": "Q", "f32": "f4x", "f64": "d"}
-_SCALARS = {dtypes.to_numpy(n).type: (dtypes.ffi_code(n), f) for n, f in _SCALAR_FORMATS.items()}
-_SCALAR_CODES = {dtypes.to_numpy(n): dtypes.ffi_code(n) for n in (*_SCALAR_FORMATS, "c64",
-                                                                  "c128")}
-# Attribute arrays the typed FFI decodes (ffi.h: Span<const T> of ints and floats).
-_ARRAY_CODES = {dtypes.to_numpy(n): dtypes.ffi_code(n) for n in (
-    "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "f32", "f64")}
+# The codec of each NumPy scalar type, for the per-call fast path of raw attribute values.
+_SCALAR_CODECS = {dtypes.to_numpy(n).type: attr_type_of_value(dtypes.to_numpy(n).type(0))
+                  for n in ("bool", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64",
+                            "f32", "f64")}
 
 
 class KernelError(XlaKernelsError, RuntimeError):
@@ -393,38 +387,17 @@ def _name(name: Any, op: str) -> tuple[bytes, int]:
     return entry
 
 
-def _encode_attr(name: str, value: Any, op: str) -> tuple[int, int, str, Any, bytes, int]:
-    """(kind, dtype code, inline format, inline value, pool payload, size) of an attribute.
+def _encode_attr(name: str, value: Any, op: str) -> EagerAttr:
+    """An attribute as the runtime reads it: already encoded (a call plan's), or a raw
+    value encoded by the codec of its type (:mod:`xla_kernels.attr_types`).
 
-    Scalars travel in XkAttr.inline_value (packed with the 8-byte ``inline format``) unless
-    wider than 8 bytes; strings and arrays travel in the pool. ``size`` is the element
-    count of an array and the byte length of a string.
+    Scalars travel in XkAttr.inline_value (packed with the 8-byte ``inline format``);
+    strings and arrays travel in the pool.
     """
-    entry = _SCALARS.get(type(value))
-    if entry is not None:
-        return _SCALAR, entry[0], entry[1], value, b"", 0
-    if isinstance(value, str):
-        data = value.encode()
-        return _STRING, 0, "8s", b"", data, len(data)
-    if isinstance(value, np.generic):  # other scalar types of the same dtypes, complex
-        code = _SCALAR_CODES.get(value.dtype)
-        if code is None:
-            raise OpTypeError(op, name, f"scalar attributes of dtype {value.dtype} are not "
-                                        "supported", "use an integer, float or bool type")
-        data = value.tobytes()
-        if len(data) <= 8:
-            return _SCALAR, code, "8s", data, b"", 0
-        return _SCALAR, code, "8s", b"", data, 0
-    if isinstance(value, np.ndarray):
-        code = _ARRAY_CODES.get(value.dtype)
-        if value.ndim != 1 or code is None:
-            raise OpTypeError(
-                op, name, f"array attributes must be 1-D int/uint/float32/float64 NumPy "
-                          f"arrays, got a {value.ndim}-D {value.dtype} array")
-        return _ARRAY, code, "8s", b"", value.tobytes(), value.size
-    raise OpTypeError(op, name, f"expected a NumPy scalar, a str or a 1-D NumPy array, got "
-                                f"{type(value).__name__} {value!r}",
-                      "coerce it with xla_kernels.Attr(...).coerce(value, op=...)")
+    if type(value) is EagerAttr:
+        return value
+    codec = _SCALAR_CODECS.get(type(value)) or attr_type_of_value(value, op=op, name=name)
+    return codec.eager(value)
 
 
 def _buffer_code(buf: Any, op: str, what: str) -> int:
@@ -508,14 +481,14 @@ def call_handler(
         ndims += len(b.shape)
     names = [_name(k, op_name) for k in attrs]
     encoded = [_encode_attr(k, v, op_name) for k, v in attrs.items()]
-    layout = _layout(len(buffers), ndims, tuple(e[2] for e in encoded))
+    layout = _layout(len(buffers), ndims, tuple(e.inline_format for e in encoded))
 
     # The pool: each name, then each payload, 8-byte aligned.
     pool_parts: list[bytes] = []
     for (padded, _), e in zip(names, encoded, strict=True):
         pool_parts.append(padded)
-        if e[4]:
-            pool_parts += (e[4], bytes(-len(e[4]) % 8))
+        if e.payload:
+            pool_parts += (e.payload, bytes(-len(e.payload) % 8))
     pool = b"".join(pool_parts)
     pool_off = layout.size
     err_off = pool_off + len(pool)
@@ -552,12 +525,12 @@ def call_handler(
         dims += b.shape
         dims_at += 8 * rank
     at = base + pool_off
-    for (padded, name_len), (attr_kind, code, _, inline, payload, count) in zip(
-            names, encoded, strict=True):
+    for (padded, name_len), e in zip(names, encoded, strict=True):
         name_at = at
         at += len(padded)
-        values += (name_at, name_len, attr_kind, code, at if payload else 0, count, inline)
-        at += len(payload) + (-len(payload) % 8)
+        values += (name_at, name_len, e.kind, e.dtype, at if e.payload else 0, e.count,
+                   e.inline)
+        at += len(e.payload) + (-len(e.payload) % 8)
     if dims and min(dims) < 0:
         raise OpInputError(op_name, "args/rets", f"negative dimension in shapes "
                                                  f"{[b.shape for b in buffers]}")

@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from xla_kernels import builder
-from xla_kernels.errors import PlatformError, RegistrationError
+from xla_kernels import builder, platforms
+from xla_kernels.errors import RegistrationError
 
 if TYPE_CHECKING:
     from xla_kernels.op import Kernel, Op
@@ -41,26 +41,17 @@ class LoadedKernel:
         return ctypes.cast(self.function, ctypes.c_void_p).value or 0
 
 
-_loaded: dict[tuple[str, str], LoadedKernel] = {}
-_lock = threading.Lock()
-
-
 def load_kernel(op: Op, platform: str) -> LoadedKernel:
-    """Build (or take from the cache) ``op``'s kernel for ``platform`` and load it, once."""
-    with _lock:
-        key = (op.name, platform)
-        if key not in _loaded:
-            _loaded[key] = _load(op, platform)
-        return _loaded[key]
+    """Build (or take from the cache) ``op``'s kernel for ``platform`` and load it.
 
-
-def _load(op: Op, platform: str) -> LoadedKernel:
+    Each call loads anew: callers go through ``op.record.kernel(platform)``, which loads
+    once per process.
+    """
     kernel = op.kernels.get(platform)
     if kernel is None:
-        raise PlatformError(
-            f"{op.name}: no kernel for platform '{platform}' (it has kernels for "
-            f"{', '.join(sorted(op.kernels))}). Fix: run it on a platform it supports, "
-            f"or declare kernels={{'{platform}': Kernel(...)}}.")
+        raise platforms.no_kernel_error(
+            op.name, platform, op.kernels, "run it on a platform it supports, or declare "
+            f"kernels={{'{platform}': Kernel(...)}}")
     sources = _sources(op, kernel, platform)
     path = builder.build_library(
         op.name, sources, platform=platform,

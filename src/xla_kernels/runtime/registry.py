@@ -12,12 +12,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from xla_kernels import platforms
 from xla_kernels.errors import RegistrationError
-from xla_kernels.runtime.library import load_kernel
+from xla_kernels.record import records
 
 if TYPE_CHECKING:
     from xla_kernels.op import Op
@@ -37,42 +37,34 @@ class Registration:
     library: Path
 
 
-_registrations: dict[tuple[str, str, str], Registration] = {}
-# The kernel declaration behind each registration: XLA cannot replace a handler, so a
-# second declaration of the same target with other sources must not pass silently.
-_kernels: dict[tuple[str, str, str], object] = {}
-_lock = threading.Lock()
-
-
 def ensure_registered(op: Op, platform: str, runtime: str = "jax") -> Registration:
-    """Build, load and register ``op``'s handler for ``platform`` with ``runtime``, once."""
-    key = (op.target, platform, runtime)
-    with _lock:
-        if key in _registrations:
-            if _kernels[key] != op.kernels.get(platform):
-                raise RegistrationError(
-                    f"{op.name}: target already registered for {platform} by another "
-                    f"declaration (handler {_registrations[key].handler} from "
-                    f"{_registrations[key].library}), and XLA cannot replace a handler. "
-                    "Fix: give this op another name, or reuse the first declaration.")
-            return _registrations[key]
-    kernel = load_kernel(op, platform)
+    """Build, load and register ``op``'s handler for ``platform`` with ``runtime``, once.
+
+    The handler is the one the op's record loaded (see :class:`xla_kernels.record.OpRecord`),
+    so JAX and the eager frontends always run the same code.
+    """
     if runtime != "jax":
         raise RegistrationError(f"{op.name}: unknown runtime {runtime!r}. Fix: use 'jax'; "
                                 "torch_xla registers through xla_kernels.frontends.torch_xla.")
-    import jax
+    record = op.record
+    with record.lock:
+        known = record.jax_registrations.get(platform)
+        if known is not None:
+            return known
+        kernel = record.kernel(platform)
+        import jax
 
-    try:
-        jax.ffi.register_ffi_target(op.target, jax.ffi.pycapsule(kernel.function),
-                                    platform=JAX_PLATFORM_NAMES[platform], api_version=1)
-    except Exception as e:  # XLA raises plain RuntimeError/XlaRuntimeError here
-        raise RegistrationError(f"{op.name}: registering handler {kernel.handler} for "
-                                f"{platform} with JAX failed: {e}") from e
-    registration = Registration(op.target, platform, runtime, kernel.handler, kernel.library)
-    with _lock:
-        _registrations[key] = registration
-        _kernels[key] = op.kernels[platform]
-    return registration
+        try:
+            jax.ffi.register_ffi_target(
+                op.target, jax.ffi.pycapsule(kernel.function),
+                platform=platforms.PLATFORMS[platform].jax_registration, api_version=1)
+        except Exception as e:  # XLA raises plain RuntimeError/XlaRuntimeError here
+            raise RegistrationError(f"{op.name}: registering handler {kernel.handler} for "
+                                    f"{platform} with JAX failed: {e}") from e
+        registration = Registration(op.target, platform, runtime, kernel.handler,
+                                    kernel.library)
+        record.jax_registrations[platform] = registration
+        return registration
 
 
 def registrations() -> list[Registration]:
@@ -82,11 +74,11 @@ def registrations() -> list[Registration]:
         >>> [r.target for r in registrations()]      # doctest: +SKIP
         ['xla_kernels.simple_add']
     """
-    with _lock:
-        return sorted(_registrations.values(), key=lambda r: (r.target, r.platform, r.runtime))
+    return [r for record in records().values()
+            for _, r in sorted(record.jax_registrations.items())]
 
 
 def is_registered(target: str, platform: str, runtime: str = "jax") -> bool:
     """Whether ``target`` was registered by xla-kernels for ``platform`` with ``runtime``."""
-    with _lock:
-        return (target, platform, runtime) in _registrations
+    record = records().get(target)
+    return runtime == "jax" and record is not None and platform in record.jax_registrations

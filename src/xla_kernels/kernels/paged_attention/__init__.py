@@ -51,11 +51,11 @@ from xla_kernels.attrs import Attr
 from xla_kernels.op import Invalid, Kernel, Op, Spec, Tensor
 
 from .reference import LAYOUTS, paged_attention_numpy_f64, paged_attention_xla
-from .workspace import max_partitions, workspace_size
+from .workspace import LIMITS, max_partitions, workspace_size
 
 DTYPES = ("bf16", "f16", "f32")
-HEAD_DIMS = (64, 128, 256)
-BLOCK_SIZES = (16, 32, 64)
+HEAD_DIMS: tuple[int, ...] = LIMITS["kHeadDims"]  # type: ignore[assignment]
+BLOCK_SIZES: tuple[int, ...] = LIMITS["kBlockSizes"]  # type: ignore[assignment]
 
 
 def _cache_dims(cache: Spec, layout: str) -> tuple[int, int, int, int]:
@@ -134,6 +134,7 @@ paged_attention = Op(
         Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
     ],
     outputs=_output_rule,
+    output_names=("out",),
     kernels={
         "cpu": Kernel(["paged_attention_cpu.cc"], handler="XkPagedAttentionCpu"),
         "cuda": Kernel(["paged_attention.cu"], handler="XkPagedAttentionCuda"),

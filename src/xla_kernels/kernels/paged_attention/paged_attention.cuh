@@ -44,6 +44,8 @@
 #include <string>
 #include <utility>
 
+#include "paged_attention_limits.h"
+
 namespace xla_kernels::paged_attention {
 
 // ------------------------------------------------------------------ public interface
@@ -69,30 +71,6 @@ struct Params {
   float scale = 1.f, softcap = 0.f;
   int64_t sliding_window = 0;
 };
-
-// Partitioning constants; workspace.py mirrors them (keep in sync).
-constexpr int kPartMin = 64;       // fewest tokens per partition (before rounding to the tile)
-constexpr int kMaxParts = 64;      // most partitions per sequence
-constexpr int kPartBudget = 2048;  // most (sequence, partition) pairs in total
-
-// Most partitions per sequence the kernel may use; the workspace is sized for it.
-inline int64_t MaxPartitions(int64_t num_seqs, int64_t max_context) {
-  if (num_seqs <= 0 || max_context <= 0) return 1;
-  int64_t p = (max_context + kPartMin - 1) / kPartMin;
-  if (p > kMaxParts) p = kMaxParts;
-  const int64_t budget = (kPartBudget + num_seqs - 1) / num_seqs;
-  if (p > budget) p = budget;
-  return p < 1 ? 1 : p;
-}
-
-// f32 elements of workspace the kernel needs at most (1 when it needs none): per (sequence,
-// q head, partition) the unnormalized accumulator [head_dim] plus (m, l).
-inline int64_t WorkspaceElems(int64_t num_seqs, int64_t num_q_heads, int64_t head_dim,
-                              int64_t max_context) {
-  const int64_t p = MaxPartitions(num_seqs, max_context);
-  if (p <= 1) return 1;
-  return num_seqs * num_q_heads * p * (head_dim + 2);
-}
 
 // Launches the kernels on `stream`; returns "" on success, else an error message.
 inline std::string launch_paged_attention(cudaStream_t stream, const Params& p);

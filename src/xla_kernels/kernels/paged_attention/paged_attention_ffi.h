@@ -9,7 +9,9 @@
 #include <string_view>
 #include <utility>
 
+#include "paged_attention_limits.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla_kernels/errors.h"
 
 namespace xla_kernels::paged_attention {
 
@@ -42,8 +44,7 @@ inline const char* DtypeText(ffi::DataType t) {
 }
 
 inline ffi::Error Bad(const std::string& arg, const std::string& problem, const std::string& fix) {
-  return ffi::Error::InvalidArgument("xla_kernels.paged_attention: argument '" + arg + "': " +
-                                     problem + ". Fix: " + fix + ".");
+  return InvalidArgument("xla_kernels.paged_attention", arg, problem, fix);
 }
 
 // Checks every shape, dtype and attribute; fills `shape` on success.
@@ -92,14 +93,14 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& query, const ffi::AnyB
   s.num_kv_heads = pallas ? kd[0] : kd[2];
   s.num_blocks = pallas ? kd[1] : kd[0];
   s.block_size = pallas ? kd[2] : kd[1];
-  if (s.head_dim != 64 && s.head_dim != 128 && s.head_dim != 256)
+  if (!IsSupportedHeadDim(s.head_dim))
     return Bad("query", "head_dim " + std::to_string(s.head_dim) + " is not supported",
                "use head_dim 64, 128 or 256");
   if (kd[3] != s.head_dim)
     return Bad("key_cache", "head_dim " + std::to_string(kd[3]) + " differs from the query's " +
                                 std::to_string(s.head_dim),
                "pass caches with the query's head_dim");
-  if (s.block_size != 16 && s.block_size != 32 && s.block_size != 64)
+  if (!IsSupportedBlockSize(s.block_size))
     return Bad("key_cache", "block_size " + std::to_string(s.block_size) + " is not supported",
                "use block_size 16, 32 or 64 (check the layout attribute)");
   if (s.num_kv_heads <= 0 || s.num_q_heads % s.num_kv_heads != 0)

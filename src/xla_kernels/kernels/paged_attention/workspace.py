@@ -4,9 +4,9 @@ The kernel splits a sequence's context into at most :func:`max_partitions` parti
 (sequence, query head, partition) keeps an unnormalized f32 accumulator of ``head_dim``
 values plus the running max ``m`` and sum ``l``. How many partitions are actually used is
 decided on the device from the real ``seq_lens``; the workspace is sized for the most the
-kernel may use, from static shapes only. The constants mirror ``kPartMin``, ``kMaxParts``
-and ``kPartBudget`` in ``paged_attention.cuh``; the CUDA handler recomputes the size and
-rejects a smaller workspace.
+kernel may use, from static shapes only. The constants are read from ``paged_attention_limits.h``, their one
+definition; a test holds these functions to the header's ``WorkspaceElems`` (exported by
+the CPU kernel library), and the CUDA handler rejects a smaller workspace.
 
 Example:
     >>> max_partitions(num_seqs=32, max_context=2048)
@@ -19,11 +19,18 @@ Example:
 
 from __future__ import annotations
 
-PART_MIN = 64
+from pathlib import Path
+
+from xla_kernels.kernel_kit import read_constants
+
+LIMITS_HEADER = Path(__file__).with_name("paged_attention_limits.h")
+LIMITS = read_constants(LIMITS_HEADER)
+
+PART_MIN: int = LIMITS["kPartMin"]  # type: ignore[assignment]
 """Fewest tokens in a partition (before rounding up to the kernel's tile)."""
-MAX_PARTS = 64
+MAX_PARTS: int = LIMITS["kMaxParts"]  # type: ignore[assignment]
 """Most partitions per sequence."""
-PART_BUDGET = 2048
+PART_BUDGET: int = LIMITS["kPartBudget"]  # type: ignore[assignment]
 """Most (sequence, partition) pairs over the whole batch."""
 
 
@@ -65,4 +72,5 @@ def workspace_size(num_seqs: int, num_q_heads: int, head_dim: int, max_context: 
     return num_seqs * num_q_heads * parts * (head_dim + 2)
 
 
-__all__ = ["MAX_PARTS", "PART_BUDGET", "PART_MIN", "max_partitions", "workspace_size"]
+__all__ = ["LIMITS", "LIMITS_HEADER", "MAX_PARTS", "PART_BUDGET", "PART_MIN", "max_partitions",
+           "workspace_size"]

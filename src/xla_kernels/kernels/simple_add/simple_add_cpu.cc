@@ -1,41 +1,18 @@
 // simple_add on the host: the kernel core and its XLA FFI binding.
 #include <cstdint>
-#include <cstring>
 
 #include "simple_add.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_kernels/dtype_dispatch.h"
+#include "xla_kernels/half.h"
 
 namespace ffi = xla::ffi;
 
 namespace xla_kernels::simple_add {
 namespace {
 
-// f16 and bf16 are added in f32 and rounded to nearest even, as XLA does.
-float Bf16ToF32(uint16_t h) {
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
-uint16_t F32ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float F16ToF32(uint16_t h) { return static_cast<float>(*reinterpret_cast<const _Float16*>(&h)); }
-
-uint16_t F32ToF16(float f) {
-  _Float16 h = static_cast<_Float16>(f);
-  uint16_t bits;
-  std::memcpy(&bits, &h, sizeof(bits));
-  return bits;
-}
-
+// f16 and bf16 are added in f32 and rounded to nearest even, as XLA does
+// (xla_kernels/half.h converts).
 template <typename T>
 void AddSame(const T* a, const T* b, T* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
