@@ -4,9 +4,10 @@ The kernel splits a sequence's context into at most :func:`max_partitions` parti
 (sequence, query head, partition) keeps an unnormalized f32 accumulator of ``head_dim``
 values plus the running max ``m`` and sum ``l``. How many partitions are actually used is
 decided on the device from the real ``seq_lens``; the workspace is sized for the most the
-kernel may use, from static shapes only. The constants are read from ``paged_attention_limits.h``, their one
-definition; a test holds these functions to the header's ``WorkspaceElems`` (exported by
-the CPU kernel library), and the CUDA handler rejects a smaller workspace.
+kernel may use, from static shapes only. The constants are read from
+``paged_attention_limits.h``, their one definition; a test holds these functions to the
+header's ``WorkspaceElems`` (exported by the CPU kernel library), and the CUDA handler
+rejects a smaller workspace.
 
 Example:
     >>> max_partitions(num_seqs=32, max_context=2048)
