@@ -22,6 +22,16 @@ from xla_kernels.errors import (
     RegistrationError,
     XlaKernelsError,
 )
+from xla_kernels.export import (
+    ExportedOp,
+    ExportedProgram,
+    ExportFormatError,
+    custom_call_targets,
+    deserialize,
+    export,
+    read_manifest,
+    serialize,
+)
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.op import (
     PLATFORMS,
@@ -44,4 +54,8 @@ __all__ = [
     "PlatformError", "RegistrationError", "Spec", "Tensor", "XlaKernelsError",
     "assert_single_custom_call", "declared_ops", "ensure_registered", "explain",
     "explained_errors", "hlo", "hlo_text", "like", "registrations",
+]
+__all__ += [
+    "ExportFormatError", "ExportedOp", "ExportedProgram", "custom_call_targets", "deserialize",
+    "export", "read_manifest", "serialize",
 ]
