@@ -95,6 +95,11 @@ def test_doctor_without_import_says_to_import_and_register(capsys):
             "to build and register it.") in out
 
 
+def test_doctor_says_which_imported_modules_lack_the_target(capsys):
+    assert cli.main(["doctor", "xk_cli.elsewhere", "--import", "ops"]) == 1
+    assert "  imported ops, which declare no op 'xk_cli.elsewhere'" in capsys.readouterr().out
+
+
 def test_doctor_import_of_a_missing_module_is_one_clean_error(capsys):
     assert cli.main(["doctor", "--import", "xk_cli_no_such_module"]) == 1
     captured = capsys.readouterr()

@@ -133,8 +133,11 @@ def _cuda_archs(entry: dict[str, Any]) -> str:
     if entry.get("error"):
         return f"none: {entry['error']}"
     archs = ", ".join(f"sm_{a}" for a in entry.get("archs", ())) or "none"
+    source = {"env": "from XLA_KERNELS_CUDA_ARCHS", "nvidia-smi": "from nvidia-smi",
+              "fallback": "default list, no GPU detected"}.get(str(entry.get("source")),
+                                                               f"from {entry.get('source')}")
     ptx = "; PTX embedded for newer GPUs" if entry.get("ptx") else ""
-    return f"{archs} (from {entry.get('source')}{ptx})"
+    return f"{archs} ({source}{ptx})"
 
 
 def doctor(target: str | None, try_register: bool, imports: Sequence[str] = ()) -> int:
@@ -166,6 +169,9 @@ def doctor(target: str | None, try_register: bool, imports: Sequence[str] = ()) 
     if op is None:
         _print_table(f"target {target}:", [
             ("declared", "no: not an op xla-kernels knows in this process")])
+        if imported:
+            print(f"  imported {', '.join(m.__name__ for _, m in imported)}, which declare "
+                  f"no op '{target}'")
         print(f"  fix: import the module that declares '{target}': run "
               f"xla-kernels doctor {target} --import MODULE (a module name or a .py file), "
               "and add --register to build and register it. A target registered outside "
