@@ -73,3 +73,58 @@ def test_doctor_lists_the_runtimes(capsys):
     assert "jax" in out and "default backend" in out
     assert "torchax" in out and "torch_xla" in out
     assert "xla_kernels.paged_attention" in out and "xla_kernels.simple_add" in out
+
+
+def test_undeclared_target_fix_gives_the_import_and_the_register_step():
+    err = RuntimeError("No FFI handler registered for xk_tests.declared_nowhere on a platform "
+                       "Host (canonical host)")
+    message = str(explain(err))
+    assert "(1) import the module that declares it, then (2) register its handler: call " \
+           "xla_kernels.ensure_registered(op, 'cpu') with that op, or call the op once" in message
+    assert "`xla-kernels doctor xk_tests.declared_nowhere --import MODULE --register` checks " \
+           "both" in message
+    assert "xla_kernels.deserialize does both steps by itself" in message
+
+
+def test_declared_target_fix_names_its_module():
+    err = RuntimeError("No FFI handler registered for xk_tests.never_registered on a platform "
+                       "Host")
+    assert str(explain(err)).endswith(f"The op is declared in module {__name__}.")
+
+
+PLAIN_JAX_LOADER = '''
+import sys
+import jax, numpy as np
+import xla_kernels as xk
+prog = jax.export.deserialize(bytearray(open(sys.argv[1], "rb").read()))
+x = np.ones(3, np.float32)
+try:
+    with xk.explained_errors():
+        jax.block_until_ready(prog.call(x, x))
+except xk.RegistrationError as e:
+    print("explained:", e)
+import xla_kernels.kernels.simple_add as m   # step 1 of the fix
+xk.ensure_registered(m.simple_add, "cpu")    # step 2 of the fix
+print("after fix:", np.asarray(prog.call(x, x)).tolist())
+'''
+
+
+@pytest.mark.slow
+def test_following_the_explained_fix_runs_a_plain_jax_export(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from xla_kernels.kernels.simple_add import simple_add
+
+    x = jnp.ones(3)
+    path = tmp_path / "plain.jax"
+    path.write_bytes(xk.export(simple_add, x, x).exported.serialize())
+    env = dict(os.environ, PYTHONPATH=str(Path(xk.__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", PLAIN_JAX_LOADER, str(path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert ("explained: xla_kernels.simple_add: no handler is registered for platform cpu in "
+            "this process") in proc.stdout
+    assert "after fix: [2.0, 2.0, 2.0]" in proc.stdout

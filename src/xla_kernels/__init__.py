@@ -22,6 +22,16 @@ from xla_kernels.errors import (
     RegistrationError,
     XlaKernelsError,
 )
+from xla_kernels.export import (
+    ExportedOp,
+    ExportedProgram,
+    ExportFormatError,
+    custom_call_targets,
+    deserialize,
+    export,
+    read_manifest,
+    serialize,
+)
 from xla_kernels.frontends import jax as _jax_frontend  # noqa: F401  (installs Op.__call__)
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.op import (
@@ -42,9 +52,41 @@ from xla_kernels.runtime.registry import ensure_registered, registrations
 __version__ = "0.1.0"
 
 __all__ = [
-    "PLATFORMS", "REQUIRED", "Attr", "BoundCall", "BuildError", "CallPlan",
-    "CompilerNotFoundError", "Invalid", "Kernel", "Op", "OpDeclarationError", "OpInputError",
-    "OpRecord", "OpTypeError", "PlatformError", "RegistrationError", "Spec", "Tensor",
-    "XlaKernelsError", "assert_single_custom_call", "declared_ops", "ensure_registered",
-    "explain", "explained_errors", "hlo", "hlo_text", "like", "record_of", "registrations",
+    "PLATFORMS",
+    "REQUIRED",
+    "Attr",
+    "BoundCall",
+    "BuildError",
+    "CallPlan",
+    "CompilerNotFoundError",
+    "ExportFormatError",
+    "ExportedOp",
+    "ExportedProgram",
+    "Invalid",
+    "Kernel",
+    "Op",
+    "OpDeclarationError",
+    "OpInputError",
+    "OpRecord",
+    "OpTypeError",
+    "PlatformError",
+    "RegistrationError",
+    "Spec",
+    "Tensor",
+    "XlaKernelsError",
+    "assert_single_custom_call",
+    "custom_call_targets",
+    "declared_ops",
+    "deserialize",
+    "ensure_registered",
+    "explain",
+    "explained_errors",
+    "export",
+    "hlo",
+    "hlo_text",
+    "like",
+    "read_manifest",
+    "record_of",
+    "registrations",
+    "serialize",
 ]

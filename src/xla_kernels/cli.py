@@ -1,8 +1,13 @@
 """The ``xla-kernels`` command: ``doctor``, ``build`` and ``demo``.
 
+Expected failures (a build error, a missing compiler, a bad op path, a module that
+cannot be imported) print one message and exit with status 1, without a traceback.
+
 Example:
     $ xla-kernels doctor xla_kernels.simple_add
+    $ xla-kernels doctor my_lib.scale --import my_lib.ops --register
     $ xla-kernels build xla_kernels.kernels.simple_add:simple_add --platform cuda
+    $ xla-kernels build path/to/my_ops.py:scale
 """
 
 from __future__ import annotations
@@ -11,15 +16,30 @@ import argparse
 import importlib
 import pkgutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from xla_kernels import builder
+from xla_kernels.errors import XlaKernelsError
 from xla_kernels.op import Op, declared_ops
 from xla_kernels.runtime.registry import ensure_registered, registrations
 
+DESCRIPTION = ("xla-kernels: check the installation (doctor), build op kernels ahead of "
+               "time (build), run the demo (demo).")
 
-def _line(label: str, value: object) -> None:
-    print(f"  {label:<24} {value}")
+
+class CommandError(Exception):
+    """An expected failure of a command: printed as one line, exit status 1."""
+
+
+def _print_table(title: str, rows: Sequence[tuple[str, str]]) -> None:
+    """``title`` then one ``label  value`` line per row, the values in one column."""
+    print(title)
+    width = max((len(label) for label, _ in rows), default=0)
+    for label, value in rows:
+        print(f"  {label:<{width}}  {value}")
 
 
 def _runtimes() -> dict[str, str]:
@@ -74,51 +94,110 @@ def shipped_ops() -> dict[str, Op]:
     return declared_ops()
 
 
-def doctor(target: str | None, try_register: bool) -> int:
-    """Print what is installed and registered; for ``target``, what is missing and the fix."""
-    print("runtimes:")
-    for name, text in _runtimes().items():
-        _line(name, text)
+def import_user_module(spec: str, context: str | None = None) -> ModuleType:
+    """Import a module by name (``my_pkg.ops``) or by the path of a ``.py`` file.
+
+    A file is imported as a top-level module named after it, with its folder put on
+    ``sys.path`` (so the ops it declares record an importable module). ``context``
+    starts each error message (default: ``--import SPEC``).
+
+    Example:
+        >>> import_user_module("xla_kernels.kernels.simple_add").simple_add.name
+        'xla_kernels.simple_add'
+    """
+    context = context or f"--import {spec}"
+    name = spec
+    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+        path = Path(spec).expanduser().resolve()
+        if not path.is_file():
+            raise CommandError(f"{context}: no such file. Fix: pass the path of a .py "
+                               "file that declares your ops, or a module name such as my_pkg.ops")
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        name = path.stem
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        raise CommandError(f"{context}: cannot import module '{name}' ({e}). Fix: "
+                           "install its package or add its folder to PYTHONPATH, or pass the "
+                           "path of the .py file") from e
+    except XlaKernelsError as e:
+        raise CommandError(f"{context}: importing module '{name}' failed: {e}") from e
+    except Exception as e:  # the user's module raised: say which and why, no traceback
+        raise CommandError(f"{context}: importing module '{name}' raised "
+                           f"{type(e).__name__}: {e}. Fix: run python -c 'import {name}' to "
+                           "see the traceback") from e
+
+
+def _cuda_archs(entry: dict[str, Any]) -> str:
+    if entry.get("error"):
+        return f"none: {entry['error']}"
+    archs = ", ".join(f"sm_{a}" for a in entry.get("archs", ())) or "none"
+    source = {"env": "from XLA_KERNELS_CUDA_ARCHS", "nvidia-smi": "from nvidia-smi",
+              "fallback": "default list, no GPU detected"}.get(str(entry.get("source")),
+                                                               f"from {entry.get('source')}")
+    ptx = "; PTX embedded for newer GPUs" if entry.get("ptx") else ""
+    return f"{archs} ({source}{ptx})"
+
+
+def doctor(target: str | None, try_register: bool, imports: Sequence[str] = ()) -> int:
+    """Print what is installed and registered; for ``target``, what is missing and the fix.
+
+    ``imports`` are modules (or ``.py`` files) that declare the user's ops, imported first.
+    """
+    imported = [(spec, import_user_module(spec)) for spec in imports]
+    _print_table("runtimes:", list(_runtimes().items()))
     report = builder.toolchain_report()
-    print("compilers:")
+    rows = []
     for key in ("cxx", "nvcc"):
         entry = report[key]
-        _line(key, f"{entry['path']} ({entry['version']})" if entry.get("found")
-              else f"missing: {entry.get('error')}")
-    _line("CUDA archs", report["cuda_archs"])
-    _line("cache", report["cache_dir"])
+        rows.append((key, f"{entry['path']} ({entry['version']})" if entry.get("found")
+                     else f"missing: {entry.get('error')}"))
+    rows += [("CUDA archs", _cuda_archs(report["cuda_archs"])), ("cache", report["cache_dir"])]
+    _print_table("compilers:", rows)
+    if imported:
+        _print_table("imported:", [(spec, module.__name__) for spec, module in imported])
     ops = shipped_ops()
-    print("declared ops (target: platforms with kernels):")
-    for name, op in ops.items():
-        _line(name, ", ".join(sorted(op.kernels)))
+    kernels = {name: ", ".join(sorted(op.kernels)) for name, op in ops.items()}
+    width = max(map(len, kernels.values()), default=0)
+    _print_table("declared ops (target: platforms with kernels, declaring module):",
+                 [(name, f"{kernels[name]:<{width}}  {op.module}") for name, op in ops.items()])
     if target is None:
         _print_registrations()
         return 0
-    print(f"target {target}:")
     op = ops.get(target)
     if op is None:
-        _line("declared", "no: not an op xla-kernels knows in this process")
-        print(f"  fix: import the module that declares '{target}' before running; a target "
-              "registered outside xla-kernels needs jax.ffi.register_ffi_target in the same "
-              "process that runs the program")
+        _print_table(f"target {target}:", [
+            ("declared", "no: not an op xla-kernels knows in this process")])
+        if imported:
+            print(f"  imported {', '.join(m.__name__ for _, m in imported)}, which declare "
+                  f"no op '{target}'")
+        print(f"  fix: import the module that declares '{target}': run "
+              f"xla-kernels doctor {target} --import MODULE (a module name or a .py file), "
+              "and add --register to build and register it. A target registered outside "
+              "xla-kernels needs jax.ffi.register_ffi_target in the process that runs the "
+              "program")
         return 1
-    _line("declared", f"yes, kernels for {', '.join(sorted(op.kernels))}")
+    rows = [("declared", f"yes, in module {op.module}, kernels for "
+                         f"{', '.join(sorted(op.kernels))}")]
     status = 0
     if try_register:
-        for platform in op.kernels:
+        for platform in sorted(op.kernels):
             if platform == "cuda" and "gpu" not in _runtimes()["jax"]:
-                _line(f"register {platform}", "skipped: JAX sees no GPU")
+                rows.append((f"register {platform}", "skipped: JAX sees no GPU"))
                 continue
             try:
                 reg = ensure_registered(op, platform)
-                _line(f"register {platform}", f"ok: {reg.handler} from {reg.library}")
+                rows.append((f"register {platform}", f"ok: {reg.handler} from {reg.library}"))
             except Exception as e:
                 status = 1
-                _line(f"register {platform}", f"FAILED: {e}")
-    else:
+                rows.append((f"register {platform}", f"FAILED: {e}"))
+    _print_table(f"target {target}:", rows)
+    if not try_register:
         print("  registration is per process and lazy: xla-kernels registers the handler the "
               "first time it lowers the op for a platform. A program compiled or exported "
-              "elsewhere needs xla_kernels.ensure_registered(op, platform) first. "
+              "elsewhere needs the declaring module imported and "
+              "xla_kernels.ensure_registered(op, platform) (xla_kernels.deserialize does both). "
               "Pass --register to build and register it now.")
     _print_registrations()
     return status
@@ -126,39 +205,97 @@ def doctor(target: str | None, try_register: bool) -> int:
 
 def _print_registrations() -> None:
     regs = registrations()
-    print("registered in this process:" + ("" if regs else " nothing yet"))
-    for r in regs:
-        _line(f"{r.target} [{r.platform}]", f"{r.handler} ({r.runtime}) from {r.library}")
+    _print_table("registered in this process:" + ("" if regs else " nothing yet"),
+                 [(f"{r.target} [{r.platform}]", f"{r.handler} ({r.runtime}) from {r.library}")
+                  for r in regs])
+
+
+def load_op(spec: str) -> Op:
+    """The op named by ``module.path:variable`` or ``path/to/file.py:variable``.
+
+    The variable defaults to ``op``.
+
+    Example:
+        >>> load_op("xla_kernels.kernels.simple_add:simple_add").name
+        'xla_kernels.simple_add'
+    """
+    module_spec, _, attr = spec.rpartition(":") if ":" in spec else (spec, "", "")
+    if not module_spec:
+        raise CommandError(f"op path {spec!r}: no module before ':'. Fix: write "
+                           "module.path:op_variable, e.g. xla_kernels.kernels.simple_add:"
+                           "simple_add")
+    module = import_user_module(module_spec, context=f"op path {spec!r}")
+    attr = attr or "op"
+    op = getattr(module, attr, None)
+    if not isinstance(op, Op):
+        found = sorted(n for n, v in vars(module).items() if isinstance(v, Op))
+        problem = (f"module '{module.__name__}' has no variable '{attr}'" if op is None
+                   else f"'{attr}' in module '{module.__name__}' is a {type(op).__name__}, "
+                        "not an xla_kernels.Op")
+        hint = (f"ops in that module: {', '.join(found)}" if found
+                else "that module declares no ops")
+        raise CommandError(f"op path {spec!r}: {problem}. Fix: write "
+                           f"{module_spec}:OP_VARIABLE ({hint})")
+    return op
 
 
 def build_op(spec: str, platforms: list[str]) -> int:
     """Build an op's kernels ahead of time: ``module.path:op_name``."""
-    module_name, _, attr = spec.partition(":")
-    op = getattr(importlib.import_module(module_name), attr or "op")
+    op = load_op(spec)
     from xla_kernels.runtime.library import load_kernel
 
     for platform in platforms or sorted(op.kernels):
+        if platform not in op.kernels:
+            raise CommandError(f"{op.name}: --platform {platform}: the op has no kernel for "
+                               f"{platform}. Fix: pass --platform "
+                               f"{' or '.join(sorted(op.kernels))}")
         print(f"{op.name} [{platform}]: {load_kernel(op, platform).library}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="xla-kernels", description=__doc__.splitlines()[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="xla-kernels", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    doc = sub.add_parser("doctor", help="what is installed and registered; why a target is not")
-    doc.add_argument("target", nargs="?", help="a custom_call_target, e.g. xla_kernels.simple_add")
-    doc.add_argument("--register", action="store_true", help="build and register it now")
-    bld = sub.add_parser("build", help="build an op's kernels ahead of time")
-    bld.add_argument("op", help="module.path:op_variable")
-    bld.add_argument("--platform", action="append", default=[], choices=["cpu", "cuda"])
+    doc = sub.add_parser("doctor", help="what is installed and registered; why a target is not",
+                         description="Show runtimes, compilers, declared ops and registered "
+                                     "handlers; with TARGET, whether that op is declared and "
+                                     "can be registered.")
+    doc.add_argument("target", nargs="?", help="a custom-call target, e.g. xla_kernels.simple_add")
+    doc.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                     help="import this module (my_pkg.ops) or .py file first, so the ops it "
+                          "declares are known; repeatable")
+    doc.add_argument("--register", action="store_true",
+                     help="build the target's kernels and register them now")
+    bld = sub.add_parser("build", help="build an op's kernels ahead of time",
+                         description="Compile an op's kernels into the cache, so the first "
+                                     "call does not wait for the compiler.")
+    bld.add_argument("op", help="module.path:op_variable or path/to/file.py:op_variable")
+    bld.add_argument("--platform", action="append", default=[], choices=["cpu", "cuda"],
+                     help="platform to build for (repeatable; default: every platform the "
+                          "op has a kernel for)")
     sub.add_parser("demo", help="run the demo (the README's main job)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status.
+
+    Example:
+        >>> main(["build", "no_such_module:op"])                       # doctest: +SKIP
+        xla-kernels build: error: op path no_such_module: cannot import module ...
+        1
+    """
+    args = _parser().parse_args(argv)
     commands: dict[str, Callable[[], int]] = {
-        "doctor": lambda: doctor(args.target, args.register),
+        "doctor": lambda: doctor(args.target, args.register, args.imports),
         "build": lambda: build_op(args.op, args.platform),
         "demo": lambda: __import__("xla_kernels.demo", fromlist=["main"]).main([]),
     }
-    return commands[args.command]()
+    try:
+        return commands[args.command]()
+    except (CommandError, XlaKernelsError) as e:
+        print(f"xla-kernels {args.command}: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
