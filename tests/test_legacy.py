@@ -34,9 +34,9 @@ def test_legacy_kernel_appears_as_typed_ffi_not_the_deprecated_api():
 @pytest.mark.parametrize("op", [seeds_legacy_add, legacy_add], ids=lambda op: op.name)
 def test_legacy_cuda_adapters_compile_with_nvcc(op, tmp_path):
     kernel = op.kernels["cuda"]
-    sources = library._sources(op, kernel, "cuda")
+    sources, defines = library._sources(op, kernel, "cuda")
     path = builder.build_library(op.name, sources, platform="cuda", cuda_archs=["90"],
-                               cache_dir=tmp_path)
+                                 defines=defines, cache_dir=tmp_path)
     assert path.exists()
 
 
