@@ -172,8 +172,11 @@ def test_nvcc_compile_error_names_file_line_and_error(tmp_path):
 
 def test_missing_source_is_named(tmp_path):
     missing = tmp_path / "nowhere.cc"
-    with pytest.raises(BuildError, match=r"nowhere\.cc"):
+    with pytest.raises(BuildError, match=r"nowhere\.cc") as info:
         build_library("m", [missing], platform="cpu", cache_dir=tmp_path)
+    # Says where relative paths come from for build_library and for an op's Kernel.
+    assert f"current directory, {Path.cwd()}" in str(info.value)
+    assert "folder of the file that declares the op" in str(info.value)
 
 
 def test_cuda_source_rejected_for_cpu(tmp_path):
