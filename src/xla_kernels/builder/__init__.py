@@ -187,7 +187,10 @@ def build_library(
     """
     srcs = _check_sources(name, platform, sources)
     ffi_dir, pkg_dir = ffi_include_dir(), package_include_dir()
-    incs = [s.parent for s in srcs] + [Path(d).expanduser().resolve() for d in include_dirs]
+    # A source's own folder is searched for its headers; the shipped legacy adapter's folder
+    # is not, so its neighbours (legacy.h, ...) never shadow a user's same-named headers.
+    incs = [s.parent for s in srcs if not s.is_relative_to(pkg_dir)]
+    incs += [Path(d).expanduser().resolve() for d in include_dirs]
     flags = common_flags([*incs, pkg_dir, ffi_dir], defines, extra_flags)
     need_cxx = platform == "cpu" or any(s.suffix in CXX_SUFFIXES for s in srcs)
 
@@ -255,7 +258,15 @@ def build_library(
             for step in steps:
                 if "-MF" in step.argv:
                     depfile = Path(step.argv[step.argv.index("-MF") + 1])
-                    deps.update(dict.fromkeys(parse_depfile(depfile.read_text(), cwd)))
+                    try:
+                        text = depfile.read_text()
+                    except OSError as e:
+                        raise BuildError(
+                            f"building '{name}' for {platform}: {step.compiler} wrote no "
+                            f"dependency file ({e}), so header changes could not be tracked. "
+                            "Fix: remove -MF/-MD/-MMD/-M options from the kernel's flags."
+                        ) from e
+                    deps.update(dict.fromkeys(parse_depfile(text, cwd)))
             return install_entry(
                 stem, built, dependencies=deps, compilers=compilers, damaged=found.damaged,
                 info={"name": name, "platform": platform, "key": key,
