@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,9 +36,9 @@ def test_legacy_kernel_appears_as_typed_ffi_not_the_deprecated_api():
 @pytest.mark.parametrize("op", [seeds_legacy_add, legacy_add], ids=lambda op: op.name)
 def test_legacy_cuda_adapters_compile_with_nvcc(op, tmp_path):
     kernel = op.kernels["cuda"]
-    sources = library._sources(op, kernel, "cuda")
+    sources, defines = library._sources(op, kernel, "cuda")
     path = builder.build_library(op.name, sources, platform="cuda", cuda_archs=["90"],
-                               cache_dir=tmp_path)
+                                 defines=defines, cache_dir=tmp_path)
     assert path.exists()
 
 
@@ -55,3 +57,31 @@ def test_sized_legacy_kernel_runs_on_the_gpu(rng, size):
     b = rng.standard_normal(size).astype(np.float32)
     out = jax.jit(lambda a, b: legacy_add(a, b, opaque=size_opaque(size)))(a, b)
     np.testing.assert_array_equal(np.asarray(out), a + b)
+
+
+def test_missing_legacy_source_names_the_op_and_how_paths_resolve():
+    import xla_kernels as xk
+    from xla_kernels.errors import BuildError
+
+    op = xk.Op("xk_tests.legacy_missing", inputs=[xk.Tensor("a", dtypes=("f32",))],
+               outputs=lambda a: xk.like(a),
+               kernels={"cpu": xk.Kernel.legacy(["fixtures/legacy/nope.cc"], function="Nope")})
+    with pytest.raises(BuildError) as info:
+        library.load_kernel(op, "cpu")
+    msg = str(info.value)
+    here = Path(__file__).resolve().parent
+    assert msg.startswith("xk_tests.legacy_missing: the cpu kernel's legacy source "
+                          "'fixtures/legacy/nope.cc' does not exist")
+    assert str(here / "fixtures" / "legacy" / "nope.cc") in msg
+    assert f"folder of the file that declares the op, {here}" in msg
+    assert "current directory" not in msg and "Fix:" in msg
+
+
+def test_legacy_build_uses_the_shipped_adapter_and_no_generated_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("XLA_KERNELS_CACHE_DIR", str(tmp_path))
+    kernel = legacy_add.kernels["cpu"]
+    sources, defines = library._sources(legacy_add, kernel, "cpu")
+    assert sources[0] == builder.package_include_dir() / "xla_kernels" / "legacy_adapter.cc"
+    assert defines["XK_LEGACY_SOURCE"] == f'"{kernel.resolved_sources()[0]}"'
+    assert defines["XK_LEGACY_FUNCTION"] == "LegacyAddCpu"
+    assert not (tmp_path / "generated").exists()

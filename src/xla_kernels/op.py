@@ -182,18 +182,31 @@ class Kernel:
             raise OpDeclarationError(None, f"handler {self.handler!r} is not a C identifier")
 
     @classmethod
-    def legacy(cls, sources: Sequence[str] | str, function: str, **kwargs: Any) -> Kernel:
+    def legacy(cls, sources: Sequence[str] | str, function: str, *,
+               signature: str = "buffers", **kwargs: Any) -> Kernel:
         """A kernel with the old signature, run unchanged through a typed-FFI adapter.
 
-        The function must have the signature
+        ``signature="buffers"`` (default):
         ``void fn(cudaStream_t stream, void** buffers, const char* opaque, size_t len)``
         (on the CPU the stream is a ``void*`` and is null). ``buffers`` holds the inputs,
         then the outputs; ``opaque`` is the op's ``opaque`` bytes attribute.
+        ``signature="cpu_classic"`` (CPU only): ``void fn(void* out, const void** in)`` or
+        ``void fn(void* out, const void** in, XlaCustomCallStatus* status)``; with several
+        outputs ``out`` is a ``void**`` table of them. See docs/legacy_and_dtypes.md.
 
         Example:
             >>> Kernel.legacy(["add.cu"], function="XlaGpuSimpleAdd").handler
             'XlaKernelsLegacy_XlaGpuSimpleAdd'
+            >>> Kernel.legacy("add.cc", "Add", signature="cpu_classic").defines["XK_LEGACY_ADAPTER"]
+            'XLA_KERNELS_LEGACY_CPU_CLASSIC_HANDLER'
         """
+        adapters = {"buffers": None, "cpu_classic": "XLA_KERNELS_LEGACY_CPU_CLASSIC_HANDLER"}
+        if signature not in adapters:
+            raise OpDeclarationError(None, f"Kernel.legacy({function!r}): unknown signature "
+                                     f"{signature!r}", f"use one of {', '.join(adapters)}")
+        if adapters[signature]:  # picked by include/xla_kernels/legacy_adapter.cc
+            kwargs["defines"] = {**kwargs.get("defines", {}),
+                                 "XK_LEGACY_ADAPTER": adapters[signature]}
         return cls(sources=sources, handler=f"XlaKernelsLegacy_{function}",
                    legacy_function=function, **kwargs)
 

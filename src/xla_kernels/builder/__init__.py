@@ -5,9 +5,9 @@ Example:
     >>> so = build_library("simple_add", ["simple_add.cc"], platform="cpu")  # doctest: +SKIP
     >>> import ctypes; ctypes.CDLL(str(so)).SimpleAdd                       # doctest: +SKIP
 
-The library lands in :func:`default_cache_dir` under a name keyed by the content of the
-sources and headers, the flags, the compiler and the FFI headers; a second call with the
-same inputs returns the cached file without running a compiler.
+The library lands in :func:`default_cache_dir`, keyed by the sources, flags and FFI headers,
+with a manifest of every header the compilers read (see :mod:`.cache`); a second call with
+the same inputs returns the cached file without running a compiler.
 """
 
 from __future__ import annotations
@@ -18,13 +18,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from filelock import FileLock, Timeout
+
 from ..errors import BuildError, CompilerNotFoundError
-from .cache import compute_key, default_cache_dir, install_once, output_path
+from .cache import (
+    check_entry,
+    compute_key,
+    default_cache_dir,
+    entry_stem,
+    ffi_headers_digest,
+    install_entry,
+    parse_depfile,
+)
 from .compiler import (
     CUDA_SUFFIXES,
+    CXX_FLAGS,
     CXX_SUFFIXES,
+    NVCC_FLAGS,
     Progress,
-    Step,
     common_flags,
     cuda_include_dir,
     gencode_flags,
@@ -82,9 +93,11 @@ def _check_sources(name: str, platform: str, sources: Sequence[str | Path]) -> l
     paths = [Path(s).expanduser().resolve() for s in sources]
     for path in paths:
         if not path.is_file():
-            raise BuildError(f"building '{name}' for {platform}: source file not found: {path}. "
-                             "Fix: check the path (relative paths are taken from the current "
-                             "directory).")
+            raise BuildError(
+                f"building '{name}' for {platform}: source file not found: {path}. Fix: check "
+                f"the path (relative paths passed to build_library are taken from the current "
+                f"directory, {Path.cwd()}; an op's Kernel sources are taken from the folder "
+                "of the file that declares the op).")
         if path.suffix not in CXX_SUFFIXES + CUDA_SUFFIXES:
             raise BuildError(f"building '{name}' for {platform}: don't know how to compile "
                              f"{path} (expected {', '.join(CXX_SUFFIXES + CUDA_SUFFIXES)}).")
@@ -92,6 +105,44 @@ def _check_sources(name: str, platform: str, sources: Sequence[str | Path]) -> l
             raise BuildError(f"building '{name}' for cpu: {path} is a CUDA source. "
                              "Fix: build it with platform='cuda', or leave it out of cpu builds.")
     return list(dict.fromkeys(paths))
+
+
+def _installed_version(kind: str) -> str | None:
+    """``--version`` text of the compiler of ``kind`` (``"cxx"``/``"nvcc"``) a build would use
+    now, or None when it is not installed (a cache hit does not need it)."""
+    try:
+        return compiler_version(find_cxx() if kind == "cxx" else find_nvcc())
+    except (CompilerNotFoundError, OSError):
+        return None
+
+
+def _read_only_error(name: str, platform: str, cache: Path, reason: str,
+                     error: OSError | None = None) -> BuildError:
+    detail = f" ({error})" if error else ""
+    return BuildError(
+        f"building '{name}' for {platform}: the cache folder {cache} is read-only{detail}, "
+        f"and it holds no usable build of this library ({reason}). Fix: point "
+        "XLA_KERNELS_CACHE_DIR (or cache_dir=) at a writable folder; a read-only cache can "
+        "only serve libraries that were built into it before.")
+
+
+def _lock(name: str, platform: str, cache: Path, stem: Path, reason: str) -> FileLock:
+    """The entry's file lock; creating it is the first write, so EROFS/EACCES surface here."""
+    lock = FileLock(str(stem) + ".lock")
+    try:
+        if lock.acquire(timeout=0):
+            return lock
+    except Timeout:
+        pass
+    except OSError as e:
+        raise _read_only_error(name, platform, cache, reason, e) from e
+    # Another process holds the lock, i.e. is building this very library: wait for it.
+    progress = Progress(f"another process is building {name} for {platform}; waiting")
+    with progress:
+        lock.acquire()
+        progress.result = (f"waited {{s}} s for another process building {name} for "
+                           f"{platform}; using its result")
+    return lock
 
 
 def build_library(
@@ -107,75 +158,121 @@ def build_library(
 ) -> Path:
     """Compile and link ``sources`` into one shared library, or reuse the cached one.
 
-    .cc/.cpp files are compiled by g++ (``-std=c++17 -O3 -fPIC -shared``), .cu files by nvcc
-    for ``cuda_archs`` (default: :func:`detect_cuda_archs`). The directory of each source,
-    ``include_dirs``, xla-kernels' own ``include/`` and ``jax.ffi.include_dir()`` are on
-    the include path. Concurrent builds of the same library (threads or processes) are safe.
+    .cc/.cpp files are compiled by g++ (``-std=c++17 -O3 -fPIC``), .cu files by nvcc for
+    ``cuda_archs`` (default: :func:`detect_cuda_archs`), one object per source, then linked
+    with ``-shared``. The directory of each source, ``include_dirs``, xla-kernels' own
+    ``include/`` and ``jax.ffi.include_dir()`` are on the include path.
+
+    The cached library is reused only while every file the compilers read (sources and every
+    header they included, wherever it lives) is unchanged, the library file is intact, and the
+    compilers, when installed, are the same versions; otherwise it is rebuilt. A cache hit
+    runs no compiler and works without one installed and in a read-only cache folder.
+    Concurrent builds of the same library (threads or processes) are safe: one builds, the
+    others wait for it and use its result.
 
     Example:
         >>> so = build_library("simple_add", ["simple_add.cc"], platform="cpu",
         ...                    defines={"BLOCK": "128"})        # doctest: +SKIP
         >>> so.name                                             # doctest: +SKIP
-        'simple_add-cpu-3f2a9c0d1e4b5a67.so'
+        'simple_add-cpu-3f2a9c0d1e4b5a67-0c1d2e3f4a5b.so'
 
     Returns:
-        The path of the built ``.so``, loadable with :class:`ctypes.CDLL`.
+        The path of the built ``.so``, loadable with :class:`ctypes.CDLL`. Its name holds
+        the content hash, so a rebuilt library never has the path of an older one.
 
     Raises:
-        BuildError: a source is missing or does not compile (message has the first errors).
-        CompilerNotFoundError: g++ or nvcc is not installed, with how to get it.
+        BuildError: a source is missing or does not compile (message has the first errors),
+            or the library must be built and the cache folder is read-only.
+        CompilerNotFoundError: the library must be built and g++ or nvcc is not installed.
     """
     srcs = _check_sources(name, platform, sources)
     ffi_dir, pkg_dir = ffi_include_dir(), package_include_dir()
-    incs = [s.parent for s in srcs] + [Path(d).expanduser().resolve() for d in include_dirs]
+    # A source's own folder is searched for its headers; the shipped legacy adapter's folder
+    # is not, so its neighbours (legacy.h, ...) never shadow a user's same-named headers.
+    incs = [s.parent for s in srcs if not s.is_relative_to(pkg_dir)]
+    incs += [Path(d).expanduser().resolve() for d in include_dirs]
     flags = common_flags([*incs, pkg_dir, ffi_dir], defines, extra_flags)
-
     need_cxx = platform == "cpu" or any(s.suffix in CXX_SUFFIXES for s in srcs)
-    cxx = nvcc = None
-    versions: list[str] = []
-    if need_cxx:
-        path = find_cxx()
-        versions.append(compiler_version(path))
-        cxx = (path, short_version(path, versions[-1]))
+
+    # Everything up to the lookup runs without a compiler: a hit must not need one.
     gencode: list[str] = []
+    archs: list[str] = []
     target = ""
     if platform == "cuda":
-        path = find_nvcc()
-        versions.append(compiler_version(path))
-        nvcc = (path, short_version(path, versions[-1]))
         archs, origin = resolve_cuda_archs(cuda_archs)
         gencode = gencode_flags(archs, ptx=origin == "fallback")
         target = ", " + ", ".join(f"sm_{a}" for a in archs) + (" + PTX" * (origin == "fallback"))
-    cuda_inc = cuda_include_dir(nvcc[0]) if nvcc and need_cxx else None
-
-    def plan(out: Path, obj_dir: Path) -> list[Step]:
-        return plan_steps(srcs, platform=platform, out=out, obj_dir=obj_dir, flags=flags,
-                          cxx=cxx, nvcc=nvcc, gencode=gencode, cxx_cuda_include=cuda_inc)
-
-    template = plan(Path("<out>"), Path("<obj_dir>"))
     env = [f"{k}={os.environ[k]}" for k in _ENV_AFFECTING_BUILDS if k in os.environ]
-    key = compute_key(sources=srcs, package_include_dir=pkg_dir, ffi_include_dir=ffi_dir,
-                      commands=[s.argv for s in template], compiler_versions=versions,
-                      environment=env)
+    requested = [] if cuda_archs is None else [str(cuda_archs)]
+    key = compute_key(
+        fields={"name": [name], "platform": [platform], "flags": flags,
+                "cxx_flags": CXX_FLAGS if need_cxx else (),
+                "nvcc_flags": NVCC_FLAGS if platform == "cuda" else (),
+                "requested_archs": requested, "gencode": gencode, "env": env,
+                "package_include_dir": [str(pkg_dir)],
+                "ffi": [ffi_headers_digest(ffi_dir)]},
+        sources=srcs)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cache = cache.absolute()
-    out = output_path(cache, name, platform, key)
-    if out.exists():
-        return out
+    stem = entry_stem(cache, name, platform, key)
+    found = check_entry(stem, _installed_version)
+    if found.path is not None:
+        return found.path
+
+    # A miss: this process has to build, which needs a writable cache and the compilers.
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise BuildError(f"building '{name}' for {platform}: cannot create cache dir {cache} "
-                         f"({e}). Fix: set XLA_KERNELS_CACHE_DIR to a writable directory.") from e
+        raise _read_only_error(name, platform, cache, found.reason, e) from e
+    if not os.access(cache, os.W_OK):
+        raise _read_only_error(name, platform, cache, found.reason)
+    cxx = nvcc = None
+    compilers: dict[str, str] = {}
+    if need_cxx:
+        path = find_cxx()
+        compilers["cxx"] = compiler_version(path)
+        cxx = (path, short_version(path, compilers["cxx"]))
+    if platform == "cuda":
+        path = find_nvcc()
+        compilers["nvcc"] = compiler_version(path)
+        nvcc = (path, short_version(path, compilers["nvcc"]))
+    cuda_inc = cuda_include_dir(nvcc[0]) if nvcc and need_cxx else None
 
-    def build(tmp: Path) -> None:
-        with tempfile.TemporaryDirectory(dir=cache, prefix=".obj-") as obj_dir:
-            run_steps(plan(tmp, Path(obj_dir)), name=name, platform=platform)
-
-    label = nvcc[1] if nvcc else cxx[1] if cxx else "?"
-    with Progress(f"building {name} for {platform} ({label}{target})"):
-        install_once(out, build)
-    return out
+    lock = _lock(name, platform, cache, stem, found.reason)
+    try:
+        # Another process may have built (or repaired) it while this one waited for the lock.
+        found = check_entry(stem, lambda kind: compilers.get(kind))
+        if found.path is not None:
+            return found.path
+        label = nvcc[1] if nvcc else cxx[1] if cxx else "?"
+        with tempfile.TemporaryDirectory(dir=cache, prefix=".obj-") as tmp:
+            obj_dir = Path(tmp)
+            built = obj_dir / "library.so"
+            steps = plan_steps(srcs, platform=platform, out=built, obj_dir=obj_dir,
+                               flags=flags, cxx=cxx, nvcc=nvcc, gencode=gencode,
+                               cxx_cuda_include=cuda_inc)
+            with Progress(f"building {name} for {platform} ({label}{target})"):
+                run_steps(steps, name=name, platform=platform)
+            cwd = Path.cwd()  # the compilers ran here; depfiles may hold relative paths
+            deps: dict[Path, None] = dict.fromkeys(srcs)
+            for step in steps:
+                if "-MF" in step.argv:
+                    depfile = Path(step.argv[step.argv.index("-MF") + 1])
+                    try:
+                        text = depfile.read_text()
+                    except OSError as e:
+                        raise BuildError(
+                            f"building '{name}' for {platform}: {step.compiler} wrote no "
+                            f"dependency file ({e}), so header changes could not be tracked. "
+                            "Fix: remove -MF/-MD/-MMD/-M options from the kernel's flags."
+                        ) from e
+                    deps.update(dict.fromkeys(parse_depfile(text, cwd)))
+            return install_entry(
+                stem, built, dependencies=deps, compilers=compilers, damaged=found.damaged,
+                info={"name": name, "platform": platform, "key": key,
+                      "cuda_archs": archs, "commands": [list(s.argv) for s in steps]})
+    finally:
+        lock.release()
 
 
 def toolchain_report() -> dict[str, Any]:

@@ -84,37 +84,56 @@ def plan_steps(
 ) -> list[Step]:
     """The compiler invocations that build ``sources`` into the shared library ``out``.
 
-    ``cxx``/``nvcc`` are ``(path, label)`` pairs. CPU: one ``g++ -shared`` command.
-    CUDA with only .cu sources: one ``nvcc -shared`` command. CUDA with .cc sources too:
-    each .cc compiled by g++ and each .cu by nvcc into ``obj_dir``, then linked by nvcc.
-    ``flags`` (includes, defines, extra flags) go to every command.
+    ``cxx``/``nvcc`` are ``(path, label)`` pairs. Each source is compiled on its own into
+    ``obj_dir/<i>_<stem>.o`` with ``-MMD -MF obj_dir/<i>_<stem>.d``, so the compiler
+    writes down every header it read (nvcc accepts a depfile only with one input per
+    command); .cc files go to g++ (with the CUDA include dir in CUDA builds), .cu files to
+    nvcc. A last step links the objects: g++ for CPU, nvcc for CUDA. ``flags`` (includes,
+    defines, extra flags) go to every command, so link flags such as ``-lfoo`` work too.
+
+    Example:
+        >>> steps = plan_steps([Path("/s/a.cc")], platform="cpu", out=Path("/o/a.so"),
+        ...                    obj_dir=Path("/t"), flags=[], cxx=(Path("g++"), "g++ 12"),
+        ...                    nvcc=None)
+        >>> [s.argv[-4:] for s in steps][0], steps[1].argv[-3:]
+        (('-c', '/s/a.cc', '-o', '/t/0_a.o'), ('/t/0_a.o', '-o', '/o/a.so'))
     """
-    if platform == "cpu":
+    if platform == "cuda":
+        assert nvcc is not None
+    else:
         assert cxx is not None
-        argv = [str(cxx[0]), *CXX_FLAGS, "-shared", *flags, *map(str, sources), "-o", str(out)]
-        return [Step(tuple(argv), cxx[1])]
-
-    assert nvcc is not None
-    nvcc_base = [str(nvcc[0]), *NVCC_FLAGS, *gencode]
-    if all(s.suffix in CUDA_SUFFIXES for s in sources):
-        argv = [*nvcc_base, "-shared", *flags, *map(str, sources), "-o", str(out)]
-        return [Step(tuple(argv), nvcc[1])]
-
-    assert cxx is not None
+    nvcc_base = [str(nvcc[0]), *NVCC_FLAGS, *gencode] if nvcc else []
+    cuda_inc = [f"-I{cxx_cuda_include}"] if cxx_cuda_include else []
     steps: list[Step] = []
     objects: list[str] = []
-    cuda_inc = [f"-I{cxx_cuda_include}"] if cxx_cuda_include else []
     for i, src in enumerate(sources):
-        obj = str(obj_dir / f"{i}_{src.stem}.o")
-        objects.append(obj)
+        obj = obj_dir / f"{i}_{src.stem}.o"
+        objects.append(str(obj))
+        dep = ["-MMD", "-MF", str(depfile_of(obj))]
         if src.suffix in CUDA_SUFFIXES:
-            steps.append(Step((*nvcc_base, *flags, "-c", str(src), "-o", obj), nvcc[1]))
+            assert nvcc is not None
+            steps.append(Step((*nvcc_base, *flags, *dep, "-c", str(src), "-o", str(obj)),
+                              nvcc[1]))
         else:
-            argv = (str(cxx[0]), *CXX_FLAGS, *flags, *cuda_inc, "-c", str(src), "-o", obj)
+            assert cxx is not None
+            argv = (str(cxx[0]), *CXX_FLAGS, *flags, *cuda_inc, *dep, "-c", str(src), "-o",
+                    str(obj))
             steps.append(Step(argv, cxx[1]))
-    link = (str(nvcc[0]), "-shared", "-Xcompiler", "-fPIC", *objects, *flags, "-o", str(out))
-    steps.append(Step(link, nvcc[1]))
+    if platform == "cuda":
+        assert nvcc is not None
+        link = (str(nvcc[0]), "-shared", "-Xcompiler", "-fPIC", *objects, *flags, "-o",
+                str(out))
+        steps.append(Step(link, nvcc[1]))
+    else:
+        assert cxx is not None
+        link = (str(cxx[0]), *CXX_FLAGS, "-shared", *objects, *flags, "-o", str(out))
+        steps.append(Step(link, cxx[1]))
     return steps
+
+
+def depfile_of(obj: Path) -> Path:
+    """The depfile written beside object ``obj`` (``x.o`` -> ``x.d``)."""
+    return obj.with_suffix(".d")
 
 
 # --------------------------------------------------------------------------- errors
@@ -190,7 +209,9 @@ def quiet() -> bool:
 class Progress:
     """Prints ``xla-kernels: <what>...`` once a block has run ``delay`` s, then how it ended.
 
-    Nothing is printed for blocks that finish sooner, or when :func:`quiet`.
+    Nothing is printed for blocks that finish sooner, or when :func:`quiet`. Setting
+    ``result`` inside the block replaces the closing ``done in N s`` with that text (``{s}``
+    becomes the seconds), for blocks that turned out to do something else, e.g. wait.
 
     Example:
         >>> with Progress("building demo for cpu (g++ 12.2.0)"):
@@ -204,6 +225,7 @@ class Progress:
         self._done = False
         self._timer: threading.Timer | None = None
         self._start = 0.0
+        self.result: str | None = None
 
     def _print(self, text: str) -> None:
         stream = self.stream or sys.stderr
@@ -229,5 +251,9 @@ class Progress:
         with self._lock:
             self._done = True
             if self._shown:
-                outcome = "failed after" if exc_type else "done in"
-                self._print(f"... {outcome} {time.monotonic() - self._start:.1f} s")
+                took = f"{time.monotonic() - self._start:.1f}"
+                if self.result is not None and not exc_type:
+                    self._print(f"... {self.result.format(s=took)}")
+                else:
+                    outcome = "failed after" if exc_type else "done in"
+                    self._print(f"... {outcome} {took} s")

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import hashlib
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from xla_kernels import builder, platforms
-from xla_kernels.errors import RegistrationError
+from xla_kernels.errors import BuildError, RegistrationError
 
 if TYPE_CHECKING:
     from xla_kernels.op import Kernel, Op
-
-_LEGACY_MACRO = {"cpu": "XLA_KERNELS_LEGACY_CPU_HANDLER", "cuda": "XLA_KERNELS_LEGACY_CUDA_HANDLER"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,11 +48,11 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
         raise platforms.no_kernel_error(
             op.name, platform, op.kernels, "run it on a platform it supports, or declare "
             f"kernels={{'{platform}': Kernel(...)}}")
-    sources = _sources(op, kernel, platform)
+    sources, legacy_defines = _sources(op, kernel, platform)
     path = builder.build_library(
         op.name, sources, platform=platform,
-        include_dirs=kernel.resolved_include_dirs(), defines=dict(kernel.defines),
-        extra_flags=kernel.flags)
+        include_dirs=kernel.resolved_include_dirs(),
+        defines={**kernel.defines, **legacy_defines}, extra_flags=kernel.flags)
     try:
         library = ctypes.CDLL(str(path))
     except OSError as e:
@@ -73,24 +69,39 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
     return LoadedKernel(op.name, platform, kernel.handler, path, function)
 
 
-def _sources(op: Op, kernel: Kernel, platform: str) -> list[Path]:
+def _sources(op: Op, kernel: Kernel, platform: str) -> tuple[list[Path], dict[str, str]]:
+    """The files to compile for ``kernel`` and the defines a legacy adapter needs.
+
+    Example:
+        >>> from ops import legacy_add                                 # doctest: +SKIP
+        >>> srcs, defines = _sources(legacy_add, legacy_add.kernels["cpu"], "cpu")  # doctest: +SKIP
+        >>> srcs[0].name, defines["XK_LEGACY_FUNCTION"]                # doctest: +SKIP
+        ('legacy_adapter.cc', 'LegacyAddCpu')
+    """
     sources = kernel.resolved_sources()
+    for declared, path in zip(kernel.sources, sources, strict=True):
+        if not path.is_file():
+            what = "legacy source" if kernel.legacy_function else "source"
+            raise BuildError(
+                f"{op.name}: the {platform} kernel's {what} {declared!r} does not exist "
+                f"(looked for {path}; relative paths are taken from the folder of the file "
+                f"that declares the op, {kernel.base_dir}). Fix: correct the path in "
+                "Kernel(...)/Kernel.legacy(...), or pass an absolute path.")
     if kernel.legacy_function is None:
-        return sources
-    return [_legacy_adapter(kernel, sources[0], platform), *sources[1:]]
+        return sources, {}
+    adapter, defines = _legacy_adapter(kernel, sources[0], platform)
+    return [adapter, *sources[1:]], defines
 
 
-def _legacy_adapter(kernel: Kernel, source: Path, platform: str) -> Path:
-    """Write the translation unit that includes a legacy source and wraps its function."""
-    text = (f'#include "{source}"\n#include "xla_kernels/legacy.h"\n'
-            f"{_LEGACY_MACRO[platform]}({kernel.handler}, {kernel.legacy_function});\n")
+def _legacy_adapter(kernel: Kernel, source: Path, platform: str) -> tuple[Path, dict[str, str]]:
+    """The shipped adapter translation unit and the ``-D`` defines that aim it at ``source``.
+
+    Nothing is generated: ``include/xla_kernels/legacy_adapter.cc`` (``.cu`` for CUDA)
+    does ``#include XK_LEGACY_SOURCE``, so the compiler's depfile tracks the real source and
+    its headers, and the cache holds no file that depends on where the cache lives.
+    """
     suffix = ".cu" if platform == "cuda" else ".cc"
-    digest = hashlib.sha256(text.encode() + source.read_bytes()).hexdigest()[:16]
-    folder = builder.default_cache_dir() / "generated"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"legacy_{kernel.legacy_function}_{digest}{suffix}"
-    if not path.exists():
-        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-    return path
+    adapter = builder.package_include_dir() / "xla_kernels" / f"legacy_adapter{suffix}"
+    quoted = str(source).replace("\\", "\\\\").replace('"', '\\"')
+    return adapter, {"XK_LEGACY_SOURCE": f'"{quoted}"', "XK_LEGACY_HANDLER": kernel.handler,
+                     "XK_LEGACY_FUNCTION": str(kernel.legacy_function)}
