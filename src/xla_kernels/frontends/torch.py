@@ -58,6 +58,7 @@ import torch
 from xla_kernels import dtypes
 from xla_kernels.attrs import _ARRAYS, _SCALARS, Attr
 from xla_kernels.errors import OpInputError, PlatformError, RegistrationError
+from xla_kernels.frontends import torch_native
 from xla_kernels.op import BoundCall, Op, Spec
 from xla_kernels.runtime.eager import Buffer, DeviceAllocator, call_handler
 from xla_kernels.runtime.library import load_kernel
@@ -307,6 +308,7 @@ class _Entry:
         self.byte_attrs = _byte_attrs(op)
         self.handlers: dict[str, int] = {}
         self.plans: dict[Any, _Plan] = {}
+        torch_native.clear_plans(self.qualname)  # the native kernels' plans are stale too
 
     def handler(self, platform: str) -> int:
         address = self.handlers.get(platform)
@@ -421,11 +423,38 @@ def _define(op: Op, qualname: str, text: str) -> _Entry:
     for fn, what in ((cpu_impl, "cpu"), (cuda_impl, "cuda"), (fake_impl, "fake")):
         fn.__name__ = fn.__qualname__ = f"{name}_{what}"
         fn.__doc__ = op.doc
-    torch.library.impl(qualname, "cpu", cpu_impl)
-    torch.library.impl(qualname, "cuda", cuda_impl)
+    native = _install_native(entry)
+    if "cpu" not in native:
+        torch.library.impl(qualname, "cpu", cpu_impl)
+    if "cuda" not in native:
+        torch.library.impl(qualname, "cuda", cuda_impl)
     torch.library.register_fake(qualname, fake_impl)
     entry.packet = getattr(getattr(torch.ops, ns), name)
     return entry
+
+
+def _install_native(entry: _Entry) -> set[str]:
+    """Register native (C++) CPU and CUDA kernels for ``entry`` where possible.
+
+    Returns the platforms that got one; the others keep the Python kernels (see
+    :mod:`xla_kernels.frontends.torch_native`, ``XLA_KERNELS_TORCH_NATIVE=0``). The
+    planner runs once per call shape and validates exactly as :func:`_run` does.
+    """
+    def planner_for(platform: str) -> Any:
+        def planner(tensors: tuple[torch.Tensor, ...],
+                    kwargs: dict[str, Any]) -> torch_native.NativePlan:
+            device = tensors[0].device
+            if any(t.device != device for t in tensors):
+                _device_mismatch(entry.op, tensors)
+            plan = entry.plan(None, tensors, kwargs)
+            entry.check(plan, platform)
+            return torch_native.NativePlan.create(
+                handler=entry.handler(platform), outputs=[(dt, s) for _, s, dt in plan.outputs],
+                visible=plan.visible, attrs=plan.attrs, op_name=entry.op.name,
+                poison=POISON_OUTPUTS)
+        return planner
+
+    return {p for p in ("cpu", "cuda") if torch_native.install(entry.qualname, p, planner_for(p))}
 
 
 # ------------------------------------------------------------------------ the kernels
