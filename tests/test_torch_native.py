@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from ops import attrs_echo
 
 import xla_kernels as xk
+from ops import attrs_echo
 from xla_kernels.frontends import torch as torch_frontend
 from xla_kernels.frontends import torch_native
 from xla_kernels.frontends.torch import call, qualified_name, torch_op
@@ -82,7 +82,8 @@ def test_simple_add_matches_the_python_path(rng, dtype, shape):
 def test_non_contiguous_inputs_and_fresh_outputs(rng):
     base = torch.from_numpy(rng.standard_normal((40, 60)).astype(np.float32))
     add = torch_op(simple_add)
-    for a, b in ((base.t(), base.t()), (base[:, ::3], base[:, 1::3]), (base[3:, 5:], base[:-3, :-5])):
+    pairs = ((base.t(), base.t()), (base[:, ::3], base[:, 1::3]), (base[3:, 5:], base[:-3, :-5]))
+    for a, b in pairs:
         first, second = add(a, b), add(a, b)
         assert first.data_ptr() != second.data_ptr()
         torch.testing.assert_close(first, a + b, rtol=0, atol=0)
@@ -135,7 +136,7 @@ def torch_frontend_tests():
 def test_errors_are_the_library_errors():
     add = torch_op(simple_add)
     ints = torch.ones(3, dtype=torch.int32)
-    with pytest.raises(xk.OpTypeError, match="xla_kernels.simple_add: argument 'a'"):
+    with pytest.raises(xk.OpTypeError, match=r"xla_kernels\.simple_add: argument 'a'"):
         add(ints, ints)
     with pytest.raises(xk.OpInputError, match=r"shape \(4,\) differs"):
         add(torch.ones(3), torch.ones(4))
