@@ -391,8 +391,7 @@ class Kernel final : public c10::OperatorKernel {
     // As at::empty does, fill when deterministic algorithms ask for it.
     const bool fill = plan->poison || (ctx.deterministicAlgorithms() &&
                                        ctx.deterministicFillUninitializedMemory());
-    std::vector<at::Tensor> outs;
-    outs.reserve(plan->outputs.size());
+    c10::SmallVector<at::Tensor, 4> outs;
     for (const Output& o : plan->outputs) {
       outs.emplace_back(cuda_ ? at::detail::empty_generic(
                                     o.shape, cuda_allocator,
@@ -462,7 +461,7 @@ class Kernel final : public c10::OperatorKernel {
   }
 
   void Call(const Plan& plan, c10::Device device, const c10::SmallVector<at::Tensor, 8>& tensors,
-            const std::vector<at::Tensor>& outs) {
+            const c10::SmallVector<at::Tensor, 4>& outs) {
     const size_t n = tensors.size() + outs.size();
     size_t ndims = 0;
     for (const auto& t : tensors) ndims += static_cast<size_t>(t.dim());

@@ -208,8 +208,9 @@ def _load() -> ctypes.PyDLL | None:
             lib.xk_native_init(_make_kernel_error)
             _lib, _status = lib, f"active: {path}"
         except Exception as e:  # any failure keeps the Python kernels: say why
-            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            _status = f"unavailable: {type(e).__name__}: {first}"
+            # The head of the message (a BuildError's has the first compiler errors).
+            head = " | ".join(str(e).strip().splitlines()[:6])
+            _status = f"unavailable: {type(e).__name__}: {head}"
         _tried = True
         return _lib
 
