@@ -243,3 +243,18 @@ def test_python_fallback_when_disabled():
 def test_install_reports_unknown_platforms():
     with pytest.raises(ValueError, match="platform"):
         torch_native.install("xla_kernels::simple_add", "tpu", lambda t, k: None)
+
+
+def test_python_fallback_when_the_native_build_fails():
+    # As on a machine without torch's headers: the build options cannot be found.
+    out = run_python(
+        "import torch\nfrom xla_kernels.frontends import torch_native\n"
+        "def missing():\n    raise FileNotFoundError('torch headers not found (test)')\n"
+        "torch_native._torch_build_options = missing\n"
+        "from xla_kernels.frontends.torch import torch_op\n"
+        "from xla_kernels.kernels.simple_add import simple_add\n"
+        "add = torch_op(simple_add)\n"
+        "a = torch.arange(4.0)\nassert torch.equal(add(a, a), a + a)\n"
+        "assert not torch_native.available()\n"
+        "print(torch_native.native_status())\n")
+    assert "unavailable: FileNotFoundError: torch headers not found (test)" in out
