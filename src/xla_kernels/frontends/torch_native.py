@@ -175,7 +175,9 @@ def _torch_build_options() -> tuple[list[Path], dict[str, str], list[str]]:
         # Headers change with torch while their paths may not: key the build on the version.
         "XK_TORCH_VERSION": '"' + torch.__version__ + '"',
     }
-    flags = ["-w", f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}",
+    # torch's own extension builder compiles with C++20 (its headers use C++20 features);
+    # this flag comes after the builder's -std=c++17, so it wins.
+    flags = ["-std=c++20", "-w", f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}",
              # The libraries come before the sources on the command line: keep them needed.
              "-Wl,--no-as-needed", "-ltorch", "-ltorch_cpu", "-lc10", "-ltorch_python"]
     return [*includes, python_include], defines, flags
