@@ -367,11 +367,14 @@ class Kernel final : public c10::OperatorKernel {
       if (it != plans_.end()) plan = it->second;
     }
     if (!plan) {
+      // A copy: the planner is Python and may run native kernels itself on this
+      // thread, which reuse the thread's key buffer.
+      std::string own_key = key;
       plan = MakePlan(op, args, tensors);
       if (cacheable) {
         std::unique_lock<std::shared_mutex> lock(mutex_);
         if (plans_.size() >= kMaxPlans) plans_.clear();
-        plans_.emplace(key, plan);
+        plans_.emplace(std::move(own_key), plan);
       }
     }
     TORCH_CHECK(plan->input_dtypes.size() == tensors.size(), plan->op_name,
@@ -388,7 +391,9 @@ class Kernel final : public c10::OperatorKernel {
     // stream of `device` (made current by the guard above).
     c10::Allocator* cuda_allocator = cuda_ ? c10::GetAllocator(device.type()) : nullptr;
     const at::Context& ctx = at::globalContext();
-    // As at::empty does, fill when deterministic algorithms ask for it.
+    // Fill (NaN, or all-ones bits for integers) when asked to poison, and when
+    // deterministic algorithms ask for uninitialized memory to be filled, as
+    // at::empty then does.
     const bool fill = plan->poison || (ctx.deterministicAlgorithms() &&
                                        ctx.deterministicFillUninitializedMemory());
     c10::SmallVector<at::Tensor, 4> outs;
