@@ -71,6 +71,7 @@ class OpRecord:
         self.plans: dict[Any, Any] = {}
         self.lock = threading.RLock()
         self._guards: list[Guard] = []
+        self._on_replace: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         made = [f"kernels={sorted(self.kernels)}"] if self.kernels else []
@@ -91,6 +92,11 @@ class OpRecord:
         """Add a reason a later declaration may have to be refused (see the module doc)."""
         with self.lock:
             self._guards.append(guard)
+
+    def on_replace(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever a redeclaration replaces the op (to drop caches)."""
+        with self.lock:
+            self._on_replace.append(callback)
 
     def _kernels_guard(self, new: Op) -> str | None:
         for platform in sorted(self.kernels):
@@ -115,6 +121,8 @@ class OpRecord:
             self.op = new
             self.jax_primitive = None
             self.plans.clear()
+            for callback in self._on_replace:
+                callback()
 
 
 _records: dict[str, OpRecord] = {}

@@ -221,3 +221,102 @@ def test_per_call_time_of_each_frontend(add, torchax_env):
         (Path(out_dir) / "frontend_overhead.json").write_text(json.dumps(report, indent=2) + "\n")
     for name, r in results.items():
         assert r["dispatch_us_median"] > 0, name
+
+
+# ------------------------------------------------------------------------ native kernels
+
+NATIVE = os.environ.get("XLA_KERNELS_TORCH_NATIVE", "1") != "0"
+
+# A CUDA handler that takes scratch memory and reports the stream and device ordinal it
+# was given: info = [stream handle, ordinal], out = a * x + y.
+native_axpy = xk.Op(
+    "xk_tests.native_axpy",
+    inputs=[xk.Tensor("x", dtypes=("f32",)), xk.Tensor("y", dtypes=("f32",))],
+    attrs=[xk.Attr("a", np.float32)],
+    outputs=lambda x, y, a: (xk.like(x), xk.Spec((2,), "i64")),
+    kernels={"cuda": xk.Kernel(
+        [str(Path(__file__).resolve().parents[1] / "fixtures" / "eager" / "cuda_handlers.cu")],
+        handler="xk_test_cuda_axpy")},
+)
+
+
+@pytest.mark.skipif(not NATIVE, reason="XLA_KERNELS_TORCH_NATIVE=0 forces the Python kernels")
+def test_native_cuda_kernel_is_active(add):
+    from xla_kernels.frontends import torch_native
+
+    assert torch_native.native_status().startswith("active: "), torch_native.native_status()
+    table = torch._C._dispatch_dump_table("xla_kernels::simple_add")
+    cuda_line = next(line for line in table.splitlines() if line.startswith("CUDA:"))
+    assert "torch_native.cc" in cuda_line, table
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(0,), (1,), (1021,), (3, 0, 2), (65, 33)])
+def test_native_matches_the_python_path_on_cuda(add, dtype, shape):
+    from xla_kernels.frontends import torch as torch_frontend
+
+    a = torch.randn(shape, device="cuda").to(dtype)
+    b = torch.randn(shape, device="cuda").to(dtype)
+    entry = torch_frontend._entries["xla_kernels::simple_add"]
+    python = torch_frontend._run(entry, "cuda", (a, b), {})
+    native = add(a, b)
+    assert native.device == a.device and native.dtype == dtype and native.shape == shape
+    torch.testing.assert_close(native, python, rtol=0, atol=0)
+    torch.testing.assert_close(native, a + b, rtol=0, atol=0)
+
+
+def test_runs_on_the_current_stream_with_torch_scratch():
+    axpy = torch_op(native_axpy)
+    x = torch.randn(100_003, device="cuda")
+    y = torch.randn(100_003, device="cuda")
+    for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            big = x.repeat(64).view(64, -1).sum(0)  # queued first on this stream
+            out, info = axpy(big, y, a=3.0)
+            after = out - y  # queued after: must see the handler's results
+        stream.synchronize()
+        assert info.tolist() == [stream.cuda_stream, x.device.index or 0]
+        torch.testing.assert_close(out, 3.0 * big + y)
+        torch.testing.assert_close(after, 3.0 * big, rtol=1e-5, atol=1e-4)
+
+
+def test_side_stream_is_not_the_current_one(add):
+    side = torch.cuda.Stream()
+    a = torch.randn(1 << 20, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = add(a, a)
+        assert torch.cuda.current_stream() == side
+    assert torch.cuda.current_stream() != side
+    torch.cuda.current_stream().wait_stream(side)
+    torch.testing.assert_close(out, a * 2, rtol=0, atol=0)
+
+
+def test_device_mismatch_is_the_library_error(add):
+    with pytest.raises(xk.OpInputError, match="argument 'b': is on cpu, while 'a' is on cuda"):
+        add(torch.ones(3, device="cuda"), torch.ones(3))
+
+
+def test_native_calls_from_threads_on_their_own_streams(add):
+    import threading
+
+    errors = []
+
+    def work() -> None:
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                a = torch.randn(4099, device="cuda")
+                for _ in range(200):
+                    out = add(a, a)
+                torch.testing.assert_close(out, a * 2, rtol=0, atol=0)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors

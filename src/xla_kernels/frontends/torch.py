@@ -31,6 +31,7 @@ import torch
 
 from xla_kernels import dtypes, platforms
 from xla_kernels.errors import OpInputError
+from xla_kernels.frontends import torch_native
 from xla_kernels.op import CallPlan, Op
 from xla_kernels.record import OpRecord
 from xla_kernels.runtime.eager import Buffer, DeviceAllocator, call_handler
@@ -80,19 +81,47 @@ def torch_op(op: Op, *, namespace: str | None = None, num_outputs: int | None = 
 
 
 def install_eager(record: OpRecord, qualname: str) -> None:
-    """Give the torch operator ``qualname`` its eager kernels for every platform, once."""
+    """Give the torch operator ``qualname`` its eager kernels for every platform, once.
+
+    Where torch's headers are installed each is a native C++ kernel
+    (:mod:`xla_kernels.frontends.torch_native`) that asks :func:`_native_planner` once per
+    call shape and then runs without Python; elsewhere (or with
+    ``XLA_KERNELS_TORCH_NATIVE=0``) it is the Python kernel :func:`_run`.
+    """
     with record.lock:
         for platform in platforms.PLATFORMS.values():
             if (qualname, platform.name) in record.torch_eager:
                 continue
+            if torch_native.install(qualname, platform.name,
+                                    _native_planner(record, platform.name)):
+                record.on_replace(lambda q=qualname: torch_native.clear_plans(q))
+            else:
+                def impl(*tensors: torch.Tensor, _platform: str = platform.name,
+                         **kwargs: Any) -> Any:
+                    return _run(record, _platform, tensors, kwargs)
 
-            def impl(*tensors: torch.Tensor, _platform: str = platform.name,
-                     **kwargs: Any) -> Any:
-                return _run(record, _platform, tensors, kwargs)
-
-            impl.__name__ = impl.__qualname__ = f"{qualname.split('::')[1]}_{platform.name}"
-            torch.library.impl(qualname, platform.torch_dispatch_key, impl)
+                impl.__name__ = impl.__qualname__ = f"{qualname.split('::')[1]}_{platform.name}"
+                torch.library.impl(qualname, platform.torch_dispatch_key, impl)
             record.torch_eager.add((qualname, platform.name))
+
+
+def _native_planner(record: OpRecord, platform: str) -> Any:
+    """What the native kernel calls on a new call shape: the same checks as :func:`_run`,
+    then the plan it keeps (handler, outputs, encoded attributes)."""
+    def planner(tensors: tuple[torch.Tensor, ...], kwargs: dict[str, Any]
+                ) -> torch_native.NativePlan:
+        device = tensors[0].device
+        if any(t.device != device for t in tensors):
+            _device_mismatch(record.op, tensors)
+        op = record.op
+        plan = op.bind(tensors, attrs_from_torch(op, kwargs))
+        return torch_native.NativePlan.create(
+            handler=plan.kernel(platform).address,
+            outputs=[(_TORCH_DTYPES[s.dtype], s.shape) for s in plan.outputs],
+            visible=plan.visible_indices, attrs=plan.eager_attrs(), op_name=op.name,
+            poison=POISON_OUTPUTS)
+
+    return planner
 
 
 # ------------------------------------------------------------------------ the kernels
