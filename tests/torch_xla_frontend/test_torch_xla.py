@@ -256,3 +256,30 @@ def test_torch_library_op_on_xla_tensors_emits_the_custom_call():
     assert 'custom_call_target="xla_kernels.simple_add"' in text
     assert "api_version=API_VERSION_TYPED_FFI" in text
     assert out.cpu().tolist() == [5.0, 7.0, 9.0]
+
+
+def _times(target: str, handler: str):
+    import xla_kernels as xk
+
+    return xk.Op(target, inputs=[xk.Tensor("x", ("f32",))], outputs=lambda x: xk.like(x),
+                 kernels={"cpu": xk.Kernel(["../fixtures/redeclare/times.cc"], handler)})
+
+
+def test_a_redeclaration_with_other_kernels_is_refused_once_torch_xla_ran_the_op():
+    from xla_kernels.errors import OpDeclarationError
+
+    op = _times("xk_tests.torch_xla_redeclared", "XkTestTimesTwo")
+    x = torch.tensor([1.0, 2.0], device=_dev())
+    assert xt.register_torch_xla(op)(x).cpu().tolist() == [2.0, 4.0]
+    with pytest.raises(OpDeclarationError, match=r"its cpu kernel \(XkTestTimesTwo from .*\) "
+                                                 "is already loaded"):
+        _times("xk_tests.torch_xla_redeclared", "XkTestTimesThree")
+    assert xt.register_torch_xla(op)(x).cpu().tolist() == [2.0, 4.0]
+
+
+def test_a_redeclaration_before_torch_xla_ran_the_op_runs_its_own_kernel():
+    first = _times("xk_tests.torch_xla_replaced", "XkTestTimesTwo")
+    packet = xt.register_torch_xla(first)
+    _times("xk_tests.torch_xla_replaced", "XkTestTimesThree")
+    x = torch.tensor([1.0, 2.0], device=_dev())
+    assert packet(x).cpu().tolist() == [3.0, 6.0]
