@@ -47,6 +47,9 @@ if [ "$mode" != bench ]; then
   step "GPU tests"
   python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$out/gpu_tests.txt" \
     || status=1
+  step "GPU torch tests through the Python eager kernels (the native kernel's fallback)"
+  XLA_KERNELS_TORCH_NATIVE=0 python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/gpu/test_torch_gpu.py 2>&1 | tee "$out/gpu_tests_python_path.txt" || status=1
 
   step "compute-sanitizer (memcheck, racecheck) on the CUDA kernels"
   for tool in memcheck racecheck; do
@@ -62,6 +65,8 @@ fi
 if [ "$mode" != tests ]; then
   step "benchmarks"
   python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1
+  python3 benchmarks/eager_dispatch.py --out "$out" 2>&1 | tee "$out/eager_dispatch.txt" \
+    || status=1
   python3 benchmarks/paged_attention.py --out "$out" $quick 2>&1 \
     | tee "$out/paged_attention.txt" || status=1
 fi
