@@ -391,9 +391,11 @@ def compile_inductor_checks() -> None:
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
 
 
-def in_fresh_python(check: str) -> None:
+def in_fresh_python(check: str, module: str = "test_torch_frontend") -> None:
+    """Run ``module.check()`` in a new interpreter: torch.compile breaks in a process that
+    imported torchax (it makes "jax" torch's accelerator)."""
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-            f"import test_torch_frontend as t\nt.{check}()\nprint('CHECKS PASSED')\n")
+            f"import {module} as t\nt.{check}()\nprint('CHECKS PASSED')\n")
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (src, os.environ.get("PYTHONPATH")) if p))

@@ -45,6 +45,7 @@ from xla_kernels.op import (
     Tensor,
     declared_ops,
     like,
+    updated,
 )
 from xla_kernels.record import OpRecord, record_of
 from xla_kernels.runtime.registry import ensure_registered, registrations
@@ -89,4 +90,5 @@ __all__ = [
     "record_of",
     "registrations",
     "serialize",
+    "updated",
 ]

@@ -51,7 +51,9 @@ class Spec:
     """Shape and dtype of one array: what shape rules receive and return.
 
     ``workspace=True`` marks an output the kernel needs as scratch: it is allocated
-    and passed to the kernel, but never returned to the caller.
+    and passed to the kernel, but never returned to the caller. ``updates`` names the
+    input an output *is*, updated in place (see :func:`updated`). ``name`` is the input's
+    name on the Specs a shape rule receives.
 
     Example:
         >>> Spec([2, 3], "float32")
@@ -61,6 +63,8 @@ class Spec:
     shape: tuple[int, ...]
     dtype: str
     workspace: bool = False
+    updates: str | None = dataclasses.field(default=None, repr=False, compare=False)
+    name: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -90,6 +94,27 @@ def like(x: Spec, *, dtype: Any = None) -> Spec:
     return Spec(x.shape, x.dtype if dtype is None else dtype)
 
 
+def updated(x: Spec) -> Spec:
+    """An output that is the input ``x`` itself, updated in place by the kernel.
+
+    The kernel's result buffer is ``x``'s buffer. JAX returns the updated array (one
+    custom-call whose output aliases the operand: no copy under ``donate_argnums``, a copy
+    XLA inserts otherwise); torch mutates the tensor (schema ``Tensor(a!)``) and does not
+    return it.
+
+    Example:
+        >>> rule = lambda cache, rows: updated(cache)
+        >>> out = rule(Spec((8, 4), "f32", name="cache"), Spec((2, 4), "f32", name="rows"))
+        >>> out.updates, out.shape
+        ('cache', (8, 4))
+    """
+    if x.name is None:
+        raise OpDeclarationError(None, "updated() takes one of the Specs the shape rule "
+                                       "received for an input", "pass that Spec, e.g. "
+                                       "updated(cache)")
+    return Spec(x.shape, x.dtype, updates=x.name)
+
+
 class Invalid(Exception):
     """Raised by a shape rule to reject a call; the op turns it into an :class:`OpInputError`.
 
@@ -114,6 +139,8 @@ class Tensor:
         name: argument name, used in messages and as the torch schema name.
         dtypes: the element types the kernels accept (``"f32"``, ``"bf16"``, ...).
         rank: allowed number of dimensions: an int, a tuple of ints, or None for any.
+        in_place: the kernel updates this input in place; the shape rule returns
+            ``updated(x)`` for it, in the position of the handler's result.
 
     Example:
         >>> Tensor("x", dtypes=("float32", "bf16"), rank=(1, 2)).dtypes
@@ -124,6 +151,7 @@ class Tensor:
     dtypes: tuple[str, ...]
     rank: int | tuple[int, ...] | None = None
     doc: str = ""
+    in_place: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -255,9 +283,20 @@ class CallPlan:
         """Positions of the visible outputs among all kernel results."""
         return tuple(i for i, o in enumerate(self.outputs) if not o.workspace)
 
-    def results(self, outs: Sequence[Any]) -> Any:
-        """What the caller gets from the kernel's results: one array, or a tuple of them."""
-        visible = [outs[i] for i in self.visible_indices]
+    @property
+    def aliases(self) -> dict[int, int]:
+        """``{input position: output position}`` of inputs updated in place."""
+        names = {s.name: i for i, s in enumerate(self.inputs)}
+        return {names[o.updates]: j for j, o in enumerate(self.outputs) if o.updates}
+
+    def results(self, outs: Sequence[Any], *, with_updated: bool = True) -> Any:
+        """What the caller gets from the kernel's results: one array, a tuple of them, or
+        None. ``with_updated=False`` leaves out inputs updated in place (torch returns no
+        alias of a mutated argument)."""
+        visible = [outs[i] for i in self.visible_indices
+                   if with_updated or not self.outputs[i].updates]
+        if not visible:
+            return None
         return visible[0] if len(visible) == 1 else tuple(visible)
 
     def mlir_attributes(self) -> dict[str, str]:
@@ -306,6 +345,8 @@ class Op:
         output_names: names of the visible outputs (what the shape rule returns, less
             workspaces). Frontends that need the count before any call (the torch schema)
             take it from here; without it they run the shape rule on probe inputs.
+        has_side_effect: the kernel does more than compute its outputs (a counter, I/O,
+            state): calls are never merged or removed, even when their results are unused.
         doc: a docstring for the generated functions.
 
     Attributes:
@@ -330,6 +371,7 @@ class Op:
         kernels: Mapping[str, Kernel],
         vmap_method: str = "sequential",
         output_names: Sequence[str] | None = None,
+        has_side_effect: bool = False,
         doc: str = "",
     ):
         if not _TARGET_NAME.match(name):
@@ -341,6 +383,7 @@ class Op:
         self.output_rule = outputs
         self.vmap_method = vmap_method
         self.output_names = None if output_names is None else tuple(output_names)
+        self.has_side_effect = bool(has_side_effect)
         self.doc = doc
         base, self.module = _caller_location()
         self.kernels = {p: k if k.base_dir else dataclasses.replace(k, base_dir=base)
@@ -376,8 +419,6 @@ class Op:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise OpDeclarationError(self.name, f"duplicate argument names {dupes}")
-        if not self.inputs:
-            raise OpDeclarationError(self.name, "an op needs at least one input")
         if not self.kernels:
             raise OpDeclarationError(self.name, "no kernels given",
                                      'pass kernels={"cpu": Kernel(...), "cuda": Kernel(...)}')
@@ -421,16 +462,45 @@ class Op:
         if not outputs or not all(isinstance(o, Spec) for o in outputs):
             raise OpDeclarationError(self.name, f"the output rule returned {out!r}",
                                      "return a Spec or a sequence of Specs")
+        self._check_updates(specs, outputs)
         return CallPlan(self, specs, values, outputs)
+
+    def _check_updates(self, inputs: tuple[Spec, ...], outputs: tuple[Spec, ...]) -> None:
+        by_name = {s.name: s for s in inputs}
+        in_place = {t.name for t in self.inputs if t.in_place}
+        seen: set[str] = set()
+        for o in outputs:
+            if o.updates is None:
+                continue
+            source = by_name.get(o.updates)
+            if source is None or o.updates in seen or o.workspace:
+                raise OpDeclarationError(
+                    self.name, f"the output rule updates {o.updates!r} in place "
+                    f"{'twice' if o.updates in seen else 'but it is not an input'}",
+                    "return updated(x) once per input x the kernel writes")
+            if (o.shape, o.dtype) != (source.shape, source.dtype):
+                raise OpDeclarationError(self.name, f"the output updating {o.updates!r} has "
+                                         f"another shape or dtype than the input",
+                                         "return updated(x) unchanged")
+            if o.updates not in in_place:
+                raise OpDeclarationError(self.name, f"the output rule updates {o.updates!r} "
+                                         "in place, but the input is not declared so",
+                                         f"declare Tensor({o.updates!r}, ..., in_place=True)")
+            seen.add(o.updates)
+        if in_place - seen:
+            missing = sorted(in_place - seen)[0]
+            raise OpDeclarationError(self.name, f"input {missing!r} is declared in_place, but "
+                                     "the output rule does not return it",
+                                     f"return updated({missing}) among the outputs")
 
     def _spec_of(self, tensor: Tensor, x: Any) -> Spec:
         if isinstance(x, Spec):
-            return x
+            return x if x.name == tensor.name else Spec(x.shape, x.dtype, name=tensor.name)
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             raise OpTypeError(self.name, tensor.name, f"expected an array, got {type(x).__name__}",
                               "pass a JAX, NumPy or torch array")
         try:
-            return Spec(tuple(x.shape), x.dtype)
+            return Spec(tuple(x.shape), x.dtype, name=tensor.name)
         except TypeError as e:
             raise OpTypeError(self.name, tensor.name, str(e),
                               f"pass one of {', '.join(tensor.dtypes)}") from None

@@ -73,17 +73,27 @@ def schema(op: Op, *, num_outputs: int | None = None) -> str:
         >>> schema(op)
         '(Tensor x, *, float factor=2.0, int? n=None, int[] dims=[1, 2]) -> (Tensor, Tensor)'
     """
-    params = [f"Tensor {t.name}" for t in op.inputs]
-    if op.attrs:
+    letters = iter("abcdefghijklmnopqrstuvwxyz")
+    params = [f"Tensor({next(letters)}!) {t.name}" if t.in_place else f"Tensor {t.name}"
+              for t in op.inputs]
+    if op.attrs or not op.inputs:
         params.append("*")
+    if not op.inputs:  # nothing to dispatch on: the caller says where (default: the CPU)
+        if any(a.name == "device" for a in op.attrs):
+            raise RegistrationError(f"{op.name}: an op without array inputs takes the torch "
+                                    "keyword 'device', which its attribute 'device' shadows. "
+                                    "Fix: rename the attribute.")
+        params.append("Device? device=None")
     for attr in op.attrs:
         kind = attr.codec.torch_schema_type
         literal = None if attr.required else attr.codec.torch_literal(attr.default)
         params.append(f"{kind} {attr.name}={literal}" if literal is not None
                       else f"{kind}? {attr.name}=None")
-    returns = visible_count(op) if num_outputs is None else int(num_outputs)
-    if returns < 1:
-        raise RegistrationError(f"{op.name}: num_outputs must be at least 1, got {returns}")
+    visible = visible_count(op) if num_outputs is None else int(num_outputs)
+    returns = visible - sum(t.in_place for t in op.inputs)  # torch returns no mutated input
+    if returns < 0 or visible < 1:
+        raise RegistrationError(f"{op.name}: num_outputs must count every visible output "
+                                f"(inputs updated in place too), got {visible}")
     ret = "Tensor" if returns == 1 else "(" + ", ".join(["Tensor"] * returns) + ")"
     return f"({', '.join(params)}) -> {ret}"
 
@@ -154,7 +164,7 @@ def attrs_from_torch(op: Op, kwargs: Mapping[str, Any], *, concretize: bool = Fa
     types = op.attr_types
     out = {}
     for k, v in kwargs.items():
-        if v is None:
+        if v is None or (k == "device" and not op.inputs):
             continue
         if concretize:
             v = _concrete(v)
@@ -222,12 +232,29 @@ def define(op: Op, *, namespace: str | None = None, num_outputs: int | None = No
         fake_impl.__name__ = fake_impl.__qualname__ = f"{name}_fake"
         torch.library.register_fake(qualname, fake_impl)
         operator = TorchOperator(qualname, text, getattr(getattr(torch.ops, ns), name))
+        if op.has_side_effect:  # torch.compile must neither drop nor reorder its calls
+            torch.library._register_effectful_op(operator.packet.default,
+                                                 torch.library.EffectType.ORDERED)
+        if not any(t.in_place for t in op.inputs):  # torch: only functional ops take one
+            _refuse_gradients(op, qualname)
         record.torch_operators[qualname] = operator
         record.guard(lambda new: _schema_guard(operator, new))
     from xla_kernels.frontends.torch import install_eager
 
     install_eager(record, qualname)
     return operator
+
+
+def _refuse_gradients(op: Op, qualname: str) -> None:
+    """A gradient through an op with no declared backward raises, instead of being None."""
+    import torch
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(f"{op.name}: cannot be differentiated: the op declares no "
+                           "backward. Fix: compute the gradient another way (e.g. detach() "
+                           "the inputs), or wrap the op in a torch.autograd.Function.")
+
+    torch.library.register_autograd(qualname, backward)
 
 
 def _schema_guard(operator: TorchOperator, new: Op) -> str | None:
@@ -247,7 +274,7 @@ def _fake(op: Op, tensors: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> 
     import torch
 
     plan = op.bind(tensors, attrs_from_torch(op, kwargs, concretize=True))
-    device = tensors[0].device
+    device = tensors[0].device if tensors else torch.device(kwargs.get("device") or "cpu")
     outs = [torch.empty(s.shape, dtype=dtypes.to_torch(s.dtype), device=device)
             for s in plan.outputs]
-    return plan.results(outs)
+    return plan.results(outs, with_updated=False)

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 from jax import lax
-from jax._src import dispatch
+from jax._src import dispatch, effects
 from jax.extend.core import Primitive
-from jax.interpreters import batching, mlir
+from jax.interpreters import ad, batching, mlir
 from jax.interpreters.mlir import ir
 
 from xla_kernels import dtypes, platforms
@@ -65,6 +65,20 @@ class FrozenAttrs:
         return "{" + ", ".join(f"{k}={v!r}" for k, v in sorted(self._values.items())) + "}"
 
 
+class SideEffect(effects.Effect):
+    """The effect of an op declared ``has_side_effect=True``: JAX neither merges nor drops
+    its calls, and lowers them with ``has_side_effect`` so XLA does not either."""
+
+    def __str__(self) -> str:
+        return "xla_kernels side effect"
+
+
+_SIDE_EFFECT = SideEffect()
+effects.lowerable_effects.add_type(SideEffect)
+effects.control_flow_allowed_effects.add_type(SideEffect)
+effects.custom_derivatives_allowed_effects.add_type(SideEffect)
+
+
 def call(op: Op, arrays: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
     """Validate a call of ``op`` on JAX arrays and bind its primitive.
 
@@ -88,19 +102,28 @@ def _make_primitive(op: Op) -> Primitive:
     prim.xk_op = op  # type: ignore[attr-defined]
     prim.multiple_results = True
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
-    prim.def_abstract_eval(functools.partial(_abstract_eval, op))
+    prim.def_effectful_abstract_eval(functools.partial(_abstract_eval, op))
     for platform in platforms.PLATFORMS.values():
         rule = (functools.partial(_lower, op, platform.name) if platform.name in op.kernels
                 else functools.partial(_no_kernel, op))
         mlir.register_lowering(prim, rule, platform=platform.jax_lowering)
     mlir.register_lowering(prim, functools.partial(_no_kernel, op))
     batching.primitive_batchers[prim] = functools.partial(_batch, op, prim)
+    ad.primitive_jvps[prim] = functools.partial(_no_derivative, op)
     return prim
 
 
-def _abstract_eval(op: Op, *avals: Any, attrs: FrozenAttrs) -> list[jax.core.ShapedArray]:
+def _no_derivative(op: Op, primals: Any, tangents: Any, *, attrs: FrozenAttrs) -> Any:
+    raise TypeError(f"{op.name}: cannot be differentiated: the op declares no backward. Fix: "
+                    "wrap the call in jax.custom_vjp with your backward, or stop_gradient its "
+                    "inputs.")
+
+
+def _abstract_eval(op: Op, *avals: Any, attrs: FrozenAttrs
+                   ) -> tuple[list[jax.core.ShapedArray], set[effects.Effect]]:
     plan = op.bind(avals, attrs.thaw(), coerced=True)
-    return [jax.core.ShapedArray(o.shape, dtypes.to_numpy(o.dtype)) for o in plan.outputs]
+    outs = [jax.core.ShapedArray(o.shape, dtypes.to_numpy(o.dtype)) for o in plan.outputs]
+    return outs, ({_SIDE_EFFECT} if op.has_side_effect else set())
 
 
 def _lower(op: Op, platform: str, ctx: Any, *operands: Any, attrs: FrozenAttrs) -> Any:
@@ -108,7 +131,9 @@ def _lower(op: Op, platform: str, ctx: Any, *operands: Any, attrs: FrozenAttrs) 
     op.check_platform(platform, plan.inputs)
     ensure_registered(op, platform)
     config = {k: ir.Attribute.parse(text) for k, text in plan.mlir_attributes().items()}
-    return jax.ffi.ffi_lowering(op.target, backend_config=config)(ctx, *operands)
+    return jax.ffi.ffi_lowering(op.target, backend_config=config,
+                                has_side_effect=op.has_side_effect,
+                                operand_output_aliases=plan.aliases or None)(ctx, *operands)
 
 
 def _no_kernel(op: Op, ctx: Any, *operands: Any, attrs: FrozenAttrs) -> Any:

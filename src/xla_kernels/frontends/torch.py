@@ -89,11 +89,24 @@ def install_eager(record: OpRecord, qualname: str) -> None:
     ``XLA_KERNELS_TORCH_NATIVE=0``) it is the Python kernel :func:`_run`.
     """
     with record.lock:
+        op = record.op
+        if not op.inputs and (qualname, "select") not in record.torch_eager:
+            # Nothing to dispatch on: BackendSelect routes by the `device` keyword.
+            def select(*, device: Any = None, **kwargs: Any) -> Any:
+                kind = torch.device(device or "cpu").type
+                name = platforms.platform_for_torch_device(kind).name
+                return _run(record, name, (), {**kwargs, "device": device})
+
+            torch.library.impl(qualname, "BackendSelect", select)
+            record.torch_eager.add((qualname, "select"))
+        # The native kernel allocates every output itself: in-place and input-less ops
+        # take the Python kernel.
+        native_ok = bool(op.inputs) and not any(t.in_place for t in op.inputs)
         for platform in platforms.PLATFORMS.values():
             if (qualname, platform.name) in record.torch_eager:
                 continue
-            if torch_native.install(qualname, platform.name,
-                                    _native_planner(record, platform.name)):
+            if native_ok and torch_native.install(qualname, platform.name,
+                                                  _native_planner(record, platform.name)):
                 record.on_replace(lambda q=qualname: torch_native.clear_plans(q))
             else:
                 def impl(*tensors: torch.Tensor, _platform: str = platform.name,
@@ -170,20 +183,29 @@ def _plan(record: OpRecord, tensors: tuple[torch.Tensor, ...], kwargs: dict[str,
 def _run(record: OpRecord, platform: str, tensors: tuple[torch.Tensor, ...],
          kwargs: dict[str, Any]) -> Any:
     """The eager kernel: validate (once per call shape), allocate, call the handler."""
-    device = tensors[0].device
+    device = tensors[0].device if tensors else torch.device(kwargs.get("device") or "cpu")
     for t in tensors:
         if t.device != device:
             _device_mismatch(record.op, tensors)
+    op = record.op
+    for t, spec in zip(tensors, op.inputs, strict=True):
+        if spec.in_place and not t.is_contiguous():
+            raise OpInputError(op.name, spec.name, "is updated in place, but the tensor is "
+                               "not contiguous", f"pass {spec.name}.contiguous() and use that "
+                               "tensor afterwards")
     tensors = tuple(t if t.is_contiguous() else t.contiguous() for t in tensors)
     plan = _plan(record, tensors, kwargs)
     handler = plan.checked.get(platform)
     if handler is None:
         handler = plan.checked[platform] = plan.plan.kernel(platform).address
 
-    outs = [torch.empty(shape, dtype=dt, device=device) for _, shape, dt in plan.outputs]
+    updated = {out: tensors[arg] for arg, out in plan.plan.aliases.items()}
+    outs = [updated.get(i) if i in updated else torch.empty(shape, dtype=dt, device=device)
+            for i, (_, shape, dt) in enumerate(plan.outputs)]
     if POISON_OUTPUTS:
-        for o in outs:
-            o.fill_(float("nan") if o.is_floating_point() or o.is_complex() else -1)
+        for i, o in enumerate(outs):
+            if i not in updated:
+                o.fill_(float("nan") if o.is_floating_point() or o.is_complex() else -1)
     args = [Buffer(t.data_ptr(), dtype, shape)
             for t, (dtype, shape) in zip(tensors, plan.inputs, strict=True)]
     rets = [Buffer(o.data_ptr(), dtype, shape)
@@ -193,7 +215,7 @@ def _run(record: OpRecord, platform: str, tensors: tuple[torch.Tensor, ...],
         call_handler(handler, args=args, rets=rets, attrs=plan.attrs, op_name=name)
     else:
         _call_cuda(handler, device, args, rets, plan.attrs, name)
-    return plan.plan.results(outs)
+    return plan.plan.results(outs, with_updated=False)
 
 
 def _device_mismatch(op: Op, tensors: tuple[torch.Tensor, ...]) -> None:

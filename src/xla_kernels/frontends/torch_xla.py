@@ -225,6 +225,10 @@ def call(op: Op, *inputs: torch.Tensor, **attrs: Any) -> torch.Tensor | tuple[to
         tensor([5., 7., 9.])
     """
     plan = op.bind(inputs, attrs)
+    if plan.aliases:
+        raise OpInputError(op.name, op.inputs[next(iter(plan.aliases))].name,
+                           "is updated in place, which the torch_xla lowering does not carry",
+                           "call the op through JAX, which returns the updated array")
     op.check_platform("cpu", plan.inputs)
     register_op(op, "cpu")
     outs = custom_call(op.target, inputs, [(o.shape, o.dtype) for o in plan.outputs],

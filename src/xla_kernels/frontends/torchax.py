@@ -196,6 +196,13 @@ def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> No
         >>> register_torchax(simple_add)
         >>> register_torchax(simple_add)   # a second call changes nothing
     """
+    updated = [t.name for t in op.inputs if t.in_place]
+    if updated:
+        raise RegistrationError(
+            f"{op.name}: updates input '{updated[0]}' in place, which the torchax lowering "
+            "does not carry (torchax would have to write the result back into the torch "
+            "tensor). Fix: call the op on JAX arrays (jax_view the tensors): it returns the "
+            "updated array, aliased to the operand under donate_argnums.")
     torchax = import_torchax()
     from torchax.ops import ops_registry
 
