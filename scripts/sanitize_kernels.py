@@ -24,6 +24,13 @@ def main() -> None:
         print("paged attention: no sanitize_cases yet")
     else:
         sanitize_cases()
+    from xla_kernels.kernels.kv_cache import reshape_and_cache
+
+    for dim, dtype in ((128, jnp.bfloat16), (40, jnp.float32), (3, jnp.float16)):
+        key = jnp.asarray(rng.standard_normal((9, 2, dim)), dtype)
+        cache = jnp.zeros((4, 16, 2, dim), dtype)
+        slots = jnp.array([0, 63, -1, 64, 5, 17, 30, 31, 2], jnp.int32)
+        jax.block_until_ready(reshape_and_cache(key, key, cache, cache, slots))
     print("sanitize run finished")
 
 

@@ -1,0 +1,90 @@
+"""``reshape_and_cache``: write new tokens' keys and values into a paged KV cache, in place.
+
+::
+
+    key_cache, value_cache = reshape_and_cache(key, value, key_cache, value_cache,
+                                               slot_mapping, *, layout="vllm")
+
+* ``key``/``value`` [num_tokens, num_kv_heads, head_dim]; the caches as in
+  :mod:`xla_kernels.kernels.paged_attention` (``layout="vllm"`` [num_blocks, block_size,
+  num_kv_heads, head_dim] or ``"pallas"`` [num_kv_heads, num_blocks, block_size, head_dim]);
+  ``slot_mapping`` int32 [num_tokens], slot = block_id * block_size + offset.
+* Token ``t`` is written to slot ``slot_mapping[t]``; a slot below 0 (padding) or at or
+  beyond ``num_blocks * block_size`` is skipped, never written out of bounds. Every other
+  cache entry keeps its value. bf16, f16 and f32.
+* The caches are updated **in place**: in JAX the op returns them, aliased to the operands
+  (under ``jax.jit(..., donate_argnums=...)`` nothing is copied; without donation XLA copies
+  the caches first); the torch operator mutates them and returns nothing, like vLLM's
+  ``reshape_and_cache_flash``.
+
+Kernels: CUDA (``kv_cache.cu``, one CTA per token, 16-byte copies) and CPU
+(``kv_cache_cpu.cc``); :func:`reshape_and_cache_xla` is the plain-XLA fallback and
+:func:`reshape_and_cache_numpy` the test oracle.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> key = jnp.ones((3, 2, 64), jnp.bfloat16)
+    >>> cache = jnp.zeros((4, 16, 2, 64), jnp.bfloat16)
+    >>> write = jax.jit(reshape_and_cache, donate_argnums=(2, 3))
+    >>> kc, vc = write(key, key, cache, cache, jnp.array([0, 17, -1], jnp.int32))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from xla_kernels.attrs import Attr
+from xla_kernels.op import Invalid, Kernel, Op, Spec, Tensor, updated
+
+from .reference import LAYOUTS, reshape_and_cache_numpy, reshape_and_cache_xla
+
+DTYPES = ("bf16", "f16", "f32")
+
+
+def _output_rule(key: Spec, value: Spec, key_cache: Spec, value_cache: Spec,
+                 slot_mapping: Spec, *, layout: str) -> list[Spec]:
+    if layout not in LAYOUTS:
+        raise Invalid("layout", f"unknown layout {layout!r}",
+                      'use "vllm" ([num_blocks, block_size, num_kv_heads, head_dim]) or '
+                      '"pallas" ([num_kv_heads, num_blocks, block_size, head_dim])')
+    for name, spec in (("value", value), ("key_cache", key_cache),
+                       ("value_cache", value_cache)):
+        if spec.dtype != key.dtype:
+            raise Invalid(name, f"dtype {spec.dtype} differs from key's {key.dtype}",
+                          "cast key, value and the caches to one dtype")
+    if value.shape != key.shape:
+        raise Invalid("value", f"shape {value.shape} differs from key's {key.shape}",
+                      "pass key and value of one shape")
+    if value_cache.shape != key_cache.shape:
+        raise Invalid("value_cache", f"shape {value_cache.shape} differs from key_cache's "
+                      f"{key_cache.shape}", "pass caches of one shape")
+    num_tokens, heads, dim = key.shape
+    cache_heads, cache_dim = ((key_cache.shape[2] if layout == "vllm" else key_cache.shape[0]),
+                              key_cache.shape[3])
+    if (cache_heads, cache_dim) != (heads, dim):
+        raise Invalid("key_cache", f"shape {key_cache.shape} in layout {layout!r} has "
+                      f"{cache_heads} kv heads of size {cache_dim}, key has {heads} of {dim}",
+                      "pass a cache for these heads, and check `layout`")
+    if slot_mapping.shape != (num_tokens,):
+        raise Invalid("slot_mapping", f"expected shape ({num_tokens},), got "
+                      f"{slot_mapping.shape}", "pass one slot per token")
+    return [updated(key_cache), updated(value_cache)]
+
+
+reshape_and_cache = Op(
+    "xla_kernels.reshape_and_cache",
+    inputs=[
+        Tensor("key", dtypes=DTYPES, rank=3, doc="[num_tokens, num_kv_heads, head_dim]"),
+        Tensor("value", dtypes=DTYPES, rank=3, doc="key's shape"),
+        Tensor("key_cache", dtypes=DTYPES, rank=4, in_place=True, doc="paged keys, `layout`"),
+        Tensor("value_cache", dtypes=DTYPES, rank=4, in_place=True, doc="paged values"),
+        Tensor("slot_mapping", dtypes=("i32",), rank=1, doc="[num_tokens] slots"),
+    ],
+    attrs=[Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout')],
+    outputs=_output_rule,
+    output_names=("key_cache", "value_cache"),
+    kernels={"cpu": Kernel(["kv_cache_cpu.cc"], handler="XkReshapeAndCacheCpu"),
+             "cuda": Kernel(["kv_cache.cu"], handler="XkReshapeAndCacheCuda")},
+    doc=__doc__ or "",
+)
+
+__all__ = ["DTYPES", "LAYOUTS", "reshape_and_cache", "reshape_and_cache_numpy",
+           "reshape_and_cache_xla"]

@@ -1,0 +1,90 @@
+// reshape_and_cache on NVIDIA GPUs: one CTA per token; its threads copy the token's
+// num_kv_heads rows of key and value into the slot, 16 bytes per thread and step where rows
+// allow it (head_dim * element size a multiple of 16, buffers 16-byte aligned), else one
+// element at a time.
+// Bandwidth-bound: it reads and writes each new row once. Handler XkReshapeAndCacheCuda,
+// command-buffer compatible (it only enqueues a kernel).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kv_cache_ffi.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace xla_kernels::kv_cache {
+namespace {
+
+template <typename Word>
+__global__ void CopyRowsKernel(Layout l, const int32_t* __restrict__ slots,
+                               const Word* __restrict__ key, const Word* __restrict__ value,
+                               Word* __restrict__ key_cache, Word* __restrict__ value_cache,
+                               int64_t words_per_row) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0 || slot >= l.capacity()) return;  // padding or out of range: skipped
+  const int64_t words = l.num_kv_heads * words_per_row;
+  const int64_t scale = l.head_dim / words_per_row;  // elements per word
+  for (int64_t i = threadIdx.x; i < words; i += blockDim.x) {
+    const int64_t h = i / words_per_row, w = i % words_per_row;
+    const int64_t dst = l.RowOffset(slot, h) / scale + w;
+    const int64_t src = t * words + i;
+    key_cache[dst] = key[src];
+    value_cache[dst] = value[src];
+  }
+}
+
+ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::AnyBuffer value,
+                               ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
+                               ffi::Buffer<ffi::S32> slot_mapping,
+                               ffi::Result<ffi::AnyBuffer> key_out,
+                               ffi::Result<ffi::AnyBuffer> value_out, std::string_view layout) {
+  Layout l;
+  ffi::Error err = Decode(key, value, key_cache, value_cache, slot_mapping, *key_out, *value_out,
+                          layout, &l);
+  if (err.failure()) return err;
+  if (l.num_tokens == 0 || l.num_kv_heads == 0 || l.head_dim == 0) return ffi::Error::Success();
+  if (l.num_tokens > 0x7fffffff) return Bad("key", "too many tokens for one launch", "split it");
+  const size_t elem = ElementSize(key.element_type());
+  const size_t row_bytes = static_cast<size_t>(l.head_dim) * elem;
+  const dim3 grid(static_cast<unsigned>(l.num_tokens)), block(128);
+  const int32_t* slots = slot_mapping.typed_data();
+  const bool aligned = ((reinterpret_cast<uintptr_t>(key.untyped_data()) |
+                         reinterpret_cast<uintptr_t>(value.untyped_data()) |
+                         reinterpret_cast<uintptr_t>(key_out->untyped_data()) |
+                         reinterpret_cast<uintptr_t>(value_out->untyped_data())) % 16) == 0;
+  if (row_bytes % 16 == 0 && aligned) {
+    CopyRowsKernel<uint4><<<grid, block, 0, stream>>>(
+        l, slots, static_cast<const uint4*>(key.untyped_data()),
+        static_cast<const uint4*>(value.untyped_data()), static_cast<uint4*>(key_out->untyped_data()),
+        static_cast<uint4*>(value_out->untyped_data()), static_cast<int64_t>(row_bytes / 16));
+  } else if (elem == 4) {
+    CopyRowsKernel<uint32_t><<<grid, block, 0, stream>>>(
+        l, slots, static_cast<const uint32_t*>(key.untyped_data()),
+        static_cast<const uint32_t*>(value.untyped_data()),
+        static_cast<uint32_t*>(key_out->untyped_data()),
+        static_cast<uint32_t*>(value_out->untyped_data()), l.head_dim);
+  } else {
+    CopyRowsKernel<uint16_t><<<grid, block, 0, stream>>>(
+        l, slots, static_cast<const uint16_t*>(key.untyped_data()),
+        static_cast<const uint16_t*>(value.untyped_data()),
+        static_cast<uint16_t*>(key_out->untyped_data()),
+        static_cast<uint16_t*>(value_out->untyped_data()), l.head_dim);
+  }
+  const cudaError_t launch = cudaGetLastError();
+  if (launch != cudaSuccess)
+    return ffi::Error::Internal(std::string("xla_kernels.reshape_and_cache: launch failed: ") +
+                                cudaGetErrorString(launch));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace xla_kernels::kv_cache
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkReshapeAndCacheCuda, xla_kernels::kv_cache::ReshapeAndCacheCuda,
+                              xla_kernels::kv_cache::BindOperands(
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+                              {ffi::Traits::kCmdBufferCompatible});

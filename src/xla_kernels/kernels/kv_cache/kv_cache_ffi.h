@@ -1,0 +1,91 @@
+// Decoding and validating reshape_and_cache's XLA FFI buffers: shared by the CPU handler
+// (kv_cache_cpu.cc) and the CUDA handler (kv_cache.cu), so both reject bad input alike.
+// Plain C++ (no CUDA).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+#include "xla_kernels/errors.h"
+#include "xla_kernels/host_device.h"
+
+namespace xla_kernels::kv_cache {
+
+namespace ffi = xla::ffi;
+
+// Where token t's row of head h goes: element offset of slot `slot` (= block * block_size +
+// offset) and head h in a cache, for either layout. Rows of head_dim elements are contiguous.
+struct Layout {
+  int64_t num_tokens, num_kv_heads, head_dim, num_blocks, block_size;
+  bool pallas;  // [kv_heads, blocks, block_size, d] instead of vLLM's [blocks, block_size, kv_heads, d]
+
+  XK_HOST_DEVICE int64_t capacity() const { return num_blocks * block_size; }
+  XK_HOST_DEVICE int64_t RowOffset(int64_t slot, int64_t h) const {
+    return pallas ? ((h * num_blocks) * block_size + slot) * head_dim
+                  : (slot * num_kv_heads + h) * head_dim;
+  }
+};
+
+inline ffi::Error Bad(const std::string& arg, const std::string& problem, const std::string& fix) {
+  return InvalidArgument("xla_kernels.reshape_and_cache", arg, problem, fix);
+}
+
+inline ffi::Error Decode(const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
+                         const ffi::AnyBuffer& key_cache, const ffi::AnyBuffer& value_cache,
+                         const ffi::Buffer<ffi::S32>& slot_mapping, const ffi::AnyBuffer& key_out,
+                         const ffi::AnyBuffer& value_out, std::string_view layout, Layout* l) {
+  const auto kd = key.dimensions();
+  const auto cd = key_cache.dimensions();
+  if (layout != "vllm" && layout != "pallas")
+    return Bad("layout", "unknown layout '" + std::string(layout) + "'",
+               "use \"vllm\" or \"pallas\"");
+  if (kd.size() != 3 || cd.size() != 4)
+    return Bad("key", "expected key [num_tokens, num_kv_heads, head_dim] and a rank-4 cache",
+               "pass arrays of those ranks");
+  const ffi::DataType dt = key.element_type();
+  if (value.element_type() != dt || key_cache.element_type() != dt ||
+      value_cache.element_type() != dt || key_out.element_type() != dt ||
+      value_out.element_type() != dt)
+    return Bad("value", "key, value and both caches must share one dtype", "cast them");
+  l->pallas = layout == "pallas";
+  l->num_tokens = kd[0];
+  l->num_kv_heads = kd[1];
+  l->head_dim = kd[2];
+  l->num_blocks = l->pallas ? cd[1] : cd[0];
+  l->block_size = l->pallas ? cd[2] : cd[1];
+  const int64_t cache_heads = l->pallas ? cd[0] : cd[2];
+  if (cache_heads != l->num_kv_heads || cd[3] != l->head_dim)
+    return Bad("key_cache", "its heads or head_dim differ from key's", "check the layout");
+  if (value.element_count() != key.element_count() ||
+      value_cache.element_count() != key_cache.element_count() ||
+      key_out.element_count() != key_cache.element_count() ||
+      value_out.element_count() != key_cache.element_count())
+    return Bad("value_cache", "value and value_cache must match key and key_cache",
+               "pass arrays of one shape");
+  if (slot_mapping.element_count() != static_cast<size_t>(l->num_tokens))
+    return Bad("slot_mapping", "needs one slot per token", "pass int32 [num_tokens]");
+  return ffi::Error::Success();
+}
+
+inline size_t ElementSize(ffi::DataType dt) {
+  return dt == ffi::DataType::F32 ? 4 : 2;  // f32, or bf16/f16: a copy needs only the width
+}
+
+// The handler's operands: the caches come in as operands and leave as the results that
+// alias them (XLA passes one buffer for both).
+template <typename Binding>
+auto BindOperands(Binding binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // key
+      .template Arg<ffi::AnyBuffer>()            // value
+      .template Arg<ffi::AnyBuffer>()            // key_cache
+      .template Arg<ffi::AnyBuffer>()            // value_cache
+      .template Arg<ffi::Buffer<ffi::S32>>()     // slot_mapping
+      .template Ret<ffi::AnyBuffer>()            // key_cache, updated
+      .template Ret<ffi::AnyBuffer>()            // value_cache, updated
+      .template Attr<std::string_view>("layout");
+}
+
+}  // namespace xla_kernels::kv_cache

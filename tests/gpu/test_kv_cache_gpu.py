@@ -1,0 +1,37 @@
+"""reshape_and_cache's CUDA kernel on the GPU against the NumPy oracle, bit for bit."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+import torch
+
+from test_kv_cache import make, same
+from xla_kernels.frontends.torch import torch_op
+from xla_kernels.kernels.kv_cache import reshape_and_cache, reshape_and_cache_numpy
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("dim", [128, 64, 40, 3])
+@pytest.mark.parametrize("tokens", [1, 13, 2000])
+def test_cuda_writes_each_slot_and_nothing_else(rng, layout, dtype, dim, tokens):
+    args = make(rng, tokens=tokens, blocks=max(8, tokens // 8), layout=layout, dtype=dtype,
+                dim=dim)
+    want = reshape_and_cache_numpy(*args, layout=layout)
+    got = jax.jit(lambda *a: reshape_and_cache(*a, layout=layout),
+                  donate_argnums=(2, 3))(*[jax.device_put(a) for a in args])
+    assert same(got[0], want[0]) and same(got[1], want[1])
+
+
+def test_cuda_torch_mutates_the_caches_on_the_current_stream(rng):
+    key, value, kc, vc, slots = make(rng)
+    want = reshape_and_cache_numpy(key, value, kc, vc, slots)
+    t = [torch.from_numpy(a).cuda() for a in (key, value, kc, vc, slots)]
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch_op(reshape_and_cache)(*t)
+    side.synchronize()
+    assert same(t[2].cpu().numpy(), want[0]) and same(t[3].cpu().numpy(), want[1])
