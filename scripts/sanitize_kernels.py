@@ -31,6 +31,13 @@ def main() -> None:
         cache = jnp.zeros((4, 16, 2, dim), dtype)
         slots = jnp.array([0, 63, -1, 64, 5, 17, 30, 31, 2], jnp.int32)
         jax.block_until_ready(reshape_and_cache(key, key, cache, cache, slots))
+    from xla_kernels.kernels.rms_norm import rms_norm
+
+    cases = (((3, 129), jnp.float32), ((2, 4, 64), jnp.bfloat16), ((1, 7), jnp.float16))
+    for shape, dtype in cases:
+        x = jnp.asarray(rng.standard_normal(shape), dtype)
+        w = jnp.asarray(rng.standard_normal(shape[-1]), dtype)
+        jax.block_until_ready(jax.grad(lambda x, w: rms_norm(x, w).sum(), (0, 1))(x, w))
     print("sanitize run finished")
 
 

@@ -328,6 +328,75 @@ BoundCall = CallPlan
 """The earlier name of :class:`CallPlan`."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Vjp:
+    """An op's backward, declared once for every frontend (``jax.grad``, ``torch.autograd``).
+
+    Args:
+        backward: the op that computes the gradients.
+        args: what the backward op takes, in order, by name: the forward's inputs, its
+            visible outputs (``output_names``), and ``"d" + output name`` for the cotangent
+            of an output.
+        grads: the forward inputs whose gradients the backward returns, in order; the others
+            (integer inputs, say) get none.
+
+    The backward op receives the forward call's attributes that it declares, by name.
+
+    Example:
+        >>> Vjp(backward=None, args=("x", "weight", "dy"), grads=("x", "weight")).grads
+        ('x', 'weight')
+    """
+
+    backward: Any
+    args: tuple[str, ...]
+    grads: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "grads", tuple(self.grads))
+
+    def check(self, op: Op) -> None:
+        """Raise unless every name refers to something ``op`` has."""
+        outputs = tuple(op.output_names or ())
+        known = {t.name for t in op.inputs} | set(outputs) | {f"d{n}" for n in outputs}
+        for name in self.args:
+            if name not in known:
+                raise OpDeclarationError(
+                    op.name, f"the vjp takes {name!r}, which is neither an input, an output "
+                    "nor an output's cotangent", "name inputs, output_names, or 'd' + an "
+                    "output name (declare output_names=...)")
+        inputs = {t.name for t in op.inputs}
+        for name in self.grads:
+            if name not in inputs:
+                raise OpDeclarationError(op.name, f"the vjp returns a gradient for {name!r}, "
+                                         "which is not an input", "list inputs in grads")
+
+    def backward_call(self, op: Op, inputs: Sequence[Any], outputs: Sequence[Any],
+                      cotangents: Sequence[Any], attrs: Mapping[str, Any]
+                      ) -> tuple[list[Any], dict[str, Any]]:
+        """The backward op's arrays and attributes, for any frontend's arrays.
+
+        ``outputs`` and ``cotangents`` are the visible outputs, in ``output_names`` order.
+        """
+        values = dict(zip((t.name for t in op.inputs), inputs, strict=True))
+        names = tuple(op.output_names or ())
+        values.update(zip(names, outputs, strict=False))
+        values.update(zip((f"d{n}" for n in names), cotangents, strict=False))
+        wanted = {a.name for a in self.backward.attrs}
+        return ([values[n] for n in self.args],
+                {k: v for k, v in attrs.items() if k in wanted})
+
+    def input_grads(self, op: Op, grads: Any) -> list[Any]:
+        """One gradient (or None) per forward input, from the backward op's result."""
+        grads = grads if isinstance(grads, (tuple, list)) else (grads,)
+        if len(grads) != len(self.grads):
+            raise OpDeclarationError(op.name, f"its backward {self.backward.name} returned "
+                                     f"{len(grads)} arrays for grads {self.grads}",
+                                     "make the backward return one gradient per name in grads")
+        by_name = dict(zip(self.grads, grads, strict=True))
+        return [by_name.get(t.name) for t in op.inputs]
+
+
 class Op:
     """One custom op, declared once and usable from every frontend.
 
@@ -347,6 +416,8 @@ class Op:
             take it from here; without it they run the shape rule on probe inputs.
         has_side_effect: the kernel does more than compute its outputs (a counter, I/O,
             state): calls are never merged or removed, even when their results are unused.
+        vjp: the backward (:class:`Vjp`): ``jax.grad``/``jax.vjp`` and ``torch.autograd``
+            (eager and ``torch.compile``) use it. Without one, a gradient request raises.
         doc: a docstring for the generated functions.
 
     Attributes:
@@ -372,6 +443,7 @@ class Op:
         vmap_method: str = "sequential",
         output_names: Sequence[str] | None = None,
         has_side_effect: bool = False,
+        vjp: Vjp | None = None,
         doc: str = "",
     ):
         if not _TARGET_NAME.match(name):
@@ -384,6 +456,7 @@ class Op:
         self.vmap_method = vmap_method
         self.output_names = None if output_names is None else tuple(output_names)
         self.has_side_effect = bool(has_side_effect)
+        self.vjp = vjp
         self.doc = doc
         base, self.module = _caller_location()
         self.kernels = {p: k if k.base_dir else dataclasses.replace(k, base_dir=base)
@@ -432,6 +505,8 @@ class Op:
         if self.vmap_method not in VMAP_METHODS:
             raise OpDeclarationError(self.name, f"unknown vmap_method {self.vmap_method!r}",
                                      f"use one of {', '.join(VMAP_METHODS)}")
+        if self.vjp is not None:
+            self.vjp.check(self)
 
     def bind(self, inputs: Sequence[Any], attrs: Mapping[str, Any], *,
              coerced: bool = False) -> CallPlan:

@@ -48,6 +48,7 @@ class OpRecord:
         op: the current declaration.
         kernels: handlers loaded into this process, by platform (see :meth:`kernel`).
         jax_primitive: the JAX primitive of the current declaration (JAX frontend).
+        jax_differentiable: its ``jax.custom_vjp`` wrapper, for ops that declare a vjp.
         jax_registrations: handlers registered with JAX, by platform.
         torch_operators: the torch operators defined for it (schema, packet), by qualname.
         torch_eager: (qualname, platform) pairs whose eager torch kernel is installed.
@@ -62,6 +63,7 @@ class OpRecord:
         self.op = op
         self.kernels: dict[str, LoadedKernel] = {}
         self.jax_primitive: Any = None
+        self.jax_differentiable: Any = None
         self.jax_registrations: dict[str, Any] = {}
         self.torch_operators: dict[str, Any] = {}
         self.torch_eager: set[tuple[str, str]] = set()
@@ -120,6 +122,7 @@ class OpRecord:
                         "a new process takes the new declaration")
             self.op = new
             self.jax_primitive = None
+            self.jax_differentiable = None
             self.plans.clear()
             for callback in self._on_replace:
                 callback()

@@ -236,7 +236,7 @@ def define(op: Op, *, namespace: str | None = None, num_outputs: int | None = No
             torch.library._register_effectful_op(operator.packet.default,
                                                  torch.library.EffectType.ORDERED)
         if not any(t.in_place for t in op.inputs):  # torch: only functional ops take one
-            _refuse_gradients(op, qualname)
+            _register_autograd(record, qualname)
         record.torch_operators[qualname] = operator
         record.guard(lambda new: _schema_guard(operator, new))
     from xla_kernels.frontends.torch import install_eager
@@ -245,16 +245,37 @@ def define(op: Op, *, namespace: str | None = None, num_outputs: int | None = No
     return operator
 
 
-def _refuse_gradients(op: Op, qualname: str) -> None:
-    """A gradient through an op with no declared backward raises, instead of being None."""
+def _register_autograd(record: Any, qualname: str) -> None:
+    """The op's declared backward as its torch autograd formula; without one, a gradient
+    through the op raises (never a silent None). Follows the record's current op."""
     import torch
 
-    def backward(ctx: Any, *grads: Any) -> Any:
-        raise RuntimeError(f"{op.name}: cannot be differentiated: the op declares no "
-                           "backward. Fix: compute the gradient another way (e.g. detach() "
-                           "the inputs), or wrap the op in a torch.autograd.Function.")
+    def save(ctx: Any, inputs: Any, keyword_only_inputs: Any, output: Any) -> None:
+        ctx.inputs, ctx.attrs = inputs, keyword_only_inputs
+        ctx.output = output if isinstance(output, tuple) else (output,)
 
-    torch.library.register_autograd(qualname, backward)
+    def backward(ctx: Any, *grads: Any) -> Any:
+        op = record.op
+        if op.vjp is None:
+            raise RuntimeError(f"{op.name}: cannot be differentiated: the op declares no "
+                               "backward. Fix: declare vjp=xk.Vjp(...) on the op, compute the "
+                               "gradient another way, or detach() the inputs.")
+        # Every attribute, defaults filled in, as the forward kernel saw them.
+        attrs = op.bind(ctx.inputs, attrs_from_torch(op, ctx.attrs)).attrs
+        args, battrs = op.vjp.backward_call(op, ctx.inputs, ctx.output, grads, attrs)
+        packet = define(op.vjp.backward).packet
+        result = packet(*args, **attrs_for_torch(op.vjp.backward, battrs))
+        return tuple(op.vjp.input_grads(op, result))
+
+    op = record.op
+    if op.attrs or not op.inputs:  # the schema has keyword-only arguments
+        def setup_context(ctx: Any, inputs: Any, keyword_only_inputs: Any, output: Any) -> None:
+            save(ctx, inputs, keyword_only_inputs, output)
+    else:
+        def setup_context(ctx: Any, inputs: Any, output: Any) -> None:  # type: ignore[misc]
+            save(ctx, inputs, {}, output)
+
+    torch.library.register_autograd(qualname, backward, setup_context=setup_context)
 
 
 def _schema_guard(operator: TorchOperator, new: Op) -> str | None:

@@ -82,8 +82,9 @@ class AttrType:
         return None
 
     def to_torch(self, value: Any) -> Any:
-        """A user's value as the torch schema takes it (e.g. ``bytes`` -> ``list[int]``)."""
-        return value
+        """A user's (or a coerced) value as the torch schema takes it: Python scalars and
+        lists (``bytes`` -> ``list[int]``)."""
+        return value.tolist() if hasattr(value, "tolist") else value
 
     def from_torch(self, value: Any, *, op: str, name: str) -> Any:
         """A torch call's value as :meth:`coerce` takes it."""

@@ -236,7 +236,9 @@ class BytesType(ArrayType):
         return "[" + ", ".join(str(b) for b in bytes(value)) + "]"
 
     def to_torch(self, value: Any) -> Any:
-        return list(bytes(value)) if isinstance(value, (bytes, bytearray, memoryview)) else value
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return list(bytes(value))
+        return super().to_torch(value)
 
     def from_torch(self, value: Any, *, op: str, name: str) -> Any:
         if isinstance(value, (bytes, bytearray)):

@@ -82,10 +82,48 @@ effects.custom_derivatives_allowed_effects.add_type(SideEffect)
 def call(op: Op, arrays: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
     """Validate a call of ``op`` on JAX arrays and bind its primitive.
 
-    Returns one array for a single visible output, else a tuple.
+    Returns one array for a single visible output, else a tuple. An op with a declared
+    :class:`~xla_kernels.op.Vjp` is differentiable (``jax.grad``, ``jax.vjp``, and their
+    ``jax.vmap``): its backward op computes the gradients.
     """
     plan = op.bind(arrays, attrs)
+    if op.vjp is not None:
+        return differentiable(op)(FrozenAttrs(plan), *arrays)
     return plan.results(primitive(op).bind(*arrays, attrs=FrozenAttrs(plan)))
+
+
+def differentiable(op: Op) -> Any:
+    """``jax.custom_vjp`` of ``op``'s current declaration: ``f(frozen_attrs, *arrays)``."""
+    record = op.record
+    with record.lock:
+        made = record.jax_differentiable
+        if made is None or made.xk_op is not record.op:
+            made = record.jax_differentiable = _make_differentiable(record.op)
+        return made
+
+
+def _make_differentiable(op: Op) -> Any:
+    vjp = op.vjp
+
+    def forward(attrs: FrozenAttrs, *arrays: Any) -> Any:
+        plan = op.bind(arrays, attrs.thaw(), coerced=True)
+        return plan.results(primitive(op).bind(*arrays, attrs=attrs))
+
+    def forward_saving(attrs: FrozenAttrs, *arrays: Any) -> tuple[Any, Any]:
+        out = forward(attrs, *arrays)
+        return out, (arrays, out)
+
+    def backward(attrs: FrozenAttrs, saved: Any, cotangent: Any) -> tuple[Any, ...]:
+        arrays, out = saved
+        outs = out if isinstance(out, tuple) else (out,)
+        cts = cotangent if isinstance(cotangent, tuple) else (cotangent,)
+        args, battrs = vjp.backward_call(op, arrays, outs, cts, attrs.thaw())
+        return tuple(vjp.input_grads(op, vjp.backward(*args, **battrs)))
+
+    fn = jax.custom_vjp(forward, nondiff_argnums=(0,))
+    fn.defvjp(forward_saving, backward)
+    fn.xk_op = op  # type: ignore[attr-defined]
+    return fn
 
 
 def primitive(op: Op) -> Primitive:

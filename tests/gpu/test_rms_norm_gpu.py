@@ -1,0 +1,38 @@
+"""rms_norm's CUDA kernels, forward and backward, against float64 and the CPU kernels."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from test_rms_norm import TOL, rel
+from xla_kernels import dtypes
+from xla_kernels.kernels.rms_norm import rms_norm, rms_norm_bwd_numpy_f64, rms_norm_numpy_f64
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("shape", [(1, 8), (3, 5, 129), (4096, 4096), (2, 0, 4), (7, 1)])
+def test_cuda_forward_and_gradients_match_float64_and_the_cpu(rng, dtype, shape):
+    np_dtype = dtypes.to_numpy(dtype)
+    x = rng.standard_normal(shape).astype(np_dtype)
+    w = rng.standard_normal(shape[-1]).astype(np_dtype)
+    dy = rng.standard_normal(shape).astype(np_dtype)
+    fn = lambda x, w: rms_norm(x, w, eps=1e-5)  # noqa: E731
+    y, pull = jax.vjp(fn, jax.device_put(x), jax.device_put(w))
+    assert y.devices().pop().platform == "gpu"
+    dx, dw = pull(jnp.asarray(dy))
+    if x.size == 0:
+        assert not np.asarray(dw, np.float64).any()
+        return
+    want_dx, want_dw = rms_norm_bwd_numpy_f64(x, w, dy, eps=1e-5)
+    assert rel(y, rms_norm_numpy_f64(x, w, eps=1e-5)) < TOL[dtype]
+    assert rel(dx, want_dx) < 5 * TOL[dtype] and rel(dw, want_dw) < 5 * TOL[dtype]
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        _, pull_cpu = jax.vjp(fn, jax.device_put(x, cpu), jax.device_put(w, cpu))
+        cdx, cdw = pull_cpu(jax.device_put(dy, cpu))
+    assert rel(dx, cdx) < 5 * TOL[dtype] and rel(dw, cdw) < 5 * TOL[dtype]
