@@ -418,6 +418,14 @@ class Op:
             state): calls are never merged or removed, even when their results are unused.
         vjp: the backward (:class:`Vjp`): ``jax.grad``/``jax.vjp`` and ``torch.autograd``
             (eager and ``torch.compile``) use it. Without one, a gradient request raises.
+        sharding_rule: how XLA's SPMD partitioner (Shardy) may split the op: an einsum-like
+            string over factor names, one term per input and per visible output (inputs
+            updated in place included), e.g. ``"..., ... -> ..."`` for an elementwise op, or a
+            function of
+            the :class:`CallPlan` returning that string or ``(string, options)`` where
+            options are ``need_replication_factors=(...)``, ``reduction_factors=(...)`` and
+            factor sizes. Under plain ``jax.jit`` with sharded inputs the op then runs per
+            shard; without a rule XLA gathers its operands.
         doc: a docstring for the generated functions.
 
     Attributes:
@@ -444,6 +452,7 @@ class Op:
         output_names: Sequence[str] | None = None,
         has_side_effect: bool = False,
         vjp: Vjp | None = None,
+        sharding_rule: str | Callable[[CallPlan], Any] | None = None,
         doc: str = "",
     ):
         if not _TARGET_NAME.match(name):
@@ -457,6 +466,7 @@ class Op:
         self.output_names = None if output_names is None else tuple(output_names)
         self.has_side_effect = bool(has_side_effect)
         self.vjp = vjp
+        self.sharding_rule = sharding_rule
         self.doc = doc
         base, self.module = _caller_location()
         self.kernels = {p: k if k.base_dir else dataclasses.replace(k, base_dir=base)

@@ -49,6 +49,7 @@ class OpRecord:
         kernels: handlers loaded into this process, by platform (see :meth:`kernel`).
         jax_primitive: the JAX primitive of the current declaration (JAX frontend).
         jax_differentiable: its ``jax.custom_vjp`` wrapper, for ops that declare a vjp.
+        jax_partitioned: its ``custom_partitioning`` wrapper, for ops with a sharding rule.
         jax_registrations: handlers registered with JAX, by platform.
         torch_operators: the torch operators defined for it (schema, packet), by qualname.
         torch_eager: (qualname, platform) pairs whose eager torch kernel is installed.
@@ -64,6 +65,7 @@ class OpRecord:
         self.kernels: dict[str, LoadedKernel] = {}
         self.jax_primitive: Any = None
         self.jax_differentiable: Any = None
+        self.jax_partitioned: Any = None
         self.jax_registrations: dict[str, Any] = {}
         self.torch_operators: dict[str, Any] = {}
         self.torch_eager: set[tuple[str, str]] = set()
@@ -123,6 +125,7 @@ class OpRecord:
             self.op = new
             self.jax_primitive = None
             self.jax_differentiable = None
+            self.jax_partitioned = None
             self.plans.clear()
             for callback in self._on_replace:
                 callback()

@@ -16,17 +16,20 @@ Example:
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
 from jax import lax
-from jax._src import dispatch, effects
+from jax._src import dispatch, effects, sharding_impls
+from jax._src.interpreters.mlir import full_like_aval
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters.mlir import ir
 
 from xla_kernels import dtypes, platforms
+from xla_kernels.errors import OpDeclarationError
 from xla_kernels.op import set_call_hook
 from xla_kernels.runtime.registry import ensure_registered
 
@@ -89,7 +92,7 @@ def call(op: Op, arrays: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
     plan = op.bind(arrays, attrs)
     if op.vjp is not None:
         return differentiable(op)(FrozenAttrs(plan), *arrays)
-    return plan.results(primitive(op).bind(*arrays, attrs=FrozenAttrs(plan)))
+    return plan.results(primitive(op).bind(*arrays, attrs=FrozenAttrs(plan), raw=False))
 
 
 def differentiable(op: Op) -> Any:
@@ -107,7 +110,7 @@ def _make_differentiable(op: Op) -> Any:
 
     def forward(attrs: FrozenAttrs, *arrays: Any) -> Any:
         plan = op.bind(arrays, attrs.thaw(), coerced=True)
-        return plan.results(primitive(op).bind(*arrays, attrs=attrs))
+        return plan.results(primitive(op).bind(*arrays, attrs=attrs, raw=False))
 
     def forward_saving(attrs: FrozenAttrs, *arrays: Any) -> tuple[Any, Any]:
         out = forward(attrs, *arrays)
@@ -141,32 +144,41 @@ def _make_primitive(op: Op) -> Primitive:
     prim.multiple_results = True
     prim.def_impl(functools.partial(dispatch.apply_primitive, prim))
     prim.def_effectful_abstract_eval(functools.partial(_abstract_eval, op))
+    # Partitioning needs the device assignment while lowering, and a lowering JAX caches as
+    # a function does not see it: ops with a sharding rule lower uncached, with devices.
+    cacheable = op.sharding_rule is None
+    if not cacheable:
+        dispatch.prim_requires_devices_during_lowering.add(prim)
     for platform in platforms.PLATFORMS.values():
         rule = (functools.partial(_lower, op, platform.name) if platform.name in op.kernels
                 else functools.partial(_no_kernel, op))
-        mlir.register_lowering(prim, rule, platform=platform.jax_lowering)
+        mlir.register_lowering(prim, rule, platform=platform.jax_lowering, cacheable=cacheable)
     mlir.register_lowering(prim, functools.partial(_no_kernel, op))
     batching.primitive_batchers[prim] = functools.partial(_batch, op, prim)
     ad.primitive_jvps[prim] = functools.partial(_no_derivative, op)
     return prim
 
 
-def _no_derivative(op: Op, primals: Any, tangents: Any, *, attrs: FrozenAttrs) -> Any:
+def _no_derivative(op: Op, primals: Any, tangents: Any, *, attrs: FrozenAttrs, raw: bool
+                   ) -> Any:
     raise TypeError(f"{op.name}: cannot be differentiated: the op declares no backward. Fix: "
                     "wrap the call in jax.custom_vjp with your backward, or stop_gradient its "
                     "inputs.")
 
 
-def _abstract_eval(op: Op, *avals: Any, attrs: FrozenAttrs
+def _abstract_eval(op: Op, *avals: Any, attrs: FrozenAttrs, raw: bool
                    ) -> tuple[list[jax.core.ShapedArray], set[effects.Effect]]:
     plan = op.bind(avals, attrs.thaw(), coerced=True)
     outs = [jax.core.ShapedArray(o.shape, dtypes.to_numpy(o.dtype)) for o in plan.outputs]
     return outs, ({_SIDE_EFFECT} if op.has_side_effect else set())
 
 
-def _lower(op: Op, platform: str, ctx: Any, *operands: Any, attrs: FrozenAttrs) -> Any:
+def _lower(op: Op, platform: str, ctx: Any, *operands: Any, attrs: FrozenAttrs, raw: bool
+           ) -> Any:
     plan = op.bind(ctx.avals_in, attrs.thaw(), coerced=True)
     op.check_platform(platform, plan.inputs)
+    if op.sharding_rule is not None and not raw and _spans_devices(ctx):
+        return _lower_partitioned(op, plan, ctx, operands, attrs)
     ensure_registered(op, platform)
     config = {k: ir.Attribute.parse(text) for k, text in plan.mlir_attributes().items()}
     return jax.ffi.ffi_lowering(op.target, backend_config=config,
@@ -174,15 +186,121 @@ def _lower(op: Op, platform: str, ctx: Any, *operands: Any, attrs: FrozenAttrs) 
                                 operand_output_aliases=plan.aliases or None)(ctx, *operands)
 
 
-def _no_kernel(op: Op, ctx: Any, *operands: Any, attrs: FrozenAttrs) -> Any:
+def _spans_devices(ctx: Any) -> bool:
+    """Whether XLA's SPMD partitioner will split this program (Shardy on, several devices,
+    not inside a fully manual shard_map)."""
+    if not jax.config.jax_use_shardy_partitioner:
+        return False
+    context = ctx.module_context.axis_context
+    if isinstance(context, sharding_impls.ShardingContext):
+        return context.num_devices > 1
+    if isinstance(context, sharding_impls.SPMDAxisContext):
+        return set(context.manual_axes) != set(context.mesh.axis_names)
+    return False
+
+
+def _lower_partitioned(op: Op, plan: CallPlan, ctx: Any, operands: Sequence[Any],
+                       attrs: FrozenAttrs) -> Any:
+    """The call as a ``custom_partitioning`` whose Shardy rule is the op's: the partitioner
+    runs the kernel on each device's shards (no gather) wherever the rule allows."""
+    rule = op.sharding_rule(plan) if callable(op.sharding_rule) else op.sharding_rule
+    text, options = rule if isinstance(rule, tuple) else (rule, {})
+    # Shardy wants special factors in the order the factors first appear in the rule.
+    order = {f: i for i, f in enumerate(dict.fromkeys(re.findall(r"[A-Za-z_]\w*", text)))}
+    options = {k: tuple(sorted(v, key=lambda f: order.get(f, len(order))))
+               if k.endswith("_factors") else v for k, v in options.items()}
+    key = (text, tuple(sorted(options.items())))
+    partitioned = _partitioned(op)
+    try:
+        visible = mlir.lower_fun(lambda *xs: partitioned(attrs, key, *xs),
+                                 multiple_results=True)(ctx, *operands)
+    except ValueError as e:
+        raise OpDeclarationError(op.name, f"its sharding rule {text!r} does not fit this call "
+                                 f"({e})", "give one term per input and per visible output") from e
+    values = iter(visible)
+    return [full_like_aval(ctx, 0, ctx.avals_out[i]) if spec.workspace else next(values)
+            for i, spec in enumerate(plan.outputs)]
+
+
+def _partitioned(op: Op) -> Any:
+    """``custom_partitioning`` of the op's visible outputs: ``f(attrs, rule, *arrays)``."""
+    record = op.record
+    with record.lock:
+        made = record.jax_partitioned
+        if made is not None and made.xk_op is record.op:
+            return made
+
+    def visible(attrs: FrozenAttrs, rule: Any, *arrays: Any) -> tuple[Any, ...]:
+        plan = op.bind(arrays, attrs.thaw(), coerced=True)
+        outs = primitive(op).bind(*arrays, attrs=attrs, raw=True)
+        return tuple(outs[i] for i in plan.visible_indices)
+
+    def partition(attrs: FrozenAttrs, rule: Any, mesh: Any, arg_shapes: Any,
+                  result_shape: Any) -> Any:
+        results = result_shape if isinstance(result_shape, (tuple, list)) else (result_shape,)
+        text, options = rule
+        whole = set(dict(options).get("need_replication_factors", ()))
+        sides = text.split("->")
+        ins = _whole_dims(sides[0], whole, [len(a.shape) for a in arg_shapes])
+        outs = _whole_dims(sides[1], whole, [len(r.shape) for r in results])
+        return (mesh, lambda *xs: visible(attrs, rule, *xs),
+                tuple(_replicated(r.sharding, d) for r, d in zip(results, outs, strict=True)),
+                tuple(_replicated(a.sharding, d) for a, d in zip(arg_shapes, ins, strict=True)))
+
+    def sharding_rule(attrs: FrozenAttrs, rule: Any, mesh: Any, value_types: Any,
+                      result_types: Any) -> tuple[str, dict]:
+        text, options = rule
+        return text, dict(options)
+
+    from jax.experimental.custom_partitioning import custom_partitioning
+
+    made = custom_partitioning(visible, static_argnums=(0, 1))
+    made.def_partition(partition=partition, sharding_rule=sharding_rule)
+    made.xk_op = op  # type: ignore[attr-defined]
+    with record.lock:
+        record.jax_partitioned = made
+    return made
+
+
+def _no_kernel(op: Op, ctx: Any, *operands: Any, attrs: FrozenAttrs, raw: bool) -> Any:
     raise platforms.no_kernel_error(
         op.name, ", ".join(ctx.module_context.platforms), op.kernels,
         "place the computation on a supported device (e.g. jax.jit(f, "
         "device=jax.devices('cpu')[0])), or declare a kernel for this platform")
 
 
+def _whole_dims(side: str, whole: set[str], ranks: Sequence[int]) -> list[set[int]]:
+    """Per term of one side of a rule, the dimensions holding a factor that must be whole
+    (``...`` stands for the leading dimensions the term does not name)."""
+    out = []
+    for term, rank in zip(side.split(","), ranks, strict=True):
+        dims = re.findall(r"\([^)]*\)|\.\.\.|[A-Za-z_]\w*", term)
+        skip = rank - (len(dims) - 1) if "..." in dims else 0
+        found: set[int] = set()
+        position = 0
+        for d in dims:
+            if d == "...":
+                position += skip
+                continue
+            if set(re.findall(r"[A-Za-z_]\w*", d)) & whole:
+                found.add(position)
+            position += 1
+        out.append(found)
+    return out
+
+
+def _replicated(sharding: Any, dims: set[int]) -> Any:
+    """``sharding`` with ``dims`` made whole (not split over any mesh axis)."""
+    if not dims:
+        return sharding
+    spec = list(sharding.spec) + [None] * (max(dims) + 1 - len(sharding.spec))
+    for d in dims:
+        spec[d] = None
+    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
+
+
 def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | None], *,
-           attrs: FrozenAttrs) -> tuple[list[Any], list[int]]:
+           attrs: FrozenAttrs, raw: bool) -> tuple[list[Any], list[int]]:
     size = next(a.shape[d] for a, d in zip(args, dims, strict=True) if d is not None)
     moved = [a if d is None else jax.numpy.moveaxis(a, d, 0)
              for a, d in zip(args, dims, strict=True)]
@@ -193,7 +311,7 @@ def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | No
             full = list(moved)
             for i, s in zip(batched, slices, strict=True):
                 full[i] = s
-            return prim.bind(*full, attrs=attrs)
+            return prim.bind(*full, attrs=attrs, raw=raw)
 
         outs = lax.map(one, [moved[i] for i in batched])
     else:
@@ -203,7 +321,7 @@ def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | No
             if d is None:
                 a = a[None] if expand else jax.numpy.broadcast_to(a, (size, *a.shape))
             new_args.append(a)
-        outs = prim.bind(*new_args, attrs=attrs)
+        outs = prim.bind(*new_args, attrs=attrs, raw=raw)
     return list(outs), [0] * len(outs)
 
 

@@ -32,7 +32,7 @@ Example:
 from __future__ import annotations
 
 from xla_kernels.attrs import Attr
-from xla_kernels.op import Invalid, Kernel, Op, Spec, Tensor, updated
+from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor, updated
 
 from .reference import LAYOUTS, reshape_and_cache_numpy, reshape_and_cache_xla
 
@@ -69,6 +69,13 @@ def _output_rule(key: Spec, value: Spec, key_cache: Spec, value_cache: Spec,
     return [updated(key_cache), updated(value_cache)]
 
 
+def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
+    """Along kv heads only: every token's slot may be anywhere in the cache."""
+    cache = "b t k d" if plan.attrs["layout"] == "vllm" else "k b t d"
+    return (f"n k d, n k d, {cache}, {cache}, n -> {cache}, {cache}",
+            {"need_replication_factors": ("n", "b", "t", "d")})
+
+
 reshape_and_cache = Op(
     "xla_kernels.reshape_and_cache",
     inputs=[
@@ -81,6 +88,7 @@ reshape_and_cache = Op(
     attrs=[Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout')],
     outputs=_output_rule,
     output_names=("key_cache", "value_cache"),
+    sharding_rule=_sharding_rule,
     kernels={"cpu": Kernel(["kv_cache_cpu.cc"], handler="XkReshapeAndCacheCpu"),
              "cuda": Kernel(["kv_cache.cu"], handler="XkReshapeAndCacheCuda")},
     doc=__doc__ or "",

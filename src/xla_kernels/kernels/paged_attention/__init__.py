@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 
 from xla_kernels.attrs import Attr
-from xla_kernels.op import Invalid, Kernel, Op, Spec, Tensor
+from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
 from .reference import LAYOUTS, paged_attention_numpy_f64, paged_attention_xla
 from .workspace import LIMITS, max_partitions, workspace_size
@@ -118,6 +118,16 @@ def _output_rule(query: Spec, key_cache: Spec, value_cache: Spec, block_tables: 
     return [Spec(query.shape, query.dtype), Spec((ws,), "f32", workspace=True)]
 
 
+def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
+    """Tensor parallel along kv heads (q heads follow, k kv heads x g per group) and data
+    parallel along sequences; block ids, slots and head_dim must be whole on each device."""
+    query, key_cache = plan.inputs[0], plan.inputs[1]
+    heads = key_cache.shape[2] if plan.attrs["layout"] == "vllm" else key_cache.shape[0]
+    cache = "b t k d" if plan.attrs["layout"] == "vllm" else "k b t d"
+    return (f"s (k g) d, {cache}, {cache}, s m, s -> s (k g) d",
+            {"g": query.shape[1] // heads, "need_replication_factors": ("b", "t", "d", "m")})
+
+
 paged_attention = Op(
     "xla_kernels.paged_attention",
     inputs=[
@@ -135,6 +145,7 @@ paged_attention = Op(
     ],
     outputs=_output_rule,
     output_names=("out",),
+    sharding_rule=_sharding_rule,
     kernels={
         "cpu": Kernel(["paged_attention_cpu.cc"], handler="XkPagedAttentionCpu"),
         "cuda": Kernel(["paged_attention.cu"], handler="XkPagedAttentionCuda"),

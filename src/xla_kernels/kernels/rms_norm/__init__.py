@@ -78,6 +78,8 @@ rms_norm = Op(
     attrs=[Attr("eps", float, default=1e-6, doc="added to mean(x^2)")],
     outputs=_forward_rule,
     output_names=("y",),
+    # Rows split freely; a row's hidden dimension must be whole on one device.
+    sharding_rule=("... h, h -> ... h", {"need_replication_factors": ("h",)}),
     vjp=Vjp(rms_norm_bwd, args=("x", "weight", "dy"), grads=("x", "weight")),
     kernels={"cpu": Kernel(["rms_norm_cpu.cc"], handler="XkRmsNormCpu"),
              "cuda": Kernel(["rms_norm.cu"], handler="XkRmsNormCuda", dtypes=_CUDA_DTYPES)},

@@ -32,6 +32,7 @@ simple_add = Op(
              "cuda": Kernel(["simple_add.cu"], handler="XlaKernelsSimpleAddCuda",
                             dtypes=("f16", "bf16", "f32"))},
     vmap_method="broadcast_all",
+    sharding_rule="..., ... -> ...",
     doc="Elementwise a + b.",
 )
 
