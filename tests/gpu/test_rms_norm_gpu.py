@@ -36,3 +36,26 @@ def test_cuda_forward_and_gradients_match_float64_and_the_cpu(rng, dtype, shape)
         _, pull_cpu = jax.vjp(fn, jax.device_put(x, cpu), jax.device_put(w, cpu))
         cdx, cdw = pull_cpu(jax.device_put(dy, cpu))
     assert rel(dx, cdx) < 5 * TOL[dtype] and rel(dw, cdw) < 5 * TOL[dtype]
+
+
+def test_sharded_programs_compile_and_run_on_a_one_gpu_mesh(rng):
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from xla_kernels.kernels.paged_attention import paged_attention, paged_attention_numpy_f64
+    from xla_kernels.kernels.paged_attention.testing import make_inputs
+
+    mesh = Mesh(np.array(jax.devices("gpu")[:1]), ("tp",))
+    x = make_inputs(rng, num_seqs=2, num_q_heads=8, num_kv_heads=2, head_dim=128,
+                    block_size=16, dtype="bf16", poison=False)
+    specs = [P(None, "tp"), P(None, None, "tp"), P(None, None, "tp"), P(), P()]
+    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(x.values(), specs, strict=True)]
+    f = jax.jit(lambda *a: paged_attention(*a, scale=128 ** -0.5))
+    out = f(*args)
+    ref = paged_attention_numpy_f64(*x.values(), scale=128 ** -0.5)
+    assert rel(out, ref) < 1e-2
+    w = jax.device_put(np.ones(64, np.float32), NamedSharding(mesh, P()))
+    h = jax.device_put(rng.standard_normal((4, 64)).astype(np.float32),
+                       NamedSharding(mesh, P("tp")))
+    g = jax.jit(jax.grad(lambda h, w: rms_norm(h, w).sum()))(h, w)
+    assert g.shape == (4, 64)
