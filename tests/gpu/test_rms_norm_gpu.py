@@ -49,7 +49,8 @@ def test_sharded_programs_compile_and_run_on_a_one_gpu_mesh(rng):
     x = make_inputs(rng, num_seqs=2, num_q_heads=8, num_kv_heads=2, head_dim=128,
                     block_size=16, dtype="bf16", poison=False)
     specs = [P(None, "tp"), P(None, None, "tp"), P(None, None, "tp"), P(), P()]
-    args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(x.values(), specs, strict=True)]
+    args = [jax.device_put(a, NamedSharding(mesh, s))
+            for a, s in zip(x.values(), specs, strict=True)]
     f = jax.jit(lambda *a: paged_attention(*a, scale=128 ** -0.5))
     out = f(*args)
     ref = paged_attention_numpy_f64(*x.values(), scale=128 ** -0.5)
