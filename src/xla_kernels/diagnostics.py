@@ -1,4 +1,12 @@
-"""Turning XLA's "no handler registered" runtime errors into messages that say how to fix them.
+"""Turning XLA's runtime errors into messages that say how to fix them.
+
+Two kinds are recognized. An attribute whose declared type differs from the handler's
+binding makes XLA's typed FFI fail with ``Failed to decode all FFI handler operands (bad
+operands at: N)``, where ``N`` counts the handler's bindings (arguments, results, then
+attributes, in the order the handler binds them); :func:`explain` maps it back to the
+declaration: an :class:`~xla_kernels.runtime.eager.AttrMismatchError` naming the op, the
+attribute, its declared type and C++ type, and what the handler decodes. The eager runtime
+raises it by itself; around JAX calls use :func:`explained_errors`.
 
 XLA reports a custom-call target nobody registered only when the program runs, as
 ``No FFI handler registered for T on a platform Host`` (or, on GPU, ``No registered
@@ -22,10 +30,23 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
+from xla_kernels.attr_types import (
+    FFI_ARRAY,
+    FFI_DICTIONARY,
+    FFI_SCALAR,
+    FFI_STRING,
+    AttrType,
+    EagerAttr,
+)
 from xla_kernels.errors import RegistrationError
 from xla_kernels.op import declared_ops
+from xla_kernels.runtime.eager import AttrMismatchError
+
+if TYPE_CHECKING:
+    from xla_kernels.op import Op
 
 _UNREGISTERED = re.compile(
     r"(?:No FFI handler registered for|No registered implementation for (?:FFI )?custom "
@@ -33,8 +54,17 @@ _UNREGISTERED = re.compile(
 _PLATFORMS = {"host": "cpu", "cpu": "cpu", "cuda": "cuda", "gpu": "cuda", "rocm": "rocm"}
 
 
-def explain(error: BaseException) -> RegistrationError | None:
-    """A :class:`RegistrationError` explaining ``error``, or None if it is another error."""
+def explain(error: BaseException, op: Op | None = None
+            ) -> RegistrationError | AttrMismatchError | None:
+    """An error explaining ``error`` (a :class:`RegistrationError` or an
+    :class:`~xla_kernels.runtime.eager.AttrMismatchError`), or None if it is another error.
+
+    ``op`` names the op that failed, when the caller knows it; otherwise an attribute
+    mismatch is matched against the ops registered with JAX in this process.
+    """
+    mismatch = explain_decode(str(error), op)
+    if mismatch is not None:
+        return mismatch
     match = _UNREGISTERED.search(str(error))
     if not match:
         return None
@@ -64,8 +94,9 @@ def explain(error: BaseException) -> RegistrationError | None:
 
 
 @contextlib.contextmanager
-def explained_errors() -> Iterator[None]:
-    """Re-raise XLA's unregistered-target errors inside the block as explained ones.
+def explained_errors(op: Op | None = None) -> Iterator[None]:
+    """Re-raise XLA's unregistered-target and attribute-decoding errors inside the block
+    as explained ones (``op``: the op the block runs, when known).
 
     Example:
         >>> with explained_errors():
@@ -74,7 +105,186 @@ def explained_errors() -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        explained = explain(e)
+        if isinstance(e, AttrMismatchError):
+            raise
+        explained = explain(e, op)
         if explained is None:
             raise
         raise explained from e
+
+
+# ------------------------------------------------------------------ attribute mismatches
+
+_DECODE = re.compile(r"Failed to decode all FFI handler operands \(bad operands at: "
+                     r"(?P<at>[\d, ]+)\)")
+_WRONG = re.compile(r"Wrong (?P<what>scalar data type|array data type|attribute type): "
+                    r"expected (?P<want>\w+) but got (?P<got>\w+?)(?=Wrong |\s|$)")
+# (the FFI joins its diagnostics without a separator: "...got S64Wrong scalar...")
+# XLA_FFI_DataType name -> (Python declaration, C++ type) of the scalar.
+_FFI_TYPES = {"PRED": ("bool", "bool"), "S8": ("np.int8", "int8_t"),
+              "S16": ("np.int16", "int16_t"), "S32": ("np.int32", "int32_t"),
+              "S64": ("int", "int64_t"), "U8": ("np.uint8", "uint8_t"),
+              "U16": ("np.uint16", "uint16_t"), "U32": ("np.uint32", "uint32_t"),
+              "U64": ("np.uint64", "uint64_t"), "F32": ("float", "float"),
+              "F64": ("np.float64", "double"), "C64": ("np.complex64", "std::complex<float>"),
+              "C128": ("np.complex128", "std::complex<double>")}
+_CODES = {1: "PRED", 2: "S8", 3: "S16", 4: "S32", 5: "S64", 6: "U8", 7: "U16", 8: "U32",
+          9: "U64", 11: "F32", 12: "F64", 15: "C64", 18: "C128"}
+_KINDS = {FFI_ARRAY: "array", FFI_DICTIONARY: "dictionary", FFI_SCALAR: "scalar",
+          FFI_STRING: "string"}
+_KIND_TYPES = {"scalar": ("a scalar type (int, float, bool, np.int32, ...)",
+                          "a scalar (int64_t, float, ...)"),
+               "array": ("list[...]", "ffi::Span<const T>"),
+               "string": ("str", "std::string_view"),
+               "dictionary": ("dict", "ffi::Dictionary")}
+
+
+class _Passed:
+    """One attribute as the call passes it: kind and dtype name, and how it was declared."""
+
+    def __init__(self, name: str, encoded: EagerAttr, declared: str, cpp: str):
+        self.name, self.declared, self.cpp = name, declared, cpp
+        self.kind = _KINDS.get(encoded.kind, str(encoded.kind))
+        self.dtype = _CODES.get(encoded.dtype)
+
+    def presents(self, what: str, got: str) -> bool:
+        """Whether XLA's "got" of a decoding diagnostic describes this attribute."""
+        if what == "attribute type":
+            return self.kind == got
+        return self.kind == what.split()[0] and self.dtype == got
+
+
+def _expected(what: str, want: str) -> tuple[str, str]:
+    """(Python declaration, C++ type) of what the handler's binding decodes."""
+    if what == "attribute type":
+        return _KIND_TYPES.get(want, (want, want))
+    py, cpp = _FFI_TYPES.get(want, (want, want))
+    if what == "array data type":
+        return f"list[{py}]", f"ffi::Span<const {cpp}>"
+    return py, cpp
+
+
+def _mismatch(message: str, op_name: str, passed: Sequence[_Passed],
+              first_attr: int | None) -> AttrMismatchError | None:
+    """The attribute a decoding failure is about, or None if ``passed`` does not explain it.
+
+    ``passed`` is in the handler's likely binding order (the declaration's); ``first_attr``
+    is the binding index of the first attribute (arguments + results) when known: then a
+    bad operand ``N`` is the attribute at ``N - first_attr`` in that order.
+    """
+    found = _DECODE.search(message)
+    wrongs = list(_WRONG.finditer(message))
+    if found is None or not wrongs:
+        return None
+    indices = [int(i) for i in found.group("at").replace(" ", "").split(",") if i]
+    index = indices[0] if len(indices) == len(wrongs) else None
+    wrong = wrongs[0]
+    what, want, got = wrong.group("what", "want", "got")
+    matches = [p for p in passed if p.presents(what, got)]
+    if not matches:
+        return None
+    pick = matches[0]
+    if len(matches) > 1 and index is not None and first_attr is not None:
+        position = index - first_attr
+        if 0 <= position < len(passed) and passed[position] in matches:
+            pick = passed[position]
+    want_py, want_cpp = _expected(what, want)
+    others = [m.name for m in matches if m is not pick]
+    maybe = f" (or one of {', '.join(repr(n) for n in others)}, of the same type)" if others \
+        else ""
+    more = f"; {len(wrongs) - 1} more attribute(s) mismatch too" if len(wrongs) > 1 else ""
+    problem = (f"{op_name}: argument '{pick.name}'{maybe}: declared {pick.declared} (C++ "
+               f"{pick.cpp}), but the kernel's handler binds {want_cpp}, so XLA's typed FFI "
+               f"cannot decode it{more}")
+    fix = (f"declare xk.Attr('{pick.name}', {want_py}) to match the handler, or bind "
+           f".Attr<{pick.cpp}>(\"{pick.name}\") in the handler")
+    first_line = message.strip().splitlines()[0] if message.strip() else message
+    text = (f"{problem}. Fix: {fix}. (XLA said: {first_line.strip()} "
+            f"{' '.join(w.group(0) for w in wrongs)})")
+    return AttrMismatchError(op_name, pick.name, f"{pick.declared} ({pick.cpp})", want_cpp,
+                             text, message)
+
+
+def _declared_passed(op: Op, names: Sequence[str] | None = None,
+                     codecs: Mapping[str, AttrType] | None = None) -> list[_Passed]:
+    """The op's attributes in declaration order (then undeclared ones) as passed."""
+    order = [a.name for a in op.attrs] + sorted(set(names or ()) - set(op.attr_types))
+    codecs = {**(codecs or {}), **op.attr_types}
+    out = []
+    for name in order:
+        codec = codecs.get(name)
+        if codec is None:
+            continue
+        out.append(_Passed(name, codec.eager(codec.coerce(codec.probe(), op=op.name,
+                                                          name=name)),
+                           codec.python_name, codec.cpp_type))
+    return out
+
+
+def explain_decode(message: str, op: Op | None = None) -> AttrMismatchError | None:
+    """An :class:`AttrMismatchError` for XLA's decoding failure ``message`` (from a JAX
+    call), or None if it is not one or no op's attributes explain it.
+
+    Without ``op`` it looks among the ops registered with JAX in this process whose
+    declared attributes explain the failure (naming them all when several could).
+
+    Example:
+        >>> explain_decode("something else") is None
+        True
+    """
+    if _DECODE.search(message) is None:
+        return None
+    candidates = [op] if op is not None else [
+        o for o in declared_ops().values() if o.record.jax_registrations]
+    found = []
+    for o in candidates:
+        try:
+            passed = _declared_passed(o)
+        except Exception:  # a codec whose probe does not coerce: skip the op
+            continue
+        first = len(o.inputs) + len(o.output_names) if o.output_names is not None else None
+        error = _mismatch(message, o.name, passed, first)
+        if error is not None:
+            found.append(error)
+    if len(found) == 1:
+        return found[0]
+    if found:
+        names = " or ".join(e.op for e in found)
+        first = found[0]
+        return AttrMismatchError(names, first.attr, first.declared, first.expected,
+                                 f"one of {names} failed: " + "; ".join(str(e) for e in found),
+                                 first.xla_message)
+    return None
+
+
+def explain_eager_decode(message: str, op_name: str, attrs: Mapping[str, Any],
+                         encoded: Sequence[EagerAttr], *, first_attr: int
+                         ) -> AttrMismatchError | None:
+    """The eager runtime's decoding failure ``message`` mapped to the attribute it is about.
+
+    ``attrs``/``encoded`` are the call's attributes and their encodings (same order);
+    ``first_attr`` is the number of argument and result buffers.
+
+    Example:
+        >>> explain_eager_decode("other", "op", {}, [], first_attr=2) is None
+        True
+    """
+    op = declared_ops().get(op_name)
+    names = list(attrs)
+    by_name = dict(zip(names, encoded, strict=True))
+    order = ([a.name for a in op.attrs if a.name in by_name] if op is not None else []) + \
+        sorted(n for n in names if op is None or n not in op.attr_types)
+    passed = []
+    for name in order:
+        codec = op.attr_types.get(name) if op is not None else None
+        e = by_name[name]
+        if codec is not None:
+            declared, cpp = codec.python_name, codec.cpp_type
+        else:
+            kind = _KINDS.get(e.kind, "")
+            declared, cpp = _expected(f"{kind} data type" if kind in ("scalar", "array")
+                                      else "attribute type",
+                                      _CODES.get(e.dtype, "") if kind in ("scalar", "array")
+                                      else kind)
+        passed.append(_Passed(name, e, declared, cpp))
+    return _mismatch(message, op_name, passed, first_attr)
