@@ -78,6 +78,11 @@ def test_a_dict_attribute_is_an_mlir_dictionary_in_the_hlo():
             'inner = {k = -7 : i64}, scale = 5.000000e-01 : f32, tag = "abc"}') in text
 
 
+def test_torch_xla_text_of_a_dict_attribute():
+    plan = dict_echo.bind([xk.Spec((2,), "f32")], {"opts": {"b": [1.5], "a": {"c": "x"}}})
+    assert plan.mlir_dict() == '{opts = {a = {c = "x"}, b = array<f32: 1.500000e+00>}}'
+
+
 @pytest.mark.parametrize("opts, message", [
     ({"a b": 1}, r"argument 'opts': dictionary key 'a b' is not an identifier. Fix: use str "
                  r"keys"),
@@ -149,6 +154,11 @@ def test_an_undeclared_attribute_of_no_known_type_is_refused():
         all_attrs(np.ones(2, np.float32), w=1j)
 
 
+def test_torch_op_of_an_extra_attrs_op_takes_its_declared_attributes():
+    out = torch_op(all_attrs)(torch.ones(2), n=5)
+    assert out[:3].tolist() == [1, 5, -1]
+
+
 def test_the_shape_rule_gets_the_declared_attributes_only():
     plan = all_attrs.bind([xk.Spec((2,), "f32")], {"q": 1})
     assert sorted(plan.attrs) == ["n", "q"] and plan.outputs[0].shape == (16,)
@@ -197,8 +207,22 @@ def test_a_type_mismatch_from_jax_names_op_attribute_and_both_types():
     with pytest.raises(AttrMismatchError, match=N_MISMATCH) as info, xk.explained_errors():
         run_jax(narrow, n=3, scale=2.0)
     assert (info.value.attr, info.value.expected) == ("n", "int32_t")
-    with pytest.raises(AttrMismatchError, match=SCALE_MISMATCH), xk.explained_errors():
+    with pytest.raises(AttrMismatchError, match=SCALE_MISMATCH), \
+            xk.explained_errors(narrow_scale):
         run_jax(narrow_scale, n=3, scale=2.0)
+
+
+def test_without_the_op_a_mismatch_names_every_registered_op_it_could_be():
+    twin = _op("narrow_twin", "XkNarrow", [xk.Attr("n", int), xk.Attr("scale", float)])
+    run_jax(dict_echo, opts=OPTS)  # registered, but its attributes cannot explain it
+    xk.ensure_registered(twin, "cpu")
+    with pytest.raises(AttrMismatchError, match=r"^one of xk_tests.attrs_more_narrow_twin or "
+                                                r"xk_tests.attrs_more_narrow failed|^one of "
+                                                r"xk_tests.attrs_more_narrow or xk_tests."
+                                                r"attrs_more_narrow_twin failed") as info, \
+            xk.explained_errors():
+        run_jax(narrow, n=3, scale=2.0)
+    assert "attrs_more_dict_echo" not in str(info.value)
 
 
 def test_a_type_mismatch_from_the_eager_runtime_names_op_attribute_and_both_types():

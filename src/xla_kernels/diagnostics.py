@@ -165,31 +165,33 @@ def _expected(what: str, want: str) -> tuple[str, str]:
 
 
 def _mismatch(message: str, op_name: str, passed: Sequence[_Passed],
-              first_attr: int | None) -> AttrMismatchError | None:
-    """The attribute a decoding failure is about, or None if ``passed`` does not explain it.
+              first_attr: int | None) -> tuple[AttrMismatchError, int] | None:
+    """The attribute a decoding failure is about and how surely (2: every bad operand is
+    the attribute at its binding position; 1: every one has an attribute of its type; 0:
+    the first has), or None if ``passed`` does not explain it.
 
     ``passed`` is in the handler's likely binding order (the declaration's); ``first_attr``
-    is the binding index of the first attribute (arguments + results) when known: then a
-    bad operand ``N`` is the attribute at ``N - first_attr`` in that order.
+    is the binding index of the first attribute (arguments + results): a bad operand ``N``
+    is then the attribute at ``N - first_attr`` in that order.
     """
     found = _DECODE.search(message)
-    wrongs = list(_WRONG.finditer(message))
+    wrongs = [w.group("what", "want", "got") for w in _WRONG.finditer(message)]
     if found is None or not wrongs:
         return None
     indices = [int(i) for i in found.group("at").replace(" ", "").split(",") if i]
-    index = indices[0] if len(indices) == len(wrongs) else None
-    wrong = wrongs[0]
-    what, want, got = wrong.group("what", "want", "got")
-    matches = [p for p in passed if p.presents(what, got)]
-    if not matches:
+    matches = [[p for p in passed if p.presents(what, got)] for what, _, got in wrongs]
+    if not matches[0]:
         return None
-    pick = matches[0]
-    if len(matches) > 1 and index is not None and first_attr is not None:
-        position = index - first_attr
-        if 0 <= position < len(passed) and passed[position] in matches:
-            pick = passed[position]
+    sure = 1 if all(matches) else 0
+    pick = matches[0][0]
+    if first_attr is not None and len(indices) == len(wrongs):
+        at = [i - first_attr for i in indices]
+        if all(0 <= p < len(passed) and passed[p] in m for p, m in zip(at, matches,
+                                                                        strict=True)):
+            sure, pick = 2, passed[at[0]]
+    what, want, _ = wrongs[0]
     want_py, want_cpp = _expected(what, want)
-    others = [m.name for m in matches if m is not pick]
+    others = [m.name for m in matches[0] if m is not pick] if sure < 2 else []
     maybe = f" (or one of {', '.join(repr(n) for n in others)}, of the same type)" if others \
         else ""
     more = f"; {len(wrongs) - 1} more attribute(s) mismatch too" if len(wrongs) > 1 else ""
@@ -198,11 +200,11 @@ def _mismatch(message: str, op_name: str, passed: Sequence[_Passed],
                f"cannot decode it{more}")
     fix = (f"declare xk.Attr('{pick.name}', {want_py}) to match the handler, or bind "
            f".Attr<{pick.cpp}>(\"{pick.name}\") in the handler")
-    first_line = message.strip().splitlines()[0] if message.strip() else message
-    text = (f"{problem}. Fix: {fix}. (XLA said: {first_line.strip()} "
-            f"{' '.join(w.group(0) for w in wrongs)})")
+    head = found.group(0)
+    said = " ".join(w.group(0) for w in _WRONG.finditer(message))
+    text = f"{problem}. Fix: {fix}. (XLA said: {head} {said})"
     return AttrMismatchError(op_name, pick.name, f"{pick.declared} ({pick.cpp})", want_cpp,
-                             text, message)
+                             text, message), sure
 
 
 def _declared_passed(op: Op, names: Sequence[str] | None = None,
@@ -236,24 +238,29 @@ def explain_decode(message: str, op: Op | None = None) -> AttrMismatchError | No
         return None
     candidates = [op] if op is not None else [
         o for o in declared_ops().values() if o.record.jax_registrations]
-    found = []
+    found: list[tuple[AttrMismatchError, int]] = []
     for o in candidates:
         try:
             passed = _declared_passed(o)
         except Exception:  # a codec whose probe does not coerce: skip the op
             continue
-        first = len(o.inputs) + len(o.output_names) if o.output_names is not None else None
-        error = _mismatch(message, o.name, passed, first)
-        if error is not None:
-            found.append(error)
-    if len(found) == 1:
-        return found[0]
-    if found:
-        names = " or ".join(e.op for e in found)
-        first = found[0]
-        return AttrMismatchError(names, first.attr, first.declared, first.expected,
-                                 f"one of {names} failed: " + "; ".join(str(e) for e in found),
-                                 first.xla_message)
+        # Arguments, then results (one unless output_names says), then attributes.
+        first = len(o.inputs) + (len(o.output_names) if o.output_names is not None else 1)
+        result = _mismatch(message, o.name, passed, first)
+        if result is not None:
+            found.append(result)
+    best = max((sure for _, sure in found), default=0)
+    found_best = [e for e, sure in found if sure == best]
+    if len(found_best) == 1:
+        return found_best[0]
+    if found_best:
+        names = " or ".join(e.op for e in found_best)
+        first_error = found_best[0]
+        return AttrMismatchError(names, first_error.attr, first_error.declared,
+                                 first_error.expected, f"one of {names} failed (pass the op "
+                                 "to explained_errors(op) to name it): "
+                                 + "; ".join(str(e) for e in found_best),
+                                 first_error.xla_message)
     return None
 
 
@@ -287,4 +294,5 @@ def explain_eager_decode(message: str, op_name: str, attrs: Mapping[str, Any],
                                       _CODES.get(e.dtype, "") if kind in ("scalar", "array")
                                       else kind)
         passed.append(_Passed(name, e, declared, cpp))
-    return _mismatch(message, op_name, passed, first_attr)
+    result = _mismatch(message, op_name, passed, first_attr)
+    return None if result is None else result[0]
