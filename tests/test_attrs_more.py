@@ -159,6 +159,13 @@ def test_torch_op_of_an_extra_attrs_op_takes_its_declared_attributes():
     assert out[:3].tolist() == [1, 5, -1]
 
 
+def test_an_undeclared_attribute_name_must_be_an_identifier():
+    with pytest.raises(xk.OpInputError, match=re.escape(
+            "xk_tests.attrs_more_all_attrs: argument 'a b': attribute names must be "
+            "identifiers. Fix: use letters, digits and '_' (not a leading digit).")):
+        all_attrs.bind([xk.Spec((2,), "f32")], {"a b": 1})
+
+
 def test_the_shape_rule_gets_the_declared_attributes_only():
     plan = all_attrs.bind([xk.Spec((2,), "f32")], {"q": 1})
     assert sorted(plan.attrs) == ["n", "q"] and plan.outputs[0].shape == (16,)

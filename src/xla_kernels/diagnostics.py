@@ -38,7 +38,6 @@ from xla_kernels.attr_types import (
     FFI_DICTIONARY,
     FFI_SCALAR,
     FFI_STRING,
-    AttrType,
     EagerAttr,
 )
 from xla_kernels.errors import RegistrationError
@@ -207,19 +206,13 @@ def _mismatch(message: str, op_name: str, passed: Sequence[_Passed],
                              text, message), sure
 
 
-def _declared_passed(op: Op, names: Sequence[str] | None = None,
-                     codecs: Mapping[str, AttrType] | None = None) -> list[_Passed]:
-    """The op's attributes in declaration order (then undeclared ones) as passed."""
-    order = [a.name for a in op.attrs] + sorted(set(names or ()) - set(op.attr_types))
-    codecs = {**(codecs or {}), **op.attr_types}
+def _declared_passed(op: Op) -> list[_Passed]:
+    """The op's declared attributes in declaration order, as a call passes them."""
     out = []
-    for name in order:
-        codec = codecs.get(name)
-        if codec is None:
-            continue
-        out.append(_Passed(name, codec.eager(codec.coerce(codec.probe(), op=op.name,
-                                                          name=name)),
-                           codec.python_name, codec.cpp_type))
+    for a in op.attrs:
+        codec = a.codec
+        sample = codec.eager(codec.coerce(codec.probe(), op=op.name, name=a.name))
+        out.append(_Passed(a.name, sample, codec.python_name, codec.cpp_type))
     return out
 
 

@@ -455,7 +455,8 @@ class Op:
         out = {}
         for name in extra:
             if not isinstance(name, str) or not name.isidentifier():
-                raise OpInputError(self.name, str(name), "attribute names must be identifiers")
+                raise OpInputError(self.name, str(name), "attribute names must be identifiers",
+                                   "use letters, digits and '_' (not a leading digit)")
             value = attrs[name]
             out[name] = attr_type_of_value(value, op=self.name, name=name, raw=True).coerce(
                 value, op=self.name, name=name)
