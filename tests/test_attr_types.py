@@ -74,6 +74,12 @@ def test_the_new_type_checks_its_length_with_the_library_message():
     (list[np.uint32], [1, 2], "dense<[1, 2]> : tensor<2xui32>"),
     (bytes, b"", "dense<> : tensor<0xui8>"),
     (str, 'a"b', '"a\\22b"'),
+    (dict, {"b": "x", "a": 1}, '{a = 1 : i64, b = "x"}'),
+    (dict, {"o": {"z": [1.5], "y": np.uint8(7)}, "e": {}},
+     "{e = {}, o = {y = 7 : ui8, z = array<f32: 1.500000e+00>}}"),
+    (dict[str, int], {"f": np.float64(0.1)}, "{f = 1.000000e-01 : f64}"),
+    (list[np.int8], [-1, 2], "array<i8: -1, 2>"),
+    (list[np.uint64], [2 ** 64 - 1], "dense<[18446744073709551615]> : tensor<1xui64>"),
 ])
 def test_mlir_text_round_trips_exactly(declared, value, text):
     from jax._src.interpreters.mlir import make_ir_context
@@ -87,5 +93,32 @@ def test_mlir_text_round_trips_exactly(declared, value, text):
 
 def test_an_unsupported_declared_type_names_what_is_supported():
     with pytest.raises(xk.OpDeclarationError, match=r"attribute 'm' has unsupported type "
-                                                    r"<class 'dict'>. Fix: use int, float"):
-        xk.Attr("m", dict)
+                                                    r"<class 'set'>. Fix: use int, float, bool, "
+                                                    r"str, bytes, dict"):
+        xk.Attr("m", set)
+
+
+@pytest.mark.parametrize("value, cpp", [
+    (True, "bool"), (3, "int64_t"), (0.5, "float"), ("s", "std::string_view"),
+    ([1, 2], "ffi::Span<const int64_t>"), ((1, 2.5), "ffi::Span<const float>"),
+    (b"x", "ffi::Span<const uint8_t>"), ({"a": 1}, "ffi::Dictionary"),
+    (np.int16(1), "int16_t"), (np.arange(2, dtype=np.uint32), "ffi::Span<const uint32_t>"),
+])
+def test_raw_python_values_get_the_codec_of_their_declared_type(value, cpp):
+    from xla_kernels.attr_types import attr_type_of_value
+
+    assert attr_type_of_value(value, raw=True).cpp_type == cpp
+
+
+def test_raw_python_values_need_the_opt_in():
+    from xla_kernels.attr_types import attr_type_of_value
+
+    with pytest.raises(xk.OpTypeError, match=r"op: argument 'n': expected a NumPy scalar .* "
+                                             r"got int 3. Fix: coerce it"):
+        attr_type_of_value(3, op="op", name="n")
+
+
+def test_a_dict_codec_has_no_torch_schema_type_and_says_why():
+    codec = attr_type(dict)
+    assert codec.cpp_type == "ffi::Dictionary" and codec.torch_schema_type is None
+    assert "a torch schema cannot spell a dictionary" in codec.torch_refusal

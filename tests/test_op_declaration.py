@@ -49,7 +49,7 @@ def test_unknown_vmap_method_is_rejected():
 
 def test_unsupported_attribute_type_is_rejected():
     with pytest.raises(xk.OpDeclarationError, match="unsupported type"):
-        xk.Attr("a", dict)
+        xk.Attr("a", set)
 
 
 def test_dtypes_given_as_a_bare_string_are_rejected_with_the_fix():

@@ -16,10 +16,17 @@ declared type       Python value                     C++ type in the handler
 ``np.int32`` etc.   int / float of that NumPy type   ``int32_t``, ``double``, ...
 ``list[np.int32]``  sequence of that NumPy type      ``ffi::Span<const int32_t>``
 ``tuple[int, int]`` that many ints                   ``ffi::Span<const int64_t>``
+``dict``            dict of str to the values above  ``ffi::Dictionary``
+                    (and nested dicts)
 ==================  ===============================  ==========================
+
+Scalars: bool, i8..i64, u8..u64, f32, f64; arrays (``list[T]``): i8..i64, u8..u64, f32,
+f64: what XLA's typed FFI decodes. ``list[bool]``, f16/bf16 and complex types are refused
+at declaration with the reason and a replacement (docs/attributes.md).
 
 Each type is a codec in :mod:`xla_kernels.attr_types` (coercion, C++ type, MLIR text,
 torch schema type, eager encoding, hashing); a new type is one class there.
+``Op(..., extra_attrs=True)`` also passes undeclared keywords, typed by their value.
 
 :meth:`Attr.coerce` turns a user's value into the typed NumPy value that
 ``jax.ffi.ffi_call``, the eager caller and the torch_xla encoder all consume.

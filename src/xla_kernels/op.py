@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from xla_kernels import dtypes as _dtypes
 from xla_kernels import platforms as _platforms
-from xla_kernels.attr_types import EagerAttr
+from xla_kernels.attr_types import AttrType, EagerAttr, attr_type_of_value
 from xla_kernels.attrs import Attr, mlir_dict
 from xla_kernels.errors import OpDeclarationError, OpInputError, OpTypeError
 from xla_kernels.record import OpRecord, declare, record_of, records
@@ -299,10 +299,14 @@ class CallPlan:
             return None
         return visible[0] if len(visible) == 1 else tuple(visible)
 
+    def codec(self, name: str) -> AttrType:
+        """The codec of attribute ``name``: its declaration's, or for an undeclared one
+        (``extra_attrs=True``) the codec of its coerced value."""
+        return self.op.attr_types.get(name) or attr_type_of_value(self.attrs[name], name=name)
+
     def mlir_attributes(self) -> dict[str, str]:
         """Each attribute as MLIR attribute text (the JAX lowering parses these)."""
-        types = self.op.attr_types
-        return {k: types[k].mlir_text(v) for k, v in sorted(self.attrs.items())}
+        return {k: self.codec(k).mlir_text(v) for k, v in sorted(self.attrs.items())}
 
     def mlir_dict(self) -> str:
         """The attributes as the MLIR dictionary of a typed-FFI ``backend_config``."""
@@ -310,13 +314,11 @@ class CallPlan:
 
     def eager_attrs(self) -> dict[str, EagerAttr]:
         """The attributes as the eager FFI runtime takes them."""
-        types = self.op.attr_types
-        return {k: types[k].eager(v) for k, v in self.attrs.items()}
+        return {k: self.codec(k).eager(v) for k, v in self.attrs.items()}
 
     def hashable_attrs(self) -> tuple[Any, ...]:
         """The attributes as a hashable key (JAX primitive parameters, plan caches)."""
-        types = self.op.attr_types
-        return tuple((k, types[k].hashable(v)) for k, v in sorted(self.attrs.items()))
+        return tuple((k, self.codec(k).hashable(v)) for k, v in sorted(self.attrs.items()))
 
     def kernel(self, platform: str) -> LoadedKernel:
         """The loaded kernel that runs this call on ``platform`` (checked for dtypes)."""
@@ -427,6 +429,11 @@ class Op:
             factor sizes. Under plain ``jax.jit`` with sharded inputs the op then runs per
             shard; without a rule XLA gathers its operands.
         doc: a docstring for the generated functions.
+        extra_attrs: accept keyword attributes beyond ``attrs`` and pass them to the kernel,
+            each coerced by the codec of its Python value (``int`` is int64, ``float`` f32,
+            see :func:`xla_kernels.attr_types.attr_type_of_value`), for handlers that take
+            every attribute as one ``ffi::Dictionary`` (``.Attrs()``). The shape rule gets
+            the declared attributes only. Without it an unknown attribute is an error.
 
     Attributes:
         module: the module that declared the op (what a loader of a program that uses it
@@ -454,6 +461,7 @@ class Op:
         vjp: Vjp | None = None,
         sharding_rule: str | Callable[[CallPlan], Any] | None = None,
         doc: str = "",
+        extra_attrs: bool = False,
     ):
         if not _TARGET_NAME.match(name):
             raise OpDeclarationError(name, "the op name must be a valid custom-call target",
@@ -468,6 +476,7 @@ class Op:
         self.vjp = vjp
         self.sharding_rule = sharding_rule
         self.doc = doc
+        self.extra_attrs = bool(extra_attrs)
         base, self.module = _caller_location()
         self.kernels = {p: k if k.base_dir else dataclasses.replace(k, base_dir=base)
                         for p, k in kernels.items()}
@@ -537,7 +546,8 @@ class Op:
         for t, s in zip(self.inputs, specs, strict=True):
             t.check(self.name, s)
         values = dict(attrs) if coerced else self._coerce_attrs(attrs)
-        rule_attrs = {k: v for k, v in values.items() if k not in self._implicit_attrs}
+        rule_attrs = {k: v for k, v in values.items()
+                      if k in self.attr_types and k not in self._implicit_attrs}
         try:
             out = self.output_rule(*specs, **rule_attrs)
         except Invalid as e:
@@ -593,10 +603,18 @@ class Op:
     def _coerce_attrs(self, attrs: Mapping[str, Any]) -> dict[str, Any]:
         known = {a.name: a for a in self.attrs}
         extra = sorted(set(attrs) - set(known))
-        if extra:
+        if extra and not self.extra_attrs:
             raise OpInputError(self.name, extra[0], "unknown attribute",
-                               f"known attributes: {', '.join(known) or 'none'}")
+                               f"known attributes: {', '.join(known) or 'none'} (or declare "
+                               "Op(..., extra_attrs=True) for a handler bound with .Attrs())")
         out = {}
+        for name in extra:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise OpInputError(self.name, str(name), "attribute names must be identifiers",
+                                   "use letters, digits and '_' (not a leading digit)")
+            value = attrs[name]
+            out[name] = attr_type_of_value(value, op=self.name, name=name, raw=True).coerce(
+                value, op=self.name, name=name)
         for a in self.attrs:
             if a.name in attrs:
                 out[a.name] = a.coerce(attrs[a.name], op=self.name)

@@ -86,6 +86,12 @@ def schema(op: Op, *, num_outputs: int | None = None) -> str:
         params.append("Device? device=None")
     for attr in op.attrs:
         kind = attr.codec.torch_schema_type
+        if kind is None:
+            raise RegistrationError(
+                f"{op.name}: argument '{attr.name}': cannot define a torch operator: the "
+                f"attribute is declared {attr.codec.python_name} ({attr.codec.cpp_type}) and "
+                f"{attr.codec.torch_refusal.partition('; ')[0]}. Fix: "
+                f"{attr.codec.torch_refusal.partition('; ')[2]}.")
         literal = None if attr.required else attr.codec.torch_literal(attr.default)
         params.append(f"{kind} {attr.name}={literal}" if literal is not None
                       else f"{kind}? {attr.name}=None")

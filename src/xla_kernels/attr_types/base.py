@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 from xla_kernels.errors import OpDeclarationError, OpTypeError
 
 # XLA_FFI_AttrType (xla/ffi/api/c_api.h): how the eager runtime tags an attribute.
-FFI_ARRAY, FFI_SCALAR, FFI_STRING = 1, 3, 4
+FFI_ARRAY, FFI_DICTIONARY, FFI_SCALAR, FFI_STRING = 1, 2, 3, 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,12 +30,15 @@ class EagerAttr:
     """An attribute as the eager FFI runtime reads it (``XkAttr`` in ``eager_ffi.h``).
 
     Attributes:
-        kind: ``FFI_ARRAY``, ``FFI_SCALAR`` or ``FFI_STRING``.
-        dtype: ``XLA_FFI_DataType`` of the scalar or the array's elements (0 for strings).
+        kind: ``FFI_ARRAY``, ``FFI_DICTIONARY``, ``FFI_SCALAR`` or ``FFI_STRING``.
+        dtype: ``XLA_FFI_DataType`` of the scalar or the array's elements (0 for strings
+            and dictionaries).
         inline_format: ``struct`` format of the 8-byte inline value (``"8s"`` when unused).
         inline: the value packed inline (scalars up to 8 bytes).
-        payload: bytes passed by pointer (strings, arrays, wide scalars).
-        count: element count of an array, byte length of a string.
+        payload: bytes passed by pointer (strings, arrays, wide scalars, a dictionary's
+            relocatable block: see ``eager_ffi.h``).
+        count: element count of an array, byte length of a string, entry count of a
+            dictionary.
     """
 
     kind: int
@@ -56,8 +59,11 @@ class AttrType:
 
     cpp_type: str
     """The C++ type a handler binds with ``.Attr<T>("name")``."""
-    torch_schema_type: str
-    """The type in a torch operator schema (``int``, ``float[]``, ...)."""
+    torch_schema_type: str | None
+    """The type in a torch operator schema (``int``, ``float[]``, ...); None when a torch
+    schema cannot spell it (then :attr:`torch_refusal` says why and what to do)."""
+    torch_refusal: str = ""
+    """Why and how to do without, when :attr:`torch_schema_type` is None."""
     python_name: str
     """How messages name the expected Python value."""
 
@@ -126,11 +132,30 @@ def register(factory: _Factory) -> _Factory:
     return factory
 
 
+_Refusal = Callable[[Any], "str | None"]
+_refusals: list[_Refusal] = []
+
+
+def register_refusal(explain: _Refusal) -> _Refusal:
+    """Add a reason a declared type is not supported: ``explain(declared) -> str | None``.
+
+    The text (problem and fix, as ``"...; Fix: ..."``) replaces the generic "unsupported
+    type" message for types that look supported but that XLA's typed FFI cannot carry.
+
+    Example:
+        >>> @register_refusal
+        ... def _nothing(declared):
+        ...     return None
+    """
+    _refusals.insert(0, explain)
+    return explain
+
+
 class AttrTypeRegistry:
     """Finds the :class:`AttrType` of a declared type (``float``, ``list[int]``, ...)."""
 
-    supported: ClassVar[str] = ("int, float, bool, str, bytes, a NumPy scalar type, list[T] "
-                                "of a numeric T, or tuple[int, ...] of fixed length")
+    supported: ClassVar[str] = ("int, float, bool, str, bytes, dict, a NumPy scalar type, "
+                                "list[T] of a numeric T, or tuple[int, ...] of fixed length")
 
     @staticmethod
     def lookup(declared: Any, *, attr: str) -> AttrType:
@@ -141,5 +166,11 @@ class AttrTypeRegistry:
                 found = None
             if found is not None:
                 return found
+        for explain in _refusals:
+            reason = explain(declared)
+            if reason:
+                problem, _, fix = reason.partition("; Fix: ")
+                raise OpDeclarationError(None, f"attribute '{attr}' has unsupported type "
+                                               f"{declared!r}: {problem}", fix or None)
         raise OpDeclarationError(None, f"attribute '{attr}' has unsupported type {declared!r}",
                                  f"use {AttrTypeRegistry.supported}")

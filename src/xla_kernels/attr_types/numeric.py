@@ -20,6 +20,7 @@ from xla_kernels.attr_types.base import (
     AttrType,
     EagerAttr,
     register,
+    register_refusal,
     reject_traced,
 )
 from xla_kernels.errors import OpInputError, OpTypeError
@@ -251,3 +252,49 @@ class BytesType(ArrayType):
 
     def probe(self) -> Any:
         return b""
+
+
+def _short_name(declared: Any) -> str | None:
+    """The dtype short name of a declared scalar type (``"f16"``, ``"c64"``...), or None."""
+    if declared is complex:
+        return "c128"
+    if not isinstance(declared, type) or declared in (int, float, bool):
+        return None
+    try:
+        dt = np.dtype(declared)
+    except TypeError:
+        return None
+    if dt.kind == "c":
+        return f"c{dt.itemsize * 8}"
+    try:
+        return dtypes.canonical(dt)
+    except TypeError:
+        return None
+
+
+@register_refusal
+def _not_decodable(declared: Any) -> str | None:
+    """Why XLA's typed FFI (jaxlib 0.10, ``xla/ffi/api/api.h`` and ``ffi.h``) cannot take
+    a type that looks numeric: it decodes scalars of bool, i8..i64, u8..u64, f32, f64 and
+    complex, and arrays (``ffi::Span<const T>``) of i8..i64, u8..u64, f32 and f64 only."""
+    is_list = typing.get_origin(declared) is list and len(typing.get_args(declared)) == 1
+    element = typing.get_args(declared)[0] if is_list else declared
+    if is_list and element in (bool, np.bool_):
+        return ("XLA's typed FFI decodes no bool arrays (there is no ffi::Span<const bool> "
+                "attribute decoding); Fix: declare list[np.uint8] holding 0 and 1 and bind "
+                "ffi::Span<const uint8_t>")
+    short = _short_name(element)
+    if short is None:
+        return None
+    if short in ("f16", "bf16"):
+        return (f"XLA's typed FFI decodes no {short} attributes (scalars or arrays); Fix: "
+                f"declare {'list[float]' if is_list else 'float'} (f32) and convert in the "
+                "kernel")
+    if short in ("c64", "c128"):
+        part, cpp = ("np.float32", "float") if short == "c64" else ("np.float64", "double")
+        return ("the typed FFI decodes std::complex scalars, but XLA cannot carry a complex "
+                "attribute from the JAX lowering to the handler (its backend_config parser "
+                "has no complex attribute) and decodes no complex arrays; Fix: declare the "
+                f"real and imaginary parts as two {part} attributes (or a list[{part}]) and "
+                f"build the std::complex<{cpp}> in the handler")
+    return None

@@ -45,7 +45,7 @@ import torch
 
 from xla_kernels import dtypes
 from xla_kernels.runtime import eager
-from xla_kernels.runtime.eager import KernelError
+from xla_kernels.runtime.eager import KernelError, kernel_error
 
 __all__ = ["NativePlan", "available", "clear_plans", "install", "native_status"]
 
@@ -140,7 +140,7 @@ def _make_kernel_error(op: bytes | str, message: bytes | str, code: int) -> Kern
         op = op.decode("utf-8", "replace")
     if isinstance(message, bytes):
         message = message.decode("utf-8", "replace")
-    return KernelError(op, message, code)
+    return kernel_error(op, message, code)
 
 
 # ------------------------------------------------------------------------ the library

@@ -42,6 +42,7 @@ from xla_kernels.attr_types import EagerAttr, attr_type_of_value
 from xla_kernels.errors import OpInputError, OpTypeError, RegistrationError, XlaKernelsError
 
 __all__ = [
+    "AttrMismatchError",
     "Buffer",
     "DeviceAllocator",
     "HandlerMetadata",
@@ -49,12 +50,13 @@ __all__ = [
     "call_handler",
     "ffi_api_version",
     "handler_metadata",
+    "kernel_error",
 ]
 
 _SOURCE = Path(__file__).with_name("eager_ffi.cc")
 
 #: Must equal XK_EAGER_ABI_VERSION in eager_ffi.h.
-_ABI_VERSION = 1
+_ABI_VERSION = 2
 
 # XkDevice.platform (eager_ffi.h), from the platform table.
 _PLATFORMS = {p.name: p.eager_kind for p in platforms.PLATFORMS.values()}
@@ -98,6 +100,65 @@ class KernelError(XlaKernelsError, RuntimeError):
         self.code_name = _ERROR_CODES[code] if 0 <= code < len(_ERROR_CODES) else str(code)
         self.handler_message = handler_message
         super().__init__(f"{op}: kernel failed: {handler_message}")
+
+
+class AttrMismatchError(KernelError, TypeError):
+    """The handler binds an attribute with another type than the declaration passes.
+
+    XLA's typed FFI reports it as "Failed to decode all FFI handler operands (bad operands
+    at: N)"; :mod:`xla_kernels.diagnostics` maps that back to the declaration. Raised by
+    the eager runtime and by :func:`xla_kernels.explained_errors` around JAX calls.
+
+    Attributes:
+        attr: the attribute's name.
+        declared: how the declaration passes it, e.g. ``"int (int64_t)"``.
+        expected: what the handler binds, e.g. ``"int32_t"``.
+        xla_message: the FFI's own message.
+
+    Example:
+        >>> e = AttrMismatchError("my_op", "n", "int (int64_t)", "int32_t",
+        ...                       "my_op: argument 'n': ...", "bad operands at: 2")
+        >>> isinstance(e, TypeError), e.code_name
+        (True, 'INVALID_ARGUMENT')
+    """
+
+    def __init__(self, op: str, attr: str, declared: str, expected: str, message: str,
+                 xla_message: str, code: int = 3):
+        super().__init__(op, xla_message, code)
+        self.attr, self.declared, self.expected = attr, declared, expected
+        self.xla_message = xla_message
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def kernel_error(op: str, message: str, code: int, *, attrs: Mapping[str, Any] | None = None,
+                 encoded: Sequence[EagerAttr] | None = None, first_attr: int | None = None
+                 ) -> KernelError:
+    """The exception of a failed handler: an :class:`AttrMismatchError` when XLA's typed FFI
+    could not decode an attribute as the op declares it, else a :class:`KernelError`.
+
+    ``attrs``/``encoded`` (the call's attributes and their encodings) and ``first_attr``
+    (argument + result count) locate the attribute; without them the op's declaration does.
+
+    Example:
+        >>> kernel_error("my_op", "bad shape", 3)
+        KernelError('my_op: kernel failed: bad shape')
+    """
+    if "Failed to decode all FFI handler operands" in message:
+        from xla_kernels import diagnostics
+
+        if attrs is not None and encoded is not None:
+            mismatch = diagnostics.explain_eager_decode(message, op, attrs, encoded,
+                                                        first_attr=first_attr)
+        else:
+            declared = diagnostics.declared_ops().get(op)
+            mismatch = None if declared is None else diagnostics.explain_decode(message,
+                                                                                declared)
+        if mismatch is not None:
+            return mismatch
+    return KernelError(op, message, code)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -552,4 +613,5 @@ def call_handler(
     if rc:
         message = ctypes.string_at(base + err_off).decode("utf-8", "replace")
         cause = allocator._take_error() if allocator is not None else None
-        raise KernelError(op_name, message, rc) from cause
+        raise kernel_error(op_name, message, rc, attrs=attrs, encoded=encoded,
+                           first_attr=len(buffers)) from cause

@@ -37,6 +37,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "xla/ffi/api/c_api.h"
 
@@ -458,6 +459,115 @@ union AttrValue {
   XLA_FFI_ByteSpan string;
 };
 
+// The C API structs of one nested dictionary (XLA_FFI_AttrType_DICTIONARY).
+struct NestedAttrs {
+  XLA_FFI_Attrs attrs;
+  std::unique_ptr<XLA_FFI_AttrType[]> types;
+  std::unique_ptr<XLA_FFI_ByteSpan[]> names;
+  std::unique_ptr<XLA_FFI_ByteSpan*[]> name_ptrs;
+  std::unique_ptr<AttrValue[]> values;
+  std::unique_ptr<void*[]> ptrs;
+};
+
+// Owns the nested dictionaries of one call (empty unless a dictionary is passed).
+using DictArena = std::vector<std::unique_ptr<NestedAttrs>>;
+
+// An XkAttr's pointer field: an address at the top level (`block` is null), an
+// offset from `block` inside a dictionary block (offset 0: none).
+const void* Resolve(const char* block, const void* field) {
+  if (block == nullptr || field == nullptr) return field;
+  return block + reinterpret_cast<uintptr_t>(field);
+}
+
+bool FillNested(const XkAttr& a, std::string_view name, const char* block, int depth,
+                DictArena* arena, void** ptr, std::string* error);
+
+// Fills one attribute's value and C API pointer; false (and `error`) on bad input.
+bool FillAttr(const XkAttr& a, std::string_view name, const char* block, int depth,
+              AttrValue* value, void** ptr, DictArena* arena, std::string* error) {
+  auto fail = [&](const std::string& problem) {
+    *error = "eager runtime: attribute '" + std::string(name) + "' " + problem;
+    return false;
+  };
+  if (a.kind != XLA_FFI_AttrType_STRING && a.kind != XLA_FFI_AttrType_DICTIONARY &&
+      a.dtype <= 0) {
+    return fail("has an invalid dtype " + std::to_string(a.dtype));
+  }
+  const void* data = Resolve(block, a.data);
+  switch (a.kind) {
+    case XLA_FFI_AttrType_SCALAR:
+      value->scalar.dtype = static_cast<XLA_FFI_DataType>(a.dtype);
+      value->scalar.value = const_cast<void*>(data != nullptr ? data : a.inline_value);
+      break;
+    case XLA_FFI_AttrType_ARRAY:
+      if (a.size < 0 || (a.size > 0 && data == nullptr)) return fail("has an invalid array");
+      value->array.dtype = static_cast<XLA_FFI_DataType>(a.dtype);
+      value->array.size = static_cast<size_t>(a.size);
+      value->array.data = const_cast<void*>(data);
+      break;
+    case XLA_FFI_AttrType_STRING:
+      if (a.size < 0 || (a.size > 0 && data == nullptr)) return fail("has an invalid string");
+      value->string.ptr = static_cast<const char*>(data);
+      value->string.len = static_cast<size_t>(a.size);
+      break;
+    case XLA_FFI_AttrType_DICTIONARY:
+      return FillNested(a, name, block, depth, arena, ptr, error);
+    default:
+      return fail("has unsupported kind " + std::to_string(a.kind) +
+                  " (expected scalar, array, string or dictionary)");
+  }
+  *ptr = value;
+  return true;
+}
+
+// A DICTIONARY attribute: its block's entries become a nested XLA_FFI_Attrs.
+bool FillNested(const XkAttr& a, std::string_view name, const char* block, int depth,
+                DictArena* arena, void** ptr, std::string* error) {
+  auto fail = [&](const std::string& problem) {
+    *error = "eager runtime: dictionary attribute '" + std::string(name) + "' " + problem;
+    return false;
+  };
+  const char* inner = static_cast<const char*>(Resolve(block, a.data));
+  if (a.size < 0 || (a.size > 0 && inner == nullptr)) return fail("has an invalid block");
+  if (depth >= XK_EAGER_MAX_DICT_DEPTH) {
+    return fail("is nested deeper than " + std::to_string(XK_EAGER_MAX_DICT_DEPTH) + " levels");
+  }
+  const size_t n = static_cast<size_t>(a.size);
+  auto dict = std::make_unique<NestedAttrs>();
+  dict->types.reset(new XLA_FFI_AttrType[n]);
+  dict->names.reset(new XLA_FFI_ByteSpan[n]);
+  dict->name_ptrs.reset(new XLA_FFI_ByteSpan*[n]);
+  dict->values.reset(new AttrValue[n]);
+  dict->ptrs.reset(new void*[n]);
+  const XkAttr* entries = reinterpret_cast<const XkAttr*>(inner);
+  std::string_view previous;
+  for (size_t k = 0; k < n; ++k) {
+    const XkAttr& e = entries[k];
+    const char* entry_name = static_cast<const char*>(Resolve(inner, e.name));
+    if (entry_name == nullptr || e.name_len <= 0) {
+      return fail("has an entry without a name (entry " + std::to_string(k) + ")");
+    }
+    std::string_view entry(entry_name, static_cast<size_t>(e.name_len));
+    if (k > 0 && !(previous < entry)) {
+      return fail("has entries that are not sorted by name or repeat one ('" +
+                  std::string(entry) + "')");
+    }
+    previous = entry;
+    if (!FillAttr(e, entry, inner, depth + 1, &dict->values[k], &dict->ptrs[k], arena,
+                  error)) {
+      return false;
+    }
+    dict->types[k] = static_cast<XLA_FFI_AttrType>(e.kind);
+    dict->names[k] = XLA_FFI_ByteSpan{entry_name, static_cast<size_t>(e.name_len)};
+    dict->name_ptrs[k] = &dict->names[k];
+  }
+  dict->attrs = XLA_FFI_Attrs{XLA_FFI_Attrs_STRUCT_SIZE, nullptr, static_cast<int64_t>(n),
+                              dict->types.get(), dict->name_ptrs.get(), dict->ptrs.get()};
+  *ptr = &dict->attrs;
+  arena->push_back(std::move(dict));
+  return true;
+}
+
 int32_t Call(XLA_FFI_Handler* handler, const XkDevice* device, const XkBuffer* args,
              int64_t nargs, const XkBuffer* rets, int64_t nrets, const XkAttr* attrs,
              int64_t nattrs, char* err_buf, int64_t err_len) {
@@ -492,6 +602,7 @@ int32_t Call(XLA_FFI_Handler* handler, const XkDevice* device, const XkBuffer* a
   Storage<AttrValue, kInlineAttrs> attr_values(nattrs);
   Storage<void*, kInlineAttrs> attr_ptrs(nattrs);
 
+  DictArena arena;
   size_t* idx = order.get();
   auto name_of = [attrs](size_t i) {
     return std::string_view(attrs[i].name, static_cast<size_t>(attrs[i].name_len));
@@ -522,42 +633,13 @@ int32_t Call(XLA_FFI_Handler* handler, const XkDevice* device, const XkBuffer* a
       return invalid("eager runtime: duplicate attribute '" + std::string(name_of(idx[k])) +
                      "'");
     }
-    if (a.kind != XLA_FFI_AttrType_STRING && a.dtype <= 0) {
-      return invalid("eager runtime: attribute '" + std::string(name_of(idx[k])) +
-                     "' has an invalid dtype " + std::to_string(a.dtype));
-    }
-    AttrValue& value = attr_values.get()[k];
-    switch (a.kind) {
-      case XLA_FFI_AttrType_SCALAR:
-        value.scalar.dtype = static_cast<XLA_FFI_DataType>(a.dtype);
-        value.scalar.value = const_cast<void*>(a.data != nullptr ? a.data : a.inline_value);
-        break;
-      case XLA_FFI_AttrType_ARRAY:
-        if (a.size < 0 || (a.size > 0 && a.data == nullptr)) {
-          return invalid("eager runtime: attribute '" + std::string(name_of(idx[k])) +
-                         "' has an invalid array");
-        }
-        value.array.dtype = static_cast<XLA_FFI_DataType>(a.dtype);
-        value.array.size = static_cast<size_t>(a.size);
-        value.array.data = const_cast<void*>(a.data);
-        break;
-      case XLA_FFI_AttrType_STRING:
-        if (a.size < 0 || (a.size > 0 && a.data == nullptr)) {
-          return invalid("eager runtime: attribute '" + std::string(name_of(idx[k])) +
-                         "' has an invalid string");
-        }
-        value.string.ptr = static_cast<const char*>(a.data);
-        value.string.len = static_cast<size_t>(a.size);
-        break;
-      default:
-        return invalid("eager runtime: attribute '" + std::string(name_of(idx[k])) +
-                       "' has unsupported kind " + std::to_string(a.kind) +
-                       " (expected scalar, array or string)");
+    if (!FillAttr(a, name_of(idx[k]), nullptr, 0, &attr_values.get()[k], &attr_ptrs.get()[k],
+                  &arena, &error)) {
+      return invalid(error);
     }
     attr_types.get()[k] = static_cast<XLA_FFI_AttrType>(a.kind);
     attr_names.get()[k] = XLA_FFI_ByteSpan{a.name, static_cast<size_t>(a.name_len)};
     attr_name_ptrs.get()[k] = &attr_names.get()[k];
-    attr_ptrs.get()[k] = &value;
   }
 
   XkContext ctx{device != nullptr ? device : &kHostDevice};

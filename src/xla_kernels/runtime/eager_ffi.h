@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct below or a function signature changes. */
-#define XK_EAGER_ABI_VERSION 1
+#define XK_EAGER_ABI_VERSION 2
 
 /* XkDevice.platform */
 enum {
@@ -70,13 +70,25 @@ typedef struct XkBuffer {
 typedef struct XkAttr {
   const char* name; /* UTF-8, need not be NUL-terminated */
   int64_t name_len;
-  int32_t kind;     /* XLA_FFI_AttrType: ARRAY (1), SCALAR (3) or STRING (4) */
-  int32_t dtype;    /* XLA_FFI_DataType of the scalar / elements (not STRING) */
+  int32_t kind;     /* XLA_FFI_AttrType: ARRAY (1), DICTIONARY (2), SCALAR (3)
+                       or STRING (4) */
+  int32_t dtype;    /* XLA_FFI_DataType of the scalar / elements (not STRING,
+                       not DICTIONARY) */
   const void* data; /* ARRAY: elements; STRING: bytes; SCALAR: the value, or
-                       NULL to use `inline_value` */
-  int64_t size;     /* ARRAY: element count; STRING: byte length */
+                       NULL to use `inline_value`; DICTIONARY: its block */
+  int64_t size;     /* ARRAY: element count; STRING: byte length;
+                       DICTIONARY: entry count */
   uint8_t inline_value[8]; /* SCALAR value bytes (from byte 0) if data == NULL */
 } XkAttr;
+
+/* A DICTIONARY's block is relocatable (position independent): it starts with
+ * `size` XkAttr entries, sorted by name, whose `name` and `data` fields hold
+ * byte offsets from the start of the block instead of addresses (a `data`
+ * offset of 0 means none: the scalar is in `inline_value`), followed by the
+ * names and payloads. A nested DICTIONARY entry's `data` is the offset of its
+ * own block, whose offsets are relative to that block. Blocks and payloads are
+ * 8-byte aligned. Nesting is limited to XK_EAGER_MAX_DICT_DEPTH levels. */
+#define XK_EAGER_MAX_DICT_DEPTH 32
 
 /* All arguments of xk_eager_call in one struct (one pointer to pass: cheaper
  * from Python's ctypes than ten arguments). */
