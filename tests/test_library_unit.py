@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -248,21 +247,3 @@ def test_cli_build_gives_every_op_of_a_source_the_same_library(cache, capsys):
     paths = {line.rsplit(": ", 1)[1] for line in lines}
     assert len(paths) == 1 and builds(cache) == 1
     assert lines[0].startswith("library_unit.bump_a [cpu]: ")
-
-
-# --------------------------------------------------------------------------- stand-in cache
-
-
-def test_editing_a_stand_in_header_rebuilds(tmp_path, monkeypatch):
-    # The stand-ins are read through -idirafter, which depfiles leave out: the key has them.
-    import xla_kernels.builder as builder
-
-    compat = tmp_path / "compat"
-    shutil.copytree(compat_include_dir(), compat)
-    monkeypatch.setattr(builder, "compat_include_dir", lambda: compat)
-    args = ("counters", [FIXTURES / "counters.cc"])
-    first = build_library(*args, platform="cpu", cache_dir=tmp_path / "c")
-    assert build_library(*args, platform="cpu", cache_dir=tmp_path / "c") == first
-    header = compat / "xk_compat_bindings.h"
-    header.write_text(header.read_text() + "\n// edited\n")
-    assert build_library(*args, platform="cpu", cache_dir=tmp_path / "c") != first
