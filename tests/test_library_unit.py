@@ -21,7 +21,12 @@ import torch
 import xla_kernels as xk
 from xla_kernels import cli
 from xla_kernels.builder import build_library, compat_include_dir, find_cxx, find_nvcc
-from xla_kernels.errors import BuildError, CompilerNotFoundError, OpDeclarationError
+from xla_kernels.errors import (
+    BuildError,
+    CompilerNotFoundError,
+    OpDeclarationError,
+    RegistrationError,
+)
 from xla_kernels.frontends.torch import torch_op
 from xla_kernels.runtime.library import library_name, load_library, loaded_libraries
 
@@ -132,6 +137,17 @@ def test_jax_and_torch_run_the_same_library_copy(cache):
     assert run_jax(ops["bump_b"]).tolist() == [3.0, 3.0]
     assert run_torch(ops["peek"]).tolist() == [3.0, 3.0]
     assert builds(cache) == 1
+
+
+def test_a_handler_missing_from_the_shared_library_is_named_with_the_fix(cache):
+    ops = declare("counters.cc", {"ok": "LuPeek", "typo": "LuPeak"})
+    with pytest.raises(RegistrationError) as info:
+        ops["typo"].record.kernel("cpu")
+    msg = str(info.value)
+    assert msg.startswith(f"{ops['typo'].name}: the cpu library built from ['counters.cc'] "
+                          "has no symbol 'LuPeak'")
+    assert "XLA_FFI_DEFINE_HANDLER_SYMBOL(LuPeak, ...)" in msg and "handler= to Kernel" in msg
+    assert run_jax(ops["ok"]).tolist() == [0.0, 0.0] and builds(cache) == 1
 
 
 # --------------------------------------------------------------------------- redeclaration

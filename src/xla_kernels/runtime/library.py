@@ -116,7 +116,9 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
         for_op=op.name)
     library = load_library(path, op.name)
     try:
-        function = getattr(library, kernel.handler)
+        # A fresh function object per op (getattr would hand every op of a library the one
+        # object it caches), so no op's ctypes settings leak into another's.
+        function = library[kernel.handler]
     except AttributeError:
         raise RegistrationError(
             f"{op.name}: the {platform} library built from {[s.name for s in sources]} has no "
