@@ -143,6 +143,20 @@ def test_concurrent_builds_in_two_processes(tmp_path):
     assert leftovers == []  # no temp files or object dirs left behind
 
 
+def test_stand_in_headers_are_searched_last_by_gxx_and_nvcc(tmp_path):
+    # After every -I folder and the system's (-idirafter), so any real nanobind/pybind11 wins.
+    steps = compiler.plan_steps(
+        [Path("/s/a.cc"), Path("/s/b.cu")], platform="cuda", out=tmp_path / "x.so",
+        obj_dir=tmp_path, flags=["-I/user"], cxx=(Path("g++"), "g++"),
+        nvcc=(Path("nvcc"), "nvcc"), fallback_include=Path("/compat"))
+    gxx, nvcc, link = (list(s.argv) for s in steps)
+    after = gxx.index("-idirafter")
+    assert after > gxx.index("-I/user") and gxx[after + 1] == "/compat"
+    assert nvcc[nvcc.index("-idirafter,/compat") - 1] == "-Xcompiler"
+    assert nvcc.index("-idirafter,/compat") > nvcc.index("-I/user")
+    assert not any("compat" in a for a in link)
+
+
 # --------------------------------------------------------------------------- errors
 
 

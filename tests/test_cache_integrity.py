@@ -184,6 +184,27 @@ def test_compiler_version_change_rebuilds(tmp_path):
     assert manifest["compilers"]["cxx"] == "other-g++ 99.1"
 
 
+def test_editing_a_stand_in_header_rebuilds(tmp_path, monkeypatch):
+    # The nanobind/pybind11 stand-ins are read through -idirafter, a system folder to the
+    # compilers, so depfiles leave them out: their contents are in the key instead. (In this
+    # process: the stand-in folder is redirected to an editable copy.)
+    import xla_kernels.builder as builder
+
+    compat = tmp_path / "compat"
+    shutil.copytree(builder.compat_include_dir(), compat)
+    monkeypatch.setattr(builder, "compat_include_dir", lambda: compat)
+    source = TESTS / "fixtures" / "library_unit" / "counters.cc"
+    first = builder.build_library("counters", [source], platform="cpu", cache_dir=tmp_path / "c")
+    assert builder.build_library("counters", [source], platform="cpu",
+                                 cache_dir=tmp_path / "c") == first
+    header = compat / "xk_compat_bindings.h"
+    header.write_text(header.read_text() + "\n// edited\n")
+    again = builder.build_library("counters", [source], platform="cpu", cache_dir=tmp_path / "c")
+    assert again != first
+    compile_command = json.loads(next((tmp_path / "c").glob("*.json")).read_text())["commands"][0]
+    assert compile_command[compile_command.index(str(compat)) - 1] == "-idirafter"
+
+
 # --------------------------------------------------------------------------- damage
 
 
@@ -356,10 +377,10 @@ def test_waiting_process_says_it_waited(tmp_path):
     second = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=120)
     out1, err1 = first.communicate(timeout=120)
     assert first.returncode == 0 and second.returncode == 0, (err1, second.stderr)
-    assert "xla-kernels: building v for cpu" in err1 and "done in" in err1
-    assert "another process is building v for cpu; waiting..." in second.stderr
+    assert "xla-kernels: building 'v' for cpu" in err1 and "done in" in err1
+    assert "another process is building 'v' for cpu; waiting..." in second.stderr
     assert "waited" in second.stderr and "using its result" in second.stderr
-    assert "done in" not in second.stderr and "building v for cpu (" not in second.stderr
+    assert "done in" not in second.stderr and "building 'v' for cpu (" not in second.stderr
     assert json.loads(second.stdout)["path"] == json.loads(out1)["path"]
 
 

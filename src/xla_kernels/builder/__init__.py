@@ -8,11 +8,17 @@ Example:
 The library lands in :func:`default_cache_dir`, keyed by the sources, flags and FFI headers,
 with a manifest of every header the compilers read (see :mod:`.cache`); a second call with
 the same inputs returns the cached file without running a compiler.
+
+A library is the unit of build: ops whose kernels have the same sources and build settings
+share one library (see ``docs/build_units.md`` and :mod:`xla_kernels.runtime.library`).
+Sources with a nanobind or pybind11 registration block build unchanged against the
+compile-only stand-in headers of :func:`compat_include_dir`.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +35,7 @@ from .cache import (
     ffi_headers_digest,
     install_entry,
     parse_depfile,
+    tree_digest,
 )
 from .compiler import (
     CUDA_SUFFIXES,
@@ -53,6 +60,7 @@ from .toolchain import (
 
 __all__ = [
     "build_library",
+    "compat_include_dir",
     "default_cache_dir",
     "detect_cuda_archs",
     "find_cxx",
@@ -81,28 +89,78 @@ def package_include_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "include"
 
 
-def _check_sources(name: str, platform: str, sources: Sequence[str | Path]) -> list[Path]:
+def compat_include_dir() -> Path:
+    """``include/xla_kernels/compat``: compile-only stand-ins for ``nanobind/nanobind.h`` and
+    ``pybind11/pybind11.h``, searched after every other include dir (``-idirafter``).
+
+    They let a source that carries a nanobind/pybind11 registration block (``NB_MODULE``,
+    ``PYBIND11_MODULE``) build unchanged: the block compiles into an unused function, and
+    the handlers are registered through ``xk.Op``. Real headers anywhere on the include
+    path (``Kernel(include_dirs=...)``, ``CPATH``, the system's) win over them.
+
+    Example:
+        >>> (compat_include_dir() / "nanobind" / "nanobind.h").is_file()
+        True
+    """
+    return package_include_dir() / "xla_kernels" / "compat"
+
+
+#: ``#include`` lines that the stand-in headers may answer.
+_BINDING_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]((?:nanobind|pybind11)/[^>"]+)[>"]', re.M)
+
+
+def _stand_in_note(sources: Sequence[Path], include_dirs: Sequence[Path]) -> str:
+    """For a failed build: which sources may have compiled against the stand-in headers
+    (they include nanobind/pybind11 headers that no ``-I`` folder holds), and the fix."""
+    found: list[str] = []
+    for src in sources:
+        try:
+            text = src.read_text(errors="replace")
+        except OSError:
+            continue
+        for header in dict.fromkeys(_BINDING_INCLUDE.findall(text)):
+            if not any((d / header).is_file() for d in include_dirs):
+                found.append(f"{src.name} includes {header}")
+    if not found:
+        return ""
+    return (f"\nNote: {'; '.join(found)}, which no include dir given holds, so unless the "
+            "compiler found it on its system path, xla-kernels' compile-only stand-in "
+            f"answered it ({compat_include_dir()}). The stand-in covers what registration "
+            "blocks use (module def/attr/doc, dict, list, tuple, capsule, str, int_, bytes, "
+            "arg, cast, make_tuple; see xk_compat_bindings.h there), not bound classes, "
+            "ndarray or the Python C API. Fix, if the errors are in the registration block: "
+            "pass the real headers' folders in Kernel(include_dirs=[...]) (e.g. "
+            "nanobind.include_dir() or pybind11.get_include(), and the Python headers), or "
+            "wrap the block in #ifndef XLA_KERNELS_COMPAT_BINDINGS ... #endif.")
+
+
+def _describe(name: str, for_op: str | None) -> str:
+    """How messages name the library: ``'k'`` or ``'k' (needed by op x)``."""
+    return f"'{name}'" + (f" (needed by op {for_op})" if for_op else "")
+
+
+def _check_sources(what: str, platform: str, sources: Sequence[str | Path]) -> list[Path]:
     """Absolute source paths; BuildError for missing files, unknown kinds, .cu on cpu."""
     if platform not in ("cpu", "cuda"):
-        raise BuildError(f"building '{name}': unknown platform {platform!r}. "
+        raise BuildError(f"building {what}: unknown platform {platform!r}. "
                          "Fix: use platform='cpu' or platform='cuda'.")
     if isinstance(sources, (str, Path)):
         sources = [sources]
     if not sources:
-        raise BuildError(f"building '{name}' for {platform}: no source files given.")
+        raise BuildError(f"building {what} for {platform}: no source files given.")
     paths = [Path(s).expanduser().resolve() for s in sources]
     for path in paths:
         if not path.is_file():
             raise BuildError(
-                f"building '{name}' for {platform}: source file not found: {path}. Fix: check "
+                f"building {what} for {platform}: source file not found: {path}. Fix: check "
                 f"the path (relative paths passed to build_library are taken from the current "
                 f"directory, {Path.cwd()}; an op's Kernel sources are taken from the folder "
                 "of the file that declares the op).")
         if path.suffix not in CXX_SUFFIXES + CUDA_SUFFIXES:
-            raise BuildError(f"building '{name}' for {platform}: don't know how to compile "
+            raise BuildError(f"building {what} for {platform}: don't know how to compile "
                              f"{path} (expected {', '.join(CXX_SUFFIXES + CUDA_SUFFIXES)}).")
         if platform == "cpu" and path.suffix in CUDA_SUFFIXES:
-            raise BuildError(f"building '{name}' for cpu: {path} is a CUDA source. "
+            raise BuildError(f"building {what} for cpu: {path} is a CUDA source. "
                              "Fix: build it with platform='cuda', or leave it out of cpu builds.")
     return list(dict.fromkeys(paths))
 
@@ -116,17 +174,17 @@ def _installed_version(kind: str) -> str | None:
         return None
 
 
-def _read_only_error(name: str, platform: str, cache: Path, reason: str,
+def _read_only_error(what: str, platform: str, cache: Path, reason: str,
                      error: OSError | None = None) -> BuildError:
     detail = f" ({error})" if error else ""
     return BuildError(
-        f"building '{name}' for {platform}: the cache folder {cache} is read-only{detail}, "
+        f"building {what} for {platform}: the cache folder {cache} is read-only{detail}, "
         f"and it holds no usable build of this library ({reason}). Fix: point "
         "XLA_KERNELS_CACHE_DIR (or cache_dir=) at a writable folder; a read-only cache can "
         "only serve libraries that were built into it before.")
 
 
-def _lock(name: str, platform: str, cache: Path, stem: Path, reason: str) -> FileLock:
+def _lock(what: str, platform: str, cache: Path, stem: Path, reason: str) -> FileLock:
     """The entry's file lock; creating it is the first write, so EROFS/EACCES surface here."""
     lock = FileLock(str(stem) + ".lock")
     try:
@@ -135,12 +193,12 @@ def _lock(name: str, platform: str, cache: Path, stem: Path, reason: str) -> Fil
     except Timeout:
         pass
     except OSError as e:
-        raise _read_only_error(name, platform, cache, reason, e) from e
+        raise _read_only_error(what, platform, cache, reason, e) from e
     # Another process holds the lock, i.e. is building this very library: wait for it.
-    progress = Progress(f"another process is building {name} for {platform}; waiting")
+    progress = Progress(f"another process is building {what} for {platform}; waiting")
     with progress:
         lock.acquire()
-        progress.result = (f"waited {{s}} s for another process building {name} for "
+        progress.result = (f"waited {{s}} s for another process building {what} for "
                            f"{platform}; using its result")
     return lock
 
@@ -155,13 +213,19 @@ def build_library(
     extra_flags: Sequence[str] = (),
     cuda_archs: Sequence[str] | str | None = None,
     cache_dir: str | Path | None = None,
+    for_op: str | None = None,
 ) -> Path:
     """Compile and link ``sources`` into one shared library, or reuse the cached one.
 
     .cc/.cpp files are compiled by g++ (``-std=c++17 -O3 -fPIC``), .cu files by nvcc for
     ``cuda_archs`` (default: :func:`detect_cuda_archs`), one object per source, then linked
     with ``-shared``. The directory of each source, ``include_dirs``, xla-kernels' own
-    ``include/`` and ``jax.ffi.include_dir()`` are on the include path.
+    ``include/`` and ``jax.ffi.include_dir()`` are on the include path, and last, after the
+    system's, the nanobind/pybind11 stand-ins of :func:`compat_include_dir`.
+
+    The library's identity is its sources and settings: ``name`` names the file (and is
+    part of the key), so callers that pass equal arguments share one file. ``for_op`` names
+    the op that needs the library, for messages.
 
     The cached library is reused only while every file the compilers read (sources and every
     header they included, wherever it lives) is unchanged, the library file is intact, and the
@@ -185,8 +249,9 @@ def build_library(
             or the library must be built and the cache folder is read-only.
         CompilerNotFoundError: the library must be built and g++ or nvcc is not installed.
     """
-    srcs = _check_sources(name, platform, sources)
-    ffi_dir, pkg_dir = ffi_include_dir(), package_include_dir()
+    what = _describe(name, for_op)
+    srcs = _check_sources(what, platform, sources)
+    ffi_dir, pkg_dir, compat_dir = ffi_include_dir(), package_include_dir(), compat_include_dir()
     # A source's own folder is searched for its headers; the shipped legacy adapter's folder
     # is not, so its neighbours (legacy.h, ...) never shadow a user's same-named headers.
     incs = [s.parent for s in srcs if not s.is_relative_to(pkg_dir)]
@@ -210,7 +275,8 @@ def build_library(
                 "nvcc_flags": NVCC_FLAGS if platform == "cuda" else (),
                 "requested_archs": requested, "gencode": gencode, "env": env,
                 "package_include_dir": [str(pkg_dir)],
-                "ffi": [ffi_headers_digest(ffi_dir)]},
+                "ffi": [ffi_headers_digest(ffi_dir)],
+                "compat": [str(compat_dir), tree_digest(compat_dir)]},
         sources=srcs)
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cache = cache.absolute()
@@ -223,9 +289,9 @@ def build_library(
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise _read_only_error(name, platform, cache, found.reason, e) from e
+        raise _read_only_error(what, platform, cache, found.reason, e) from e
     if not os.access(cache, os.W_OK):
-        raise _read_only_error(name, platform, cache, found.reason)
+        raise _read_only_error(what, platform, cache, found.reason)
     cxx = nvcc = None
     compilers: dict[str, str] = {}
     if need_cxx:
@@ -238,7 +304,7 @@ def build_library(
         nvcc = (path, short_version(path, compilers["nvcc"]))
     cuda_inc = cuda_include_dir(nvcc[0]) if nvcc and need_cxx else None
 
-    lock = _lock(name, platform, cache, stem, found.reason)
+    lock = _lock(what, platform, cache, stem, found.reason)
     try:
         # Another process may have built (or repaired) it while this one waited for the lock.
         found = check_entry(stem, lambda kind: compilers.get(kind))
@@ -250,9 +316,16 @@ def build_library(
             built = obj_dir / "library.so"
             steps = plan_steps(srcs, platform=platform, out=built, obj_dir=obj_dir,
                                flags=flags, cxx=cxx, nvcc=nvcc, gencode=gencode,
-                               cxx_cuda_include=cuda_inc)
-            with Progress(f"building {name} for {platform} ({label}{target})"):
-                run_steps(steps, name=name, platform=platform)
+                               cxx_cuda_include=cuda_inc, fallback_include=compat_dir)
+            with Progress(f"building {what} for {platform} ({label}{target})"):
+                try:
+                    run_steps(steps, name=name, platform=platform, what=what)
+                except BuildError as e:
+                    note = _stand_in_note(srcs, incs)
+                    if not note:
+                        raise
+                    raise BuildError(str(e) + note, compiler_output=e.compiler_output,
+                                     command=e.command) from None
             cwd = Path.cwd()  # the compilers ran here; depfiles may hold relative paths
             deps: dict[Path, None] = dict.fromkeys(srcs)
             for step in steps:
@@ -262,7 +335,7 @@ def build_library(
                         text = depfile.read_text()
                     except OSError as e:
                         raise BuildError(
-                            f"building '{name}' for {platform}: {step.compiler} wrote no "
+                            f"building {what} for {platform}: {step.compiler} wrote no "
                             f"dependency file ({e}), so header changes could not be tracked. "
                             "Fix: remove -MF/-MD/-MMD/-M options from the kernel's flags."
                         ) from e
@@ -306,4 +379,5 @@ def toolchain_report() -> dict[str, Any]:
     except ImportError as e:
         report["ffi_include_dir"] = {"path": None, "found": False, "error": str(e)}
     report["package_include_dir"] = str(package_include_dir())
+    report["compat_include_dir"] = str(compat_include_dir())
     return report

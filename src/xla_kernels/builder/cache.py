@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when the way libraries are built or recorded changes, to invalidate every old entry.
-CACHE_FORMAT = "xla-kernels-build-2"
+CACHE_FORMAT = "xla-kernels-build-3"
 
 #: FFI headers whose content stands for the XLA FFI version.
 FFI_HEADERS = ("api.h", "ffi.h", "c_api.h")
@@ -82,6 +82,24 @@ def ffi_headers_digest(ffi_include_dir: Path) -> str:
         path = ffi_include_dir / "xla" / "ffi" / "api" / name
         h.update(name.encode())
         h.update(path.read_bytes() if path.is_file() else b"<missing>")
+    return h.hexdigest()
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over the relative path and content of every file under ``root`` (sorted).
+
+    Stands for headers the compilers' depfiles leave out: a folder searched with
+    ``-idirafter`` is a system folder to them, so ``-MMD`` does not list its headers.
+
+    Example:
+        >>> import tempfile; d = Path(tempfile.mkdtemp())
+        >>> before = tree_digest(d); _ = (d / "a.h").write_text("//")
+        >>> before == tree_digest(d)
+        False
+    """
+    h = _Hasher()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.add(path.relative_to(root).as_posix(), path.read_bytes())
     return h.hexdigest()
 
 

@@ -81,6 +81,7 @@ def plan_steps(
     nvcc: tuple[Path, str] | None,
     gencode: Sequence[str] = (),
     cxx_cuda_include: Path | None = None,
+    fallback_include: Path | None = None,
 ) -> list[Step]:
     """The compiler invocations that build ``sources`` into the shared library ``out``.
 
@@ -90,6 +91,9 @@ def plan_steps(
     command); .cc files go to g++ (with the CUDA include dir in CUDA builds), .cu files to
     nvcc. A last step links the objects: g++ for CPU, nvcc for CUDA. ``flags`` (includes,
     defines, extra flags) go to every command, so link flags such as ``-lfoo`` work too.
+    ``fallback_include`` is searched last, after the system's own include dirs
+    (``-idirafter``; through ``-Xcompiler`` for nvcc), so any other header of the same
+    name wins over it.
 
     Example:
         >>> steps = plan_steps([Path("/s/a.cc")], platform="cpu", out=Path("/o/a.so"),
@@ -104,6 +108,8 @@ def plan_steps(
         assert cxx is not None
     nvcc_base = [str(nvcc[0]), *NVCC_FLAGS, *gencode] if nvcc else []
     cuda_inc = [f"-I{cxx_cuda_include}"] if cxx_cuda_include else []
+    after_cxx = ["-idirafter", str(fallback_include)] if fallback_include else []
+    after_nvcc = ["-Xcompiler", f"-idirafter,{fallback_include}"] if fallback_include else []
     steps: list[Step] = []
     objects: list[str] = []
     for i, src in enumerate(sources):
@@ -112,12 +118,12 @@ def plan_steps(
         dep = ["-MMD", "-MF", str(depfile_of(obj))]
         if src.suffix in CUDA_SUFFIXES:
             assert nvcc is not None
-            steps.append(Step((*nvcc_base, *flags, *dep, "-c", str(src), "-o", str(obj)),
-                              nvcc[1]))
+            steps.append(Step((*nvcc_base, *flags, *after_nvcc, *dep, "-c", str(src), "-o",
+                               str(obj)), nvcc[1]))
         else:
             assert cxx is not None
-            argv = (str(cxx[0]), *CXX_FLAGS, *flags, *cuda_inc, *dep, "-c", str(src), "-o",
-                    str(obj))
+            argv = (str(cxx[0]), *CXX_FLAGS, *flags, *cuda_inc, *after_cxx, *dep, "-c",
+                    str(src), "-o", str(obj))
             steps.append(Step(argv, cxx[1]))
     if platform == "cuda":
         assert nvcc is not None
@@ -167,15 +173,20 @@ def first_errors(output: str, limit: int = 5) -> list[str]:
     return found[:limit]
 
 
-def build_error(name: str, platform: str, step: Step, output: str, problem: str) -> BuildError:
-    """A BuildError naming library, platform and compiler, with the first errors up front."""
+def build_error(name: str, platform: str, step: Step, output: str, problem: str, *,
+                what: str | None = None) -> BuildError:
+    """A BuildError naming library, platform and compiler, with the first errors up front.
+
+    ``what`` replaces ``'<name>'`` in the message, e.g. ``'k' (the cpu kernel of op x)``.
+    """
     lines = output.rstrip().splitlines()
     shown = lines[:MAX_OUTPUT_LINES]
     if len(lines) > MAX_OUTPUT_LINES:
         shown.append(f"[... {len(lines) - MAX_OUTPUT_LINES} more lines in "
                      "BuildError.compiler_output]")
     errors = first_errors(output)
-    head = f"building '{name}' for {platform} failed: {step.compiler} ({step.argv[0]}) {problem}."
+    what = what or f"'{name}'"
+    head = f"building {what} for {platform} failed: {step.compiler} ({step.argv[0]}) {problem}."
     parts = [head]
     if errors:
         parts += ["First errors:", *(f"  {e}" for e in errors)]
@@ -183,8 +194,10 @@ def build_error(name: str, platform: str, step: Step, output: str, problem: str)
     return BuildError("\n".join(parts), compiler_output=output, command=list(step.argv))
 
 
-def run_steps(steps: Sequence[Step], *, name: str, platform: str) -> None:
-    """Run each step in order; the first failure raises :class:`BuildError`."""
+def run_steps(steps: Sequence[Step], *, name: str, platform: str,
+              what: str | None = None) -> None:
+    """Run each step in order; the first failure raises :class:`BuildError` (``what``: as
+    for :func:`build_error`)."""
     for step in steps:
         try:
             proc = subprocess.run(
@@ -192,10 +205,12 @@ def run_steps(steps: Sequence[Step], *, name: str, platform: str) -> None:
                 errors="replace", stdin=subprocess.DEVNULL,
             )
         except OSError as e:
-            raise build_error(name, platform, step, str(e), "could not be started") from e
+            raise build_error(name, platform, step, str(e), "could not be started",
+                              what=what) from e
         if proc.returncode != 0:
             output = proc.stdout + proc.stderr
-            raise build_error(name, platform, step, output, f"exited with {proc.returncode}")
+            raise build_error(name, platform, step, output, f"exited with {proc.returncode}",
+                              what=what)
 
 
 # --------------------------------------------------------------------------- progress

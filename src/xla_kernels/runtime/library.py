@@ -1,5 +1,9 @@
 """Build an op's kernel for a platform and load its handler symbol.
 
+The unit of build is the library, not the op: kernels with the same sources and build
+settings (include dirs, defines, flags, platform) are one library, built once, named after
+its first source and loaded once per process, so their handlers share its static state.
+
 Example:
     >>> from xla_kernels.kernels.simple_add import simple_add
     >>> kernel = load_kernel(simple_add, "cpu")      # doctest: +SKIP
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,11 +42,66 @@ class LoadedKernel:
         return ctypes.cast(self.function, ctypes.c_void_p).value or 0
 
 
+#: Every library this module loaded, by path: one handle (one copy of its statics) each.
+_libraries: dict[Path, ctypes.CDLL] = {}
+_libraries_lock = threading.Lock()
+
+
+def library_name(kernel: Kernel) -> str:
+    """The name of the library ``kernel`` is built into: its first source's stem.
+
+    Kernels of several ops that name the same sources with the same settings get the same
+    name and key, hence one library file (see :func:`load_kernel`).
+
+    Example:
+        >>> from xla_kernels.op import Kernel
+        >>> library_name(Kernel(["src/counters.cc", "util.cc"], handler="BumpA"))
+        'counters'
+    """
+    return Path(kernel.sources[0]).stem
+
+
+def load_library(path: Path, op: str) -> ctypes.CDLL:
+    """The process's one handle of the library at ``path``, loading it on first use.
+
+    ``op`` names the op that needs it, for the error message.
+
+    Example:
+        >>> load_library(Path("/nonexistent/lib.so"), "docs.op")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        xla_kernels.errors.RegistrationError: docs.op: cannot load /nonexistent/lib.so: ...
+    """
+    with _libraries_lock:
+        library = _libraries.get(path)
+        if library is None:
+            try:
+                library = _libraries[path] = ctypes.CDLL(str(path))
+            except OSError as e:
+                raise RegistrationError(
+                    f"{op}: cannot load {path}: {e}. Fix: rebuild with XLA_KERNELS_CACHE_DIR "
+                    "pointing to an empty folder.") from e
+        return library
+
+
+def loaded_libraries() -> list[Path]:
+    """The library files this process loaded kernels from, in load order.
+
+    Example:
+        >>> isinstance(loaded_libraries(), list)
+        True
+    """
+    with _libraries_lock:
+        return list(_libraries)
+
+
 def load_kernel(op: Op, platform: str) -> LoadedKernel:
     """Build (or take from the cache) ``op``'s kernel for ``platform`` and load it.
 
-    Each call loads anew: callers go through ``op.record.kernel(platform)``, which loads
-    once per process.
+    The library is the one of every kernel with the same sources and build settings: built
+    once (later ops hit the cache) and loaded once per process (:func:`load_library`), so
+    handlers of several ops share its static state. Callers go through
+    ``op.record.kernel(platform)``, which looks the handler up once per op.
     """
     kernel = op.kernels.get(platform)
     if kernel is None:
@@ -50,16 +110,15 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
             f"kernels={{'{platform}': Kernel(...)}}")
     sources, legacy_defines = _sources(op, kernel, platform)
     path = builder.build_library(
-        op.name, sources, platform=platform,
+        library_name(kernel), sources, platform=platform,
         include_dirs=kernel.resolved_include_dirs(),
-        defines={**kernel.defines, **legacy_defines}, extra_flags=kernel.flags)
+        defines={**kernel.defines, **legacy_defines}, extra_flags=kernel.flags,
+        for_op=op.name)
+    library = load_library(path, op.name)
     try:
-        library = ctypes.CDLL(str(path))
-    except OSError as e:
-        raise RegistrationError(f"{op.name}: cannot load {path}: {e}. Fix: rebuild with "
-                                f"XLA_KERNELS_CACHE_DIR pointing to an empty folder.") from e
-    try:
-        function = getattr(library, kernel.handler)
+        # A fresh function object per op (getattr would hand every op of a library the one
+        # object it caches), so no op's ctypes settings leak into another's.
+        function = library[kernel.handler]
     except AttributeError:
         raise RegistrationError(
             f"{op.name}: the {platform} library built from {[s.name for s in sources]} has no "

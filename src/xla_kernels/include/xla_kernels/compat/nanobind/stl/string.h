@@ -1,0 +1,4 @@
+// xla-kernels' compile-only stand-in for nanobind/stl/string.h: see ../../xk_compat_bindings.h.
+#pragma once
+
+#include "../nanobind.h"
