@@ -268,9 +268,10 @@ XLA_FFI_Error* StateGet(XLA_FFI_State_Get_Args* args) {
   }
   if (!slot->set) {
     return MakeError(XLA_FFI_Error_Code_NOT_FOUND,
-                     std::string("no ") + StageName(args->stage) +
-                         " state is set (did the " + StageName(args->stage) +
-                         " handler run and return one?)");
+                     std::string("no ") + StageName(args->stage) + " state is set: " +
+                         "declare an " + StageName(args->stage) + " handler that returns " +
+                         "one (Kernel(handler={'" + StageName(args->stage) +
+                         "': ..., 'execute': ...}))");
   }
   if (slot->type_id != args->type_id->type_id) {
     return MakeError(XLA_FFI_Error_Code_INVALID_ARGUMENT,
