@@ -228,8 +228,9 @@ XLA_FFI_Error* StateSlot(XkContext* ctx, XLA_FFI_ExecutionStage stage,
   if (ctx == nullptr || ctx->state == nullptr) {
     return MakeError(XLA_FFI_Error_Code_FAILED_PRECONDITION,
                      std::string("handler state (") + what +
-                         ") is only available to kernels that declare an instantiate "
-                         "handler (Kernel(handler={'instantiate': ..., 'execute': ...}))");
+                         ") is not available in eager mode to a call without state: only "
+                         "kernels that declare an instantiate handler get one "
+                         "(Kernel(handler={'instantiate': ..., 'execute': ...}))");
   }
   if (stage < 0 || stage >= XLA_FFI_ExecutionStage_EXECUTE) {
     return MakeError(XLA_FFI_Error_Code_INVALID_ARGUMENT,

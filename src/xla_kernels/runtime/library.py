@@ -126,7 +126,7 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
 
         address = loaded.address
         eager.declare_stages(address, loaded.stage_addresses(),
-                             setup=lambda: registry.ensure_types(loaded))
+                             setup=lambda: registry.ensure_types(loaded, assign=True))
         record_of(op.target).on_replace(lambda: eager.drop_states(address))
     return loaded
 
