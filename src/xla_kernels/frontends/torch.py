@@ -105,8 +105,9 @@ def install_eager(record: OpRecord, qualname: str) -> None:
         for platform in platforms.PLATFORMS.values():
             if (qualname, platform.name) in record.torch_eager:
                 continue
-            if native_ok and torch_native.install(qualname, platform.name,
-                                                  _native_planner(record, platform.name)):
+            kernel = op.kernels.get(platform.name)  # stateful: the eager state is Python's
+            if native_ok and not (kernel and kernel.stateful) and torch_native.install(
+                    qualname, platform.name, _native_planner(record, platform.name)):
                 record.on_replace(lambda q=qualname: torch_native.clear_plans(q))
             else:
                 def impl(*tensors: torch.Tensor, _platform: str = platform.name,

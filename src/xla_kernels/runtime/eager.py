@@ -13,8 +13,14 @@ What a handler gets from the eager runtime:
 * ``ScratchAllocator``: host memory (aligned malloc) on CPU; on CUDA the
   :class:`DeviceAllocator` passed as ``allocator=``, else allocation fails with an error.
 * ``ThreadPool``: ``num_threads() == 0``; ``Schedule`` runs the task inline.
-* ``UserData``/``State`` (execution context, stateful handlers) and asynchronous handlers
-  (returning ``ffi::Future``): an error saying they are not available in eager mode.
+* ``State<T>``: for kernels that declare an instantiate handler
+  (``Kernel(handler={"instantiate": ..., "execute": ...})``), the first call with given
+  attributes (per platform and device) runs the instantiate handler (no buffers), then
+  the prepare and initialize handlers if declared (with that call's buffers), and keeps
+  the states they set; every call then runs execute with them. States are deleted when
+  the op is redeclared and at exit (see :func:`declare_stages`, docs/stages.md).
+* ``UserData`` (execution context) and asynchronous handlers (returning ``ffi::Future``):
+  an error saying they are not available in eager mode.
 
 Example:
     >>> import ctypes, numpy as np
@@ -27,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import dataclasses
 import struct
@@ -48,9 +55,12 @@ __all__ = [
     "HandlerMetadata",
     "KernelError",
     "call_handler",
+    "declare_stages",
+    "drop_states",
     "ffi_api_version",
     "handler_metadata",
     "kernel_error",
+    "state_count",
 ]
 
 _SOURCE = Path(__file__).with_name("eager_ffi.cc")
@@ -335,6 +345,14 @@ def _load() -> ctypes.CDLL:
         lib.xk_eager_ffi_api_version.argtypes = [ctypes.POINTER(i32), ctypes.POINTER(i32)]
         lib.xk_eager_api.restype = p
         lib.xk_eager_api.argtypes = []
+        lib.xk_eager_call_stage.restype = i32
+        lib.xk_eager_call_stage.argtypes = [p, i32, p]
+        lib.xk_eager_state_create.restype = p
+        lib.xk_eager_state_create.argtypes = []
+        lib.xk_eager_state_destroy.restype = None
+        lib.xk_eager_state_destroy.argtypes = [p]
+        lib.xk_eager_register_type.restype = i32
+        lib.xk_eager_register_type.argtypes = [i64, p]
         _lib = lib
         return lib
 
@@ -486,8 +504,13 @@ def call_handler(
     op_name: str = "<handler>",
     platform: str = "cpu",
     allocator: DeviceAllocator | None = None,
+    _stage: int = 3,
+    _state: int = 0,
 ) -> None:
     """Call a typed XLA FFI handler on the calling thread, as XLA would at stage EXECUTE.
+
+    A handler given to :func:`declare_stages` gets its state (its other stages run first
+    when these attributes have no state yet).
 
     Returns once the handler returns; on CUDA, when it has queued its work on ``stream``.
     Like XLA at registration, the first call with a handler asks it for its metadata (an
@@ -530,6 +553,10 @@ def call_handler(
                            "use 'cpu' or 'cuda'")
     if kind == 0 and stream:
         raise OpInputError(op_name, "stream", "a CPU call takes no stream", "pass stream=0")
+    state = _state
+    if _stateful and _stage == _EXECUTE and address in _stateful:
+        state = _state_for(address, args, rets, attrs, stream, device_ordinal, op_name,
+                           platform, allocator)
 
     nargs = len(args)
     buffers = (*args, *rets)
@@ -607,7 +634,8 @@ def call_handler(
         allocator._take_error()  # forget what an earlier call left behind
     scratch.busy = True
     try:
-        rc = lib.xk_eager_call_packed(base)
+        rc = (lib.xk_eager_call_stage(base, _stage, state) if state or _stage != _EXECUTE
+              else lib.xk_eager_call_packed(base))
     finally:
         scratch.busy = nested
     if rc:
@@ -615,3 +643,133 @@ def call_handler(
         cause = allocator._take_error() if allocator is not None else None
         raise kernel_error(op_name, message, rc, attrs=attrs, encoded=encoded,
                            first_attr=len(buffers)) from cause
+
+
+# ------------------------------------------------------------------------ stages and state
+
+_EXECUTE = 3
+_SETUP_STAGES = (("instantiate", 0), ("prepare", 1), ("initialize", 2))
+
+
+class _Stages:
+    """The other stages of one execute handler and the states made for it, by key."""
+
+    def __init__(self, addresses: Mapping[str, int],
+                 setup: Callable[[], Sequence[tuple[int, int]]] | None):
+        self.addresses = dict(addresses)
+        self.setup = setup
+        self.ready = False
+        self.states: dict[Any, int] = {}
+
+
+_stateful: dict[int, _Stages] = {}  # execute handler address -> its stages
+_states_lock = threading.RLock()
+
+
+def declare_stages(execute: int, stages: Mapping[str, int], *,
+                   setup: Callable[[], Sequence[tuple[int, int]]] | None = None) -> None:
+    """Make eager calls of the handler at ``execute`` run its other stages first.
+
+    ``stages`` maps stage names (``"instantiate"``, ``"prepare"``, ``"initialize"``) to
+    handler addresses. ``setup()`` runs once before the first state is made and returns
+    ``(type id, XLA_FFI_TypeInfo address)`` of the state types (registered with XLA, which
+    assigns the ids): their deleters free the states. A state is made per platform,
+    device ordinal and attribute values, as XLA makes one per compiled custom call. The
+    loader (:func:`xla_kernels.runtime.library.load_kernel`) declares every kernel that
+    names more stages than execute.
+
+    Example:
+        >>> declare_stages(execute_address, {"instantiate": init_address})  # doctest: +SKIP
+    """
+    with _states_lock:
+        drop_states(execute)
+        _stateful[execute] = _Stages({k: v for k, v in stages.items() if k != "execute"},
+                                     setup)
+
+
+def drop_states(execute: int) -> int:
+    """Delete the states made for the handler at ``execute``; returns how many there were.
+
+    Example:
+        >>> drop_states(execute_address)                          # doctest: +SKIP
+        1
+    """
+    with _states_lock:
+        stages = _stateful.get(execute)
+        if stages is None or not stages.states:
+            return 0
+        states, stages.states = stages.states, {}
+    lib = _lib or _load()
+    for state in states.values():
+        lib.xk_eager_state_destroy(state)
+    return len(states)
+
+
+def state_count(execute: int) -> int:
+    """How many states the eager runtime keeps for the handler at ``execute``.
+
+    Example:
+        >>> state_count(op.record.kernel("cpu").address)          # doctest: +SKIP
+        1
+    """
+    with _states_lock:
+        stages = _stateful.get(execute)
+        return 0 if stages is None else len(stages.states)
+
+
+def _state_key(attrs: Mapping[str, Any], op: str) -> tuple[Any, ...]:
+    """The attributes as bytes (so that NaN equals NaN), sorted by name."""
+    key = []
+    for name, value in sorted(attrs.items()):
+        e = _encode_attr(name, value, op)
+        key.append((name, e.kind, e.dtype, struct.pack("@" + e.inline_format, e.inline),
+                    e.payload, e.count))
+    return tuple(key)
+
+
+def _state_for(execute: int, args: Sequence[Buffer], rets: Sequence[Buffer],
+               attrs: Mapping[str, Any], stream: int, device_ordinal: int, op_name: str,
+               platform: str, allocator: DeviceAllocator | None) -> int:
+    """The state of this call's handler and attributes, made by its stages if new."""
+    stages = _stateful[execute]
+    key = (platform, device_ordinal, _state_key(attrs, op_name))
+    state = stages.states.get(key)
+    if state:
+        return state
+    lib = _lib or _load()
+    with _states_lock:
+        state = stages.states.get(key)
+        if state:
+            return state
+        if not stages.ready:
+            for type_id, info in (stages.setup() if stages.setup else ()):
+                lib.xk_eager_register_type(type_id, info or None)
+            stages.ready = True
+        state = lib.xk_eager_state_create()
+        if not state:
+            raise MemoryError(f"{op_name}: cannot allocate the eager handler state")
+        try:
+            for name, code in _SETUP_STAGES:
+                handler = stages.addresses.get(name)
+                if handler is None:
+                    continue
+                buffers = ((), ()) if name == "instantiate" else (args, rets)
+                try:
+                    call_handler(handler, args=buffers[0], rets=buffers[1], attrs=attrs,
+                                 stream=stream, device_ordinal=device_ordinal,
+                                 op_name=op_name, platform=platform, allocator=allocator,
+                                 _stage=code, _state=state)
+                except KernelError as e:
+                    raise KernelError(op_name, f"{name} stage: {e.handler_message}",
+                                      e.code) from e.__cause__
+        except BaseException:
+            lib.xk_eager_state_destroy(state)
+            raise
+        stages.states[key] = state
+        return state
+
+
+@atexit.register
+def _drop_all_states() -> None:
+    for execute in list(_stateful):
+        drop_states(execute)

@@ -14,9 +14,11 @@
 //                                    caller's XkAllocFn/XkFreeFn, or an error
 //   ThreadPool_Schedule              runs the task inline, before returning
 //   ThreadPool_NumThreads            0 (no pool; what ffi.h reports without one)
-//   ExecutionContext_Get, State_*    error: not available in eager mode;
-//                                    ExecutionContext_Get is InvokeContext_Get
-//                                    from 0.4
+//   ExecutionContext_Get             error: not available in eager mode;
+//                                    InvokeContext_Get from 0.4
+//   State_Set/State_Get              one slot per stage (instantiate, prepare,
+//                                    initialize) in the caller's XkState
+//                                    (xk_eager_call_stage); no XkState: error
 //   InvokeContext_FindExtension      (0.4) no extensions: finds nothing
 //   Type_Register, Handler_Register  error: register with XLA instead
 //   Future_*                         error: asynchronous handlers unsupported
@@ -35,8 +37,10 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "xla/ffi/api/c_api.h"
@@ -80,8 +84,20 @@ struct XLA_FFI_Error {
   std::string message;
 };
 
+// Handler state: what the instantiate, prepare and initialize stages set with
+// XLA_FFI_State_Set, one slot per stage (as XLA keeps it per instance).
+struct XkState {
+  struct Slot {
+    bool set = false;
+    int64_t type_id = 0;
+    void* object = nullptr;
+  };
+  Slot slots[XLA_FFI_ExecutionStage_EXECUTE];
+};
+
 struct XK_CONTEXT_STRUCT {
   const XkDevice* device;
+  XkState* state;  // null: the call has no state (xk_eager_call)
 };
 using XkContext = XK_CONTEXT_STRUCT;
 
@@ -201,14 +217,79 @@ XLA_FFI_Error* InvokeContextFindExtension(XLA_FFI_InvokeContext_FindExtension_Ar
 }
 #endif
 
+const char* StageName(int stage) {
+  static const char* const kNames[] = {"instantiate", "prepare", "initialize", "execute"};
+  return stage >= 0 && stage <= XLA_FFI_ExecutionStage_EXECUTE ? kNames[stage] : "unknown";
+}
+
+// The state slot of `stage`, or an error naming what is missing.
+XLA_FFI_Error* StateSlot(XkContext* ctx, XLA_FFI_ExecutionStage stage,
+                         const XLA_FFI_TypeId* type_id, const char* what,
+                         XkState::Slot** slot) {
+  if (ctx == nullptr || ctx->state == nullptr) {
+    return MakeError(XLA_FFI_Error_Code_FAILED_PRECONDITION,
+                     std::string("handler state (") + what +
+                         ") is not available in eager mode to a call without state: only "
+                         "kernels that declare an instantiate handler get one "
+                         "(Kernel(handler={'instantiate': ..., 'execute': ...}))");
+  }
+  if (stage < 0 || stage >= XLA_FFI_ExecutionStage_EXECUTE) {
+    return MakeError(XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                     std::string(what) + ": no state belongs to stage " + StageName(stage));
+  }
+  if (type_id == nullptr || type_id->type_id <= 0) {
+    return MakeError(XLA_FFI_Error_Code_FAILED_PRECONDITION,
+                     std::string(what) + ": the state type is not registered (type id 0); "
+                     "declare it in Kernel(types=...)");
+  }
+  *slot = &ctx->state->slots[stage];
+  return nullptr;
+}
+
 XLA_FFI_Error* StateSet(XLA_FFI_State_Set_Args* args) {
   XK_CHECK_ARGS(XLA_FFI_State_Set_Args);
-  return NotInEager("handler state (XLA_FFI_State_Set)");
+  XkState::Slot* slot = nullptr;
+  if (XLA_FFI_Error* e = StateSlot(args->ctx, args->stage, args->type_id,
+                                   "XLA_FFI_State_Set", &slot)) {
+    return e;
+  }
+  if (slot->set) {
+    return MakeError(XLA_FFI_Error_Code_ALREADY_EXISTS,
+                     std::string("the ") + StageName(args->stage) + " state is already set");
+  }
+  *slot = XkState::Slot{true, args->type_id->type_id, args->state};
+  return nullptr;
 }
 
 XLA_FFI_Error* StateGet(XLA_FFI_State_Get_Args* args) {
   XK_CHECK_ARGS(XLA_FFI_State_Get_Args);
-  return NotInEager("handler state (XLA_FFI_State_Get)");
+  XkState::Slot* slot = nullptr;
+  if (XLA_FFI_Error* e = StateSlot(args->ctx, args->stage, args->type_id,
+                                   "XLA_FFI_State_Get", &slot)) {
+    return e;
+  }
+  if (!slot->set) {
+    return MakeError(XLA_FFI_Error_Code_NOT_FOUND,
+                     std::string("no ") + StageName(args->stage) + " state is set: " +
+                         "declare an " + StageName(args->stage) + " handler that returns " +
+                         "one (Kernel(handler={'" + StageName(args->stage) +
+                         "': ..., 'execute': ...}))");
+  }
+  if (slot->type_id != args->type_id->type_id) {
+    return MakeError(XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                     std::string("the ") + StageName(args->stage) + " state has type id " +
+                         std::to_string(slot->type_id) + ", the handler asks for " +
+                         std::to_string(args->type_id->type_id));
+  }
+  args->state = slot->object;
+  return nullptr;
+}
+
+// Deleters of registered state types (XLA_FFI_TypeInfo), by type id.
+std::mutex g_types_mu;
+std::unordered_map<int64_t, void (*)(void*)>& TypeDeleters() {
+  static auto* deleters = new std::unordered_map<int64_t, void (*)(void*)>();
+  return *deleters;
 }
 
 bool IsPowerOfTwo(size_t x) { return x != 0 && (x & (x - 1)) == 0; }
@@ -570,7 +651,9 @@ bool FillNested(const XkAttr& a, std::string_view name, const char* block, int d
 
 int32_t Call(XLA_FFI_Handler* handler, const XkDevice* device, const XkBuffer* args,
              int64_t nargs, const XkBuffer* rets, int64_t nrets, const XkAttr* attrs,
-             int64_t nattrs, char* err_buf, int64_t err_len) {
+             int64_t nattrs, char* err_buf, int64_t err_len,
+             XLA_FFI_ExecutionStage stage = XLA_FFI_ExecutionStage_EXECUTE,
+             XkState* state = nullptr) {
   auto invalid = [&](const std::string& message) {
     return Report(XLA_FFI_Error_Code_INVALID_ARGUMENT, message, err_buf, err_len);
   };
@@ -642,7 +725,7 @@ int32_t Call(XLA_FFI_Handler* handler, const XkDevice* device, const XkBuffer* a
     attr_name_ptrs.get()[k] = &attr_names.get()[k];
   }
 
-  XkContext ctx{device != nullptr ? device : &kHostDevice};
+  XkContext ctx{device != nullptr ? device : &kHostDevice, state};
 
   XLA_FFI_CallFrame frame;
   std::memset(&frame, 0, sizeof(frame));
@@ -650,7 +733,7 @@ int32_t Call(XLA_FFI_Handler* handler, const XkDevice* device, const XkBuffer* a
   frame.extension_start = nullptr;
   frame.api = &kApi;
   frame.ctx = &ctx;
-  frame.stage = XLA_FFI_ExecutionStage_EXECUTE;
+  frame.stage = stage;
   frame.args = XLA_FFI_Args{XLA_FFI_Args_STRUCT_SIZE, nullptr, nargs, arg_types.get(),
                             arg_ptrs.get()};
   frame.rets = XLA_FFI_Rets{XLA_FFI_Rets_STRUCT_SIZE, nullptr, nrets, ret_types.get(),
@@ -713,6 +796,52 @@ int32_t xk_eager_call_packed(const XkCall* call) {
                        call->nrets, call->attrs, call->nattrs, call->err_buf, call->err_len);
 }
 
+int32_t xk_eager_call_stage(const XkCall* call, int32_t stage, void* state) {
+  if (call == nullptr) return static_cast<int32_t>(XLA_FFI_Error_Code_INVALID_ARGUMENT);
+  if (stage < XLA_FFI_ExecutionStage_INSTANTIATE || stage > XLA_FFI_ExecutionStage_EXECUTE) {
+    return Report(XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                  "eager runtime: unknown stage " + std::to_string(stage), call->err_buf,
+                  call->err_len);
+  }
+  try {
+    return Call(reinterpret_cast<XLA_FFI_Handler*>(call->handler), call->device, call->args,
+                call->nargs, call->rets, call->nrets, call->attrs, call->nattrs,
+                call->err_buf, call->err_len, static_cast<XLA_FFI_ExecutionStage>(stage),
+                static_cast<XkState*>(state));
+  } catch (const std::bad_alloc&) {
+    return Report(XLA_FFI_Error_Code_RESOURCE_EXHAUSTED, "eager runtime: out of memory",
+                  call->err_buf, call->err_len);
+  }
+}
+
+void* xk_eager_state_create(void) { return new (std::nothrow) XkState(); }
+
+void xk_eager_state_destroy(void* state) {
+  auto* s = static_cast<XkState*>(state);
+  if (s == nullptr) return;
+  // Later stages' states may refer to earlier ones: delete them first, as XLA does.
+  for (int stage = XLA_FFI_ExecutionStage_EXECUTE - 1; stage >= 0; --stage) {
+    XkState::Slot& slot = s->slots[stage];
+    if (!slot.set || slot.object == nullptr) continue;
+    void (*deleter)(void*) = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(g_types_mu);
+      auto it = TypeDeleters().find(slot.type_id);
+      if (it != TypeDeleters().end()) deleter = it->second;
+    }
+    if (deleter != nullptr) deleter(slot.object);
+  }
+  delete s;
+}
+
+int32_t xk_eager_register_type(int64_t type_id, const void* type_info) {
+  auto* info = static_cast<const XLA_FFI_TypeInfo*>(type_info);
+  if (type_id <= 0) return static_cast<int32_t>(XLA_FFI_Error_Code_INVALID_ARGUMENT);
+  std::lock_guard<std::mutex> lock(g_types_mu);
+  TypeDeleters()[type_id] = info != nullptr ? info->deleter : nullptr;
+  return 0;
+}
+
 int32_t xk_eager_handler_metadata(void* handler, int32_t* api_major, int32_t* api_minor,
                                   uint32_t* traits, int64_t* state_type_id, char* err_buf,
                                   int64_t err_len) {
@@ -732,7 +861,7 @@ int32_t xk_eager_handler_metadata(void* handler, int32_t* api_major, int32_t* ap
   extension.extension_base.next = nullptr;
   extension.metadata = &metadata;
 
-  XkContext ctx{&kHostDevice};
+  XkContext ctx{&kHostDevice, nullptr};
   XLA_FFI_CallFrame frame;
   std::memset(&frame, 0, sizeof(frame));
   frame.struct_size = XLA_FFI_CallFrame_STRUCT_SIZE;

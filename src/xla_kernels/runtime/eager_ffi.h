@@ -129,6 +129,23 @@ int32_t xk_eager_call(void* handler, const XkDevice* device,
 /* xk_eager_call with its arguments in `call`. */
 int32_t xk_eager_call_packed(const XkCall* call);
 
+/* Handler stages and state (XLA_FFI_State_Set/Get).
+ *
+ * xk_eager_call_stage calls `call->handler` at `stage` (XLA_FFI_ExecutionStage:
+ * 0 instantiate, 1 prepare, 2 initialize, 3 execute) with `state`, an
+ * xk_eager_state_create() object (or NULL: no state). The instantiate,
+ * prepare and initialize stages each may set one state object in it; every
+ * stage reads them with ffi::State<T, stage>. XLA passes no buffers at
+ * instantiate: pass nargs = nrets = 0 there.
+ *
+ * xk_eager_state_destroy deletes the state objects with the deleters given to
+ * xk_eager_register_type (the XLA_FFI_TypeInfo of the type id XLA assigned);
+ * objects of types without one are not deleted. */
+int32_t xk_eager_call_stage(const XkCall* call, int32_t stage, void* state);
+void* xk_eager_state_create(void);
+void xk_eager_state_destroy(void* state);
+int32_t xk_eager_register_type(int64_t type_id, const void* type_info);
+
 /* Asks `handler` for its metadata, as XLA does at registration: the XLA FFI
  * API version its headers had, its traits (XLA_FFI_Handler_TraitsBits) and the
  * state type id (0 if stateless). Returns 0 or an error code as above. */

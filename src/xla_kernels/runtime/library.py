@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,19 +28,50 @@ if TYPE_CHECKING:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoadedType:
+    """A custom FFI type of a loaded kernel: addresses of its ``XLA_FFI_TypeId`` (which
+    XLA fills in when the type is registered) and ``XLA_FFI_TypeInfo`` (0 if not declared).
+
+    Example:
+        >>> LoadedType("my_lib.MyState", "MyStateId", 0x1000, 0).type_id     # doctest: +SKIP
+        0
+    """
+
+    name: str
+    symbol: str
+    id_address: int
+    info_address: int
+
+    @property
+    def type_id(self) -> int:
+        """The id XLA assigned (0 until the type is registered)."""
+        return ctypes.c_int64.from_address(self.id_address).value
+
+
+@dataclasses.dataclass(frozen=True)
 class LoadedKernel:
-    """A handler loaded into this process: where it came from and its address."""
+    """A handler loaded into this process: where it came from and its address.
+
+    ``function``/``address`` are the execute handler's; ``stages`` holds every declared
+    stage's handler (execute included), ``types`` the custom FFI types to register first.
+    """
 
     op: str
     platform: str
     handler: str
     library: Path
     function: ctypes._CFuncPtr
+    stages: Mapping[str, ctypes._CFuncPtr] = dataclasses.field(default_factory=dict)
+    types: tuple[LoadedType, ...] = ()
 
     @property
     def address(self) -> int:
-        """The handler's function address."""
+        """The execute handler's function address."""
         return ctypes.cast(self.function, ctypes.c_void_p).value or 0
+
+    def stage_addresses(self) -> dict[str, int]:
+        """Each declared stage's handler address, by stage name."""
+        return {s: ctypes.cast(f, ctypes.c_void_p).value or 0 for s, f in self.stages.items()}
 
 
 #: Every library this module loaded, by path: one handle (one copy of its statics) each.
@@ -115,17 +147,55 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
         defines={**kernel.defines, **legacy_defines}, extra_flags=kernel.flags,
         for_op=op.name)
     library = load_library(path, op.name)
+    built = f"the {platform} library built from {[s.name for s in sources]}"
+    stages = {}
+    for stage, symbol in (kernel.stages or {"execute": kernel.handler}).items():
+        what = "" if stage == "execute" and not kernel.stateful else f" (its {stage} handler)"
+        fix = ("or pass the right handler= to Kernel" if not what else
+               f"or correct handler={{'{stage}': ...}} in Kernel")
+        stages[stage] = _symbol(library, symbol, f"{op.name}: {built} has no symbol "
+                                f"'{symbol}'{what}. Fix: define it with "
+                                f"XLA_FFI_DEFINE_HANDLER_SYMBOL({symbol}, ...), {fix}.")
+    types = []
+    for name, symbols in kernel.types.items():
+        addresses = []
+        for key, macro in (("type_id", "XLA_FFI_DECLARE_TYPE_ID_SYMBOL"),
+                           ("type_info", "XLA_FFI_DECLARE_TYPE_INFO_SYMBOL")):
+            symbol = symbols[key]
+            if symbol is None:
+                addresses.append(0)
+                continue
+            fn = _symbol(library, symbol, f"{op.name}: {built} has no symbol '{symbol}' (the "
+                         f"{key} of FFI type '{name}'). Fix: define the function with "
+                         f"{macro}({symbol}), or correct Kernel(types=...).")
+            fn.restype, fn.argtypes = ctypes.c_void_p, []
+            addresses.append(fn() or 0)
+            if not addresses[-1]:
+                raise RegistrationError(f"{op.name}: {symbol}() returned null (the {key} of "
+                                        f"FFI type '{name}'). Fix: return the address of a "
+                                        "static object.")
+        types.append(LoadedType(name, symbols["type_id"], addresses[0], addresses[1]))
+    loaded = LoadedKernel(op.name, platform, kernel.handler, path, stages["execute"],
+                          stages, tuple(types))
+    if kernel.stateful:  # eager calls run the other stages and keep their state
+        from xla_kernels.record import record_of
+        from xla_kernels.runtime import eager, registry
+
+        address = loaded.address
+        eager.declare_stages(address, loaded.stage_addresses(),
+                             setup=lambda: registry.ensure_types(loaded, assign=True))
+        record_of(op.target).on_replace(lambda: eager.drop_states(address))
+    return loaded
+
+
+def _symbol(library: ctypes.CDLL, name: str, message: str) -> ctypes._CFuncPtr:
+    """A fresh function object for ``library``'s symbol ``name`` (getattr would hand every
+    op of a shared library the one object it caches, so one op's ctypes settings could leak
+    into another's), or a RegistrationError with ``message``."""
     try:
-        # A fresh function object per op (getattr would hand every op of a library the one
-        # object it caches), so no op's ctypes settings leak into another's.
-        function = library[kernel.handler]
+        return library[name]
     except AttributeError:
-        raise RegistrationError(
-            f"{op.name}: the {platform} library built from {[s.name for s in sources]} has no "
-            f"symbol '{kernel.handler}'. Fix: define it with "
-            f"XLA_FFI_DEFINE_HANDLER_SYMBOL({kernel.handler}, ...), or pass the right "
-            f"handler= to Kernel.") from None
-    return LoadedKernel(op.name, platform, kernel.handler, path, function)
+        raise RegistrationError(message) from None
 
 
 def _sources(op: Op, kernel: Kernel, platform: str) -> tuple[list[Path], dict[str, str]]:
