@@ -47,11 +47,12 @@ def _scale_op(target, *, stages=("instantiate",), type_name=None, **handlers):
                  attrs=[xk.Attr("factor", float)], outputs=_rule,
                  output_names=("out", "serial"),
                  kernels={"cpu": xk.Kernel([CPU_SOURCE], handler=handler,
-                                           types=_types(type_name or f"{target}.State"))})
+                                           types=_types(type_name or f"{target}.State"),
+                                           defines={"XK_TEST_COPY": target.replace(".", "_")})})
 
 
-# One library copy per op (the build cache names libraries by op), so each op's counters
-# and type ids are its own.
+# One library copy per op (a define per op makes their builds differ: equal builds would
+# share one library), so each op's counters and type ids are its own.
 scale = _scale_op("xk_tests.stages_scale")
 scale_all = _scale_op("xk_tests.stages_all", stages=("instantiate", "prepare", "initialize"))
 
