@@ -68,6 +68,25 @@ def sequence_bounds(cu_q_lens: Any, num_seqs: Any, num_tokens: int) -> list[tupl
     return bounds
 
 
+def _token_kv(kc: np.ndarray, vc: np.ndarray, table: np.ndarray, t: int, block_size: int,
+              num_blocks: int, layout: str,
+              seen: dict[int, tuple[np.ndarray, np.ndarray] | None]
+              ) -> tuple[np.ndarray, np.ndarray] | None:
+    """K and V [num_kv_heads, head_dim] of token ``t`` in float64, or None if its block id is
+    out of range (then nothing is read); memoized in ``seen``."""
+    if t not in seen:
+        blk = int(table[t // block_size])
+        if not 0 <= blk < num_blocks:
+            seen[t] = None
+        elif layout == "vllm":
+            seen[t] = (kc[blk, t % block_size].astype(np.float64),
+                       vc[blk, t % block_size].astype(np.float64))
+        else:
+            seen[t] = (kc[:, blk, t % block_size].astype(np.float64),
+                       vc[:, blk, t % block_size].astype(np.float64))
+    return seen[t]
+
+
 def ragged_paged_attention_numpy_f64(
     queries: Any,
     key_cache: Any,
@@ -114,26 +133,12 @@ def ragged_paged_attention_numpy_f64(
             continue
         # Tokens of this sequence as f64, converted on first use; a slot is read only when
         # a row attends it and its block id is valid.
-        k_of: dict[int, np.ndarray] = {}
-        v_of: dict[int, np.ndarray] = {}
-
-        def kv(t: int) -> tuple[np.ndarray, np.ndarray] | None:
-            blk = int(bt[s, t // block_size])
-            if not 0 <= blk < num_blocks:
-                return None
-            if t not in k_of:
-                if layout == "vllm":                     # [Hkv, D]
-                    k_of[t] = kc[blk, t % block_size].astype(np.float64)
-                    v_of[t] = vc[blk, t % block_size].astype(np.float64)
-                else:
-                    k_of[t] = kc[:, blk, t % block_size].astype(np.float64)
-                    v_of[t] = vc[:, blk, t % block_size].astype(np.float64)
-            return k_of[t], v_of[t]
-
+        seen: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
         for i in range(q_len):
             p = kv_len - q_len + i
             lo = max(0, p - sliding_window + 1) if sliding_window > 0 else 0
-            rows = [(t, kv(t)) for t in range(lo, p + 1)]
+            rows = [(t, _token_kv(kc, vc, bt[s], t, block_size, num_blocks, layout, seen))
+                    for t in range(lo, p + 1)]
             rows = [(t, x) for t, x in rows if x is not None]
             if not rows:
                 continue
