@@ -24,6 +24,9 @@ def main() -> None:
         print("paged attention: no sanitize_cases yet")
     else:
         sanitize_cases()
+    from xla_kernels.kernels.ragged_paged_attention import sanitize_cases as ragged_cases
+
+    ragged_cases()
     print("sanitize run finished")
 
 
