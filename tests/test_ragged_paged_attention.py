@@ -269,6 +269,8 @@ def _specs(q=(10, 8, 128), k=(10, 16, 2, 128), v=None, kl=(3,), bt=(3, 4), cu=(4
 BAD_CALLS = [
     ("head_dim", _specs(q=(10, 8, 96), k=(10, 16, 2, 96)), {}, "queries", "head_dim"),
     ("dtype mismatch", _specs(kdtype="f16"), {}, "key_cache", "dtype"),
+    ("value dtype", [*_specs()[:2], xk.Spec((10, 16, 2, 128), "f32"), *_specs()[3:]], {},
+     "value_cache", "dtype"),
     ("heads", _specs(q=(10, 6, 128), k=(10, 16, 4, 128)), {}, "key_cache", "multiple"),
     ("block size", _specs(k=(10, 8, 2, 128)), {}, "key_cache", "block_size"),
     ("cache dim", _specs(k=(10, 16, 2, 64)), {}, "key_cache", "head_dim"),
@@ -332,3 +334,50 @@ def test_kernel_validates_inputs_itself(rng):
         call(x, layout="bogus")
     with pytest.raises(KernelError, match="argument 'sliding_window'"):
         call(x, sliding_window=-2)
+
+
+def _mutations(x: dict) -> list:
+    """(name, edited inputs, attrs, output shape or None, argument, words) for the handler."""
+    f16 = {k: (v.astype(np.float16) if k in ARGS[:3] else v) for k, v in x.items()}
+    return [
+        ("f64 queries", {k: (v.astype(np.float64) if k in ARGS[:3] else v) for k, v in x.items()},
+         {}, None, "queries", "dtype f64 is not supported"),
+        ("mixed dtypes", dict(x, key_cache=f16["key_cache"]), {}, None, "key_cache",
+         "share one dtype"),
+        ("queries rank", dict(x, queries=x["queries"][0]), {}, None, "queries",
+         "expected shape [num_tokens"),
+        ("cache rank", dict(x, key_cache=x["key_cache"][0], value_cache=x["value_cache"][0]), {},
+         None, "key_cache", "rank-4"),
+        ("value shape", dict(x, value_cache=x["value_cache"][:-1]), {}, None, "value_cache",
+         "differs from key_cache"),
+        ("queries head_dim", dict(x, queries=np.ascontiguousarray(x["queries"][..., :32])), {},
+         None, "queries", "head_dim 32 is not supported"),
+        ("block size", dict(x, key_cache=np.ascontiguousarray(x["key_cache"][:, :8]),
+                            value_cache=np.ascontiguousarray(x["value_cache"][:, :8])), {}, None,
+         "key_cache", "block_size 8"),
+        ("heads", dict(x, queries=np.ascontiguousarray(x["queries"][:, :3])), {}, None,
+         "key_cache", "not a multiple"),
+        ("kv_lens", dict(x, kv_lens=x["kv_lens"][:, None]), {}, None, "kv_lens",
+         "expected shape (max_seqs,)"),
+        ("out shape", x, {}, (1, 4, 64), "out", "differs from the queries'"),
+        ("scale", x, {"scale": float("inf")}, None, "scale", "must be finite"),
+        ("softcap", x, {"softcap": -1.0}, None, "softcap", "must be finite and >= 0"),
+    ]
+
+
+def test_kernel_error_messages(rng):
+    """Every check of the shared C++ validation that small buffers can reach."""
+    x = make_inputs(rng, q_lens=[2, 3], kv_lens=[5, 9], num_q_heads=4, num_kv_heads=2,
+                    head_dim=64, block_size=16, dtype="f32")
+    fn = load_kernel(ragged_paged_attention, "cpu").function
+    for name, y, attrs, out_shape, arg, words in _mutations(x):
+        dtype = y["queries"].dtype
+        out = np.zeros(out_shape or y["queries"].shape, dtype)
+        all_attrs = {**_attrs(0.1), **{k: np.float32(v) for k, v in attrs.items()}}
+        with pytest.raises(KernelError) as e:
+            call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
+                         rets=[Buffer.from_array(out)], attrs=all_attrs,
+                         op_name=ragged_paged_attention.name)
+        msg = str(e.value)
+        assert e.value.code_name == "INVALID_ARGUMENT", (name, msg)
+        assert f"argument '{arg}'" in msg and words in msg and "Fix:" in msg, (name, msg)
