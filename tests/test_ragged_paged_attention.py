@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 import xla_kernels as xk
+from toolchain import requires_nvcc
+from xla_kernels import builder
 from xla_kernels.kernels.paged_attention import paged_attention
 from xla_kernels.kernels.ragged_paged_attention import (
     BLOCK_SIZES,
@@ -381,3 +383,12 @@ def test_kernel_error_messages(rng):
         msg = str(e.value)
         assert e.value.code_name == "INVALID_ARGUMENT", (name, msg)
         assert f"argument '{arg}'" in msg and words in msg and "Fix:" in msg, (name, msg)
+
+
+@requires_nvcc
+def test_cuda_kernel_compiles_for_sm80(tmp_path):
+    """test_cuda_sources.py builds every shipped op for sm_90; this op also targets A100."""
+    kernel = ragged_paged_attention.kernels["cuda"]
+    path = builder.build_library(ragged_paged_attention.name, kernel.resolved_sources(),
+                                 platform="cuda", cuda_archs=["80"], cache_dir=tmp_path)
+    assert path.exists()
