@@ -1,12 +1,13 @@
 """ragged_paged_attention's CUDA kernel against the float64 oracle (GPU machine only).
 
-Covers every dtype x head_dim x block_size x layout x GQA ratio (1, 4, 32 = MQA) over the
-batch mixes of ``testing.mix`` (all decode, one long prefill, many short chunks, mixed,
-prime lengths, 1000+ tokens), softcap and sliding windows, whole prompts (q_len = kv_len),
-out-of-range block ids, padding rows and unused sequence slots, inconsistent device data
-(clamping), agreement with ``paged_attention`` when every q_len is 1, the torch eager path
-with the output poisoned with NaN, and tiles that split a sequence's rows in the middle of a
-GQA group. Caches hold NaN in every slot no row attends.
+Covers every dtype x head_dim x layout x GQA ratio (1, 4, 32 = MQA) and every dtype x
+block_size over the batch mixes of ``testing.mix`` (all decode, one long prefill, many
+short chunks, mixed, prime lengths, 1000+ tokens), softcap and sliding windows, whole
+prompts (q_len = kv_len), out-of-range block ids, padding rows and unused sequence slots,
+inconsistent device data (clamping), agreement with ``paged_attention`` when every q_len is
+1, the torch eager path with NaN left in the allocator's free memory, and tiles that split
+a sequence's rows in the middle of a GQA group. Caches hold NaN in every slot no row
+attends.
 """
 
 from __future__ import annotations
@@ -62,8 +63,13 @@ def check(out: np.ndarray, ref: np.ndarray, dtype: str, what: str = "") -> None:
 
 
 HEADS = [(8, 8), (8, 2), (32, 1)]
-FULL = list(itertools.product(("bf16", "f16", "f32"), (64, 128, 256), (16, 32, 64),
-                              ("vllm", "pallas"), HEADS))
+# Every dtype x head_dim x GQA ratio x layout, block sizes rotating; then every dtype x
+# block size (63 cases: the GPU session's time is limited).
+FULL = [(dtype, d, (16, 32, 64)[i % 3], layout, heads) for i, (dtype, d, heads, layout) in
+        enumerate(itertools.product(("bf16", "f16", "f32"), (64, 128, 256), HEADS,
+                                    ("vllm", "pallas")))]
+FULL += [(dtype, 128, b, "vllm", (8, 2)) for dtype in ("bf16", "f16", "f32")
+         for b in (16, 32, 64)]
 
 
 @pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads", FULL)
