@@ -28,7 +28,7 @@ ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
                                     ffi::Buffer<ffi::S32> num_seqs,
                                     ffi::Result<ffi::AnyBuffer> out, float scale, float softcap,
                                     int64_t sliding_window, std::string_view layout) {
-  Shape s;
+  Shape s{};
   ffi::Error err = DecodeAndValidate(queries, key_cache, value_cache, kv_lens, block_tables,
                                      cu_q_lens, num_seqs, *out, scale, softcap, sliding_window,
                                      layout, &s);
