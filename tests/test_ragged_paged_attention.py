@@ -392,3 +392,25 @@ def test_cuda_kernel_compiles_for_sm80(tmp_path):
     path = builder.build_library(ragged_paged_attention.name, kernel.resolved_sources(),
                                  platform="cuda", cuda_archs=["80"], cache_dir=tmp_path)
     assert path.exists()
+
+
+def test_random_garbage_metadata_matches_the_oracle(rng):
+    """Arbitrary int32 cu_q_lens / kv_lens / num_seqs / block ids: kernel, fallback and
+    oracle agree on the clamped semantics (shapes fixed, so the fallback compiles once)."""
+    x = make_inputs(rng, q_lens=[3, 5, 1, 7], kv_lens=[20, 5, 64, 40], num_q_heads=4,
+                    num_kv_heads=2, head_dim=64, block_size=16, dtype="f32", num_tokens=20,
+                    max_seqs=6, poison=False)
+    num_blocks = x["key_cache"].shape[0]
+    for _ in range(6):
+        y = dict(x)
+        y["cu_q_lens"] = np.sort(rng.integers(-3, 24, size=7)).astype(np.int32)
+        swap = rng.integers(0, 6)
+        y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]  # one descent
+        y["kv_lens"] = rng.integers(-5, 80, size=6).astype(np.int32)
+        y["num_seqs"] = rng.integers(-1, 9, size=1).astype(np.int32)
+        y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
+                                         ).astype(np.int32)
+        ref = reference(y, scale=0.1, sliding_window=9)
+        for what, out in (("kernel", run_cpu_kernel(y, scale=0.1, sliding_window=9)),
+                          ("xla", run_xla(y, scale=0.1, sliding_window=9))):
+            check(out, ref, "f32", f"{what}: {y['cu_q_lens']} {y['kv_lens']} {y['num_seqs']}")
