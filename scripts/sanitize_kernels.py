@@ -38,6 +38,9 @@ def main() -> None:
         x = jnp.asarray(rng.standard_normal(shape), dtype)
         w = jnp.asarray(rng.standard_normal(shape[-1]), dtype)
         jax.block_until_ready(jax.grad(lambda x, w: rms_norm(x, w).sum(), (0, 1))(x, w))
+    from xla_kernels.kernels.ragged_paged_attention import sanitize_cases as ragged_cases
+
+    ragged_cases()
     print("sanitize run finished")
 
 

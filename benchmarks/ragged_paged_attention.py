@@ -1,0 +1,258 @@
+"""ragged_paged_attention (ours) vs plain XLA, with optional FlashAttention-3 and cuDNN hooks.
+
+Batches (bf16, block 16, vLLM layout, 32 q / 8 kv heads, d 128 unless noted):
+
+* ``prefill``: a few long prompts (q_len = kv_len);
+* ``chunked``: prompt chunks appended to long contexts (q_len < kv_len);
+* ``mixed``: decode tokens plus chunks, as a serving engine batches them;
+* ``decode``: every q_len 1 (also timed with ``paged_attention``, the decode op).
+
+Per configuration it reports the time per call (median of windows of back-to-back calls
+under ``jax.jit``), FLOPs (4 · q heads · head_dim per attended (row, token) pair) and the
+TFLOP/s reached, the bytes of the floor (each sequence's attended K/V range once per kv
+head, plus Q and the output) and the GB/s it implies. Implementations:
+
+* ``ours``: :func:`ragged_paged_attention`;
+* ``xla``: :func:`ragged_paged_attention_xla` (skipped when its per-row gathers would
+  exceed ``XLA_CAP`` bytes);
+* ``fa3``: ``flash_attn3_jax.flash_mha_with_kvcache`` (paged, ``page_table``), if the
+  package imports. It takes a dense [batch, max_q_len, heads, d] query, so ragged batches
+  are padded to the longest q_len (the padded rows are counted as its overhead, not as
+  FLOPs); causal masking is bottom-right aligned to ``cache_seqlens``;
+* ``cudnn``: ``jax._src.cudnn.fused_attention_stablehlo.paged_attention``, if it imports and
+  cuDNN accepts the call; only for batches with one q_len (decode without a mask, whole
+  prompts with a causal mask), where its mask semantics match ours unambiguously.
+
+Writes ``ragged_paged_attention.json`` and ``.md`` to ``--out``. Not yet run on a GPU (see
+``src/xla_kernels/kernels/ragged_paged_attention/PERFORMANCE.md``).
+
+Example:
+    $ python benchmarks/ragged_paged_attention.py --out benchmarks/results/h100 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from xla_kernels.bench import device_description
+from xla_kernels.kernels.paged_attention import paged_attention
+from xla_kernels.kernels.ragged_paged_attention import (
+    ragged_paged_attention,
+    ragged_paged_attention_xla,
+)
+
+BLOCK = 16
+XLA_CAP = 8e9  # bytes of K+V the XLA fallback gathers at once (row_batch rows)
+
+
+def matrix(quick: bool) -> list[dict[str, Any]]:
+    """The configurations: name, q_lens, kv_lens, q heads, kv heads, head_dim."""
+    rows = [
+        ("prefill 4x4096", [4096] * 4, [4096] * 4, 32, 8, 128),
+        ("prefill 1x16384", [16384], [16384], 32, 8, 128),
+        ("chunked 8x512 of 8192", [512] * 8, [8192] * 8, 32, 8, 128),
+        ("mixed 64 decode + 4x512", [1] * 64 + [512] * 4, [2048] * 64 + [4096] * 4, 32, 8, 128),
+        ("decode 128x2048", [1] * 128, [2048] * 128, 32, 8, 128),
+        ("decode 32x8192", [1] * 32, [8192] * 32, 32, 8, 128),
+        ("prefill 4x4096 d64", [4096] * 4, [4096] * 4, 32, 8, 64),
+        ("prefill 4x4096 d256", [4096] * 4, [4096] * 4, 16, 4, 256),
+        ("prefill 4x4096 MQA", [4096] * 4, [4096] * 4, 32, 1, 128),
+    ]
+    if quick:
+        rows = rows[:1] + rows[2:5]
+    return [dict(name=n, q_lens=q, kv_lens=k, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+            for n, q, k, hq, hkv, d in rows]
+
+
+def work(cfg: dict[str, Any], elem: int = 2) -> tuple[float, float]:
+    """(FLOPs, floor bytes) of a configuration (causal, no window)."""
+    pairs = sum(q * (k - q) + q * (q + 1) // 2
+                for q, k in zip(cfg["q_lens"], cfg["kv_lens"], strict=True))
+    flops = 4.0 * cfg["num_q_heads"] * cfg["head_dim"] * pairs
+    kv = 2 * sum(cfg["kv_lens"]) * cfg["num_kv_heads"] * cfg["head_dim"] * elem
+    qo = 2 * sum(cfg["q_lens"]) * cfg["num_q_heads"] * cfg["head_dim"] * elem
+    return flops, float(kv + qo)
+
+
+def make_data(cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """Device arrays for one configuration: shuffled blocks, one padding row."""
+    q_lens, kv_lens = cfg["q_lens"], cfg["kv_lens"]
+    n, hq, hkv, d = len(q_lens), cfg["num_q_heads"], cfg["num_kv_heads"], cfg["head_dim"]
+    max_blocks = -(-max(kv_lens) // BLOCK)
+    num_blocks = n * max_blocks
+    tables = rng.permutation(num_blocks).reshape(n, max_blocks).astype(np.int32)
+    tokens = sum(q_lens) + 1
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    key = jax.random.PRNGKey(0)
+    k1, k2, k3 = jax.random.split(key, 3)
+    shape = (num_blocks, BLOCK, hkv, d)
+    return {
+        "queries": jax.random.normal(k1, (tokens, hq, d), jnp.bfloat16),
+        "key_cache": jax.random.normal(k2, shape, jnp.bfloat16),
+        "value_cache": jax.random.normal(k3, shape, jnp.bfloat16),
+        "kv_lens": jnp.asarray(kv_lens, jnp.int32),
+        "block_tables": jnp.asarray(tables),
+        "cu_q_lens": jnp.asarray(cu),
+        "num_seqs": jnp.asarray([n], jnp.int32),
+    }
+
+
+def timed(fn: Any, args: tuple, budget: float) -> float:
+    """Median seconds per call over 5 windows of back-to-back calls."""
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    one = time.perf_counter() - start
+    per_window = max(1, min(200, int(budget / 5 / max(one, 1e-6))))
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        out = None
+        for _ in range(per_window):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / per_window)
+    return statistics.median(samples)
+
+
+def fa3_impl(cfg: dict[str, Any]) -> Any:
+    """FlashAttention-3's paged KV-cache call on a padded [batch, max_q_len] query, or None."""
+    try:
+        from flash_attn3_jax import flash_mha_with_kvcache
+    except ImportError:
+        return None
+    q_lens = cfg["q_lens"]
+    max_q = max(q_lens)
+    starts = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
+    # Padded row (seq, j) holds token j - (max_q - q_len) of the sequence: its q_len tokens
+    # are the last rows (bottom-right causal alignment); the rows above repeat a real token.
+    # The output stays padded (this times the attention only).
+    gather = np.minimum(starts[:, None] + np.arange(max_q)[None, :] - (max_q - np.asarray(
+        q_lens))[:, None], (starts + np.asarray(q_lens) - 1)[:, None])
+    gather = jnp.asarray(np.maximum(gather, starts[:, None]).astype(np.int32))
+    scale = cfg["head_dim"] ** -0.5
+
+    def run(x: dict[str, Any]) -> Any:
+        q = x["queries"][gather]                              # [n, max_q, hq, d]
+        return flash_mha_with_kvcache(q, x["key_cache"], x["value_cache"],
+                                      cache_seqlens=x["kv_lens"],
+                                      page_table=x["block_tables"], softmax_scale=scale,
+                                      is_causal=True)
+
+    return run
+
+
+def cudnn_impl(cfg: dict[str, Any]) -> Any:
+    """cuDNN paged attention for single-q_len batches (decode or whole prompts), or None."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn
+    except ImportError:
+        return None
+    q_lens, kv_lens = cfg["q_lens"], cfg["kv_lens"]
+    if len(set(q_lens)) != 1 or not (q_lens[0] == 1 or q_lens == kv_lens):
+        return None
+    n, q_len = len(q_lens), q_lens[0]
+    mask = cudnn.MaskType.NO_MASK if q_len == 1 else cudnn.MaskType.CAUSAL
+    scale = cfg["head_dim"] ** -0.5
+
+    def run(x: dict[str, Any]) -> Any:
+        q = x["queries"][: n * q_len].reshape(n, q_len, cfg["num_q_heads"], cfg["head_dim"])
+        table = x["block_tables"][:, None, :, None]
+        return cudnn.paged_attention(
+            q, x["key_cache"], x["value_cache"], jnp.full((n,), q_len, jnp.int32),
+            x["kv_lens"], table, table, scale=scale, mask_type=mask)
+
+    return run
+
+
+def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    x = make_data(cfg, rng)
+    flops, floor = work(cfg)
+    row: dict[str, Any] = {k: cfg[k] for k in ("name", "num_q_heads", "num_kv_heads",
+                                               "head_dim")}
+    row.update(tokens=sum(cfg["q_lens"]), seqs=len(cfg["q_lens"]), gflop=flops / 1e9,
+               floor_mb=floor / 1e6)
+    scale = cfg["head_dim"] ** -0.5
+    names = ("queries", "key_cache", "value_cache", "kv_lens", "block_tables", "cu_q_lens",
+             "num_seqs")
+
+    def run(name: str, fn: Any) -> None:
+        try:
+            sec = timed(jax.jit(fn), (x,), budget)
+        except Exception as e:  # a failing impl is reported, not fatal
+            row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+            traceback.print_exc()
+            return
+        row[f"{name}_ms"] = sec * 1e3
+        row[f"{name}_tflops"] = flops / sec / 1e12
+        row[f"{name}_gbs"] = floor / sec / 1e9
+
+    run("ours", lambda d: ragged_paged_attention(*(d[k] for k in names), scale=scale))
+    gathered = 2 * 32 * max(cfg["kv_lens"]) * cfg["num_kv_heads"] * cfg["head_dim"] * 2
+    if gathered <= XLA_CAP:
+        run("xla", lambda d: ragged_paged_attention_xla(*(d[k] for k in names), scale=scale))
+    if all(q == 1 for q in cfg["q_lens"]):
+        n = len(cfg["q_lens"])
+        run("paged_attention", lambda d: paged_attention(
+            d["queries"][:n], d["key_cache"], d["value_cache"], d["block_tables"],
+            d["kv_lens"], scale=scale))
+    for name, make in (("fa3", fa3_impl), ("cudnn", cudnn_impl)):
+        fn = make(cfg)
+        if fn is None:
+            row[f"{name}_error"] = "not available for this batch or not importable"
+        else:
+            run(name, fn)
+    return row
+
+
+def markdown(result: dict[str, Any]) -> str:
+    impls = ("ours", "xla", "paged_attention", "fa3", "cudnn")
+    lines = [f"# ragged_paged_attention on {result['device']['device']}", "",
+             f"{result['date']}, jax {result['device']['jax']}. ms per call "
+             "(TFLOP/s, GB/s of the floor).", "",
+             "| batch | tokens | GFLOP | floor MB | " + " | ".join(impls) + " |",
+             "|---|---|---|---|" + "---|" * len(impls)]
+    for r in result["rows"]:
+        cells = []
+        for i in impls:
+            ms = r.get(f"{i}_ms")
+            cells.append("-" if ms is None else
+                         f"{ms:.3f} ({r[f'{i}_tflops']:.0f}, {r[f'{i}_gbs']:.0f})")
+        lines.append(f"| {r['name']} | {r['tokens']} | {r['gflop']:.1f} | {r['floor_mb']:.0f} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/local"))
+    parser.add_argument("--quick", action="store_true", help="a few configurations")
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds per impl and config")
+    args = parser.parse_args()
+    result: dict[str, Any] = {"device": device_description(),
+                              "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                              "rows": []}
+    for cfg in matrix(args.quick):
+        row = measure(cfg, args.budget)
+        print(json.dumps(row))
+        result["rows"].append(row)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ragged_paged_attention.json").write_text(json.dumps(result, indent=1))
+    (args.out / "ragged_paged_attention.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

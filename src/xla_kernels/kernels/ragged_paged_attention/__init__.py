@@ -1,0 +1,199 @@
+"""``ragged_paged_attention``: attention for a mixed batch of prefill chunks and decode tokens
+over a paged KV cache, one custom-call.
+
+Each sequence contributes a run of query rows (its newest tokens, whose keys and values are
+already in the cache); the rows of all sequences are concatenated and padded::
+
+    ragged_paged_attention(queries, key_cache, value_cache, kv_lens, block_tables, cu_q_lens,
+                           num_seqs, *, scale, softcap=0.0, sliding_window=0,
+                           layout="vllm") -> out
+
+* ``queries`` [num_tokens, num_q_heads, head_dim] (num_tokens static, padded); ``out`` has
+  its shape and dtype.
+* ``key_cache``/``value_cache``: ``layout="vllm"`` [num_blocks, block_size, num_kv_heads,
+  head_dim] or ``layout="pallas"`` [num_kv_heads, num_blocks, block_size, head_dim], as in
+  :mod:`xla_kernels.kernels.paged_attention`.
+* ``kv_lens`` int32 [max_seqs]; ``block_tables`` int32 [max_seqs, max_blocks_per_seq]
+  (token ``t`` of sequence ``s`` is slot ``t % block_size`` of block
+  ``block_tables[s, t // block_size]``); ``cu_q_lens`` int32 [max_seqs + 1];
+  ``num_seqs`` int32 [1].
+* Sequence ``s < num_seqs[0]`` owns query rows ``cu_q_lens[s] .. cu_q_lens[s+1] - 1``
+  (``q_len`` of them): the last ``q_len`` tokens of its context. Row ``i`` sits at position
+  ``p = kv_lens[s] - q_len + i`` and attends cache positions ``t <= p`` (causal) and, with
+  ``sliding_window > 0``, only ``t > p - sliding_window``. ``scale`` multiplies q.k;
+  ``softcap > 0`` gives ``softcap * tanh(logit / softcap)`` after the scale.
+* dtypes bf16, f16, f32 (queries, caches and output share one); head_dim 64, 128, 256;
+  block_size 16, 32, 64; any GQA/MQA ratio (num_q_heads % num_kv_heads == 0).
+
+Inconsistent device data never causes an out-of-bounds read or write; it is defined as:
+
+* ``n = clamp(num_seqs[0], 0, max_seqs)`` sequences are used.
+* Row boundaries are ``c_j = clamp(max(cu_q_lens[0..j]), 0, num_tokens)`` (a running
+  maximum): a decreasing entry gives an empty sequence, entries past ``num_tokens`` are cut
+  there, so no row belongs to two sequences. Rows no sequence owns (before ``c_0``, after
+  ``c_n``: the padding) are zeros.
+* ``kv_lens[s]`` is clamped to ``[0, max_blocks_per_seq * block_size]``; when ``q_len``
+  exceeds it, the first rows get positions ``p < 0``, attend nothing and are zeros.
+* A block id outside ``[0, num_blocks)`` is never dereferenced: its tokens are masked. A row
+  whose tokens are all masked is zeros. Cache slots no row attends are never read (they may
+  hold NaN). Softmax statistics and accumulation are f32.
+
+Kernels: CUDA (``ragged_paged_attention.cu``: one CTA per (tile of query rows x q heads of
+one sequence, kv head), online softmax over 32-token K/V tiles, mma.sync for bf16/f16, CUDA
+cores for f32; design in ``ragged_paged_attention.cuh``) and CPU
+(``ragged_paged_attention_cpu.cc``). :func:`ragged_paged_attention_xla` is the plain-XLA
+fallback; :func:`ragged_paged_attention_numpy_f64` the float64 test oracle. With every
+``q_len == 1`` the op computes what :mod:`~xla_kernels.kernels.paged_attention` does (the
+CUDA path still runs this op's kernel: the host cannot see the q_lens without a sync).
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
+    >>> q = jnp.ones((8, 8, 128), jnp.bfloat16)                    # 8 token rows, 8 q heads
+    >>> kc = jnp.ones((64, 16, 2, 128), jnp.bfloat16)              # 2 kv heads, vllm layout
+    >>> i32 = lambda x: jnp.array(x, jnp.int32)
+    >>> kv_lens, cu = i32([50, 7, 0]), i32([0, 6, 7, 7])           # a 6-row chunk, 1 decode
+    >>> bt = jnp.arange(12, dtype=jnp.int32).reshape(3, 4)
+    >>> f = jax.jit(lambda *a: ragged_paged_attention(*a, scale=128 ** -0.5))
+    >>> f(q, kc, kc, kv_lens, bt, cu, i32([2])).shape             # doctest: +SKIP
+    (8, 8, 128)
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from xla_kernels.attrs import Attr
+from xla_kernels.kernel_kit import read_constants
+from xla_kernels.op import Invalid, Kernel, Op, Spec, Tensor
+
+from .reference import (
+    LAYOUTS,
+    ragged_paged_attention_numpy_f64,
+    ragged_paged_attention_xla,
+    sequence_bounds,
+)
+
+LIMITS_HEADER = Path(__file__).with_name("ragged_paged_attention_limits.h")
+LIMITS = read_constants(LIMITS_HEADER)
+
+DTYPES = ("bf16", "f16", "f32")
+HEAD_DIMS: tuple[int, ...] = LIMITS["kHeadDims"]  # type: ignore[assignment]
+BLOCK_SIZES: tuple[int, ...] = LIMITS["kBlockSizes"]  # type: ignore[assignment]
+MAX_PACKED_ROWS: int = LIMITS["kMaxPackedRows"]  # type: ignore[assignment]
+MAX_CAPACITY: int = LIMITS["kMaxCapacity"]  # type: ignore[assignment]
+
+
+def _cache_dims(cache: Spec, layout: str) -> tuple[int, int, int, int]:
+    """(num_blocks, block_size, num_kv_heads, head_dim) of a cache spec."""
+    if layout == "vllm":
+        return cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]
+    return cache.shape[1], cache.shape[2], cache.shape[0], cache.shape[3]
+
+
+def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spec,
+                 block_tables: Spec, cu_q_lens: Spec, num_seqs: Spec, *, scale: float,
+                 softcap: float, sliding_window: int, layout: str) -> list[Spec]:
+    """Validate a call; returns [out]."""
+    if layout not in LAYOUTS:
+        raise Invalid("layout", f"unknown layout {layout!r}",
+                      'use "vllm" ([num_blocks, block_size, num_kv_heads, head_dim]) or '
+                      '"pallas" ([num_kv_heads, num_blocks, block_size, head_dim])')
+    num_tokens, num_q_heads, head_dim = queries.shape
+    if key_cache.dtype != queries.dtype or value_cache.dtype != queries.dtype:
+        bad = "key_cache" if key_cache.dtype != queries.dtype else "value_cache"
+        other = key_cache if bad == "key_cache" else value_cache
+        raise Invalid(bad, f"dtype {other.dtype} differs from the queries' {queries.dtype}",
+                      "cast queries and caches to one dtype")
+    if head_dim not in HEAD_DIMS:
+        raise Invalid("queries", f"head_dim {head_dim} is not supported",
+                      f"use head_dim {', '.join(map(str, HEAD_DIMS))} (pad the head dimension)")
+    if value_cache.shape != key_cache.shape:
+        raise Invalid("value_cache", f"shape {value_cache.shape} differs from key_cache's "
+                      f"{key_cache.shape}", "pass key and value caches of one shape")
+    _, block_size, num_kv_heads, cache_dim = _cache_dims(key_cache, layout)
+    if cache_dim != head_dim:
+        raise Invalid("key_cache", f"head_dim {cache_dim} (last dimension) differs from the "
+                      f"queries' {head_dim}", "pass caches with the queries' head_dim")
+    if block_size not in BLOCK_SIZES:
+        raise Invalid("key_cache", f"block_size {block_size} is not supported (shape "
+                      f"{key_cache.shape} read in layout {layout!r})",
+                      f"use block_size {', '.join(map(str, BLOCK_SIZES))}, and check that "
+                      "`layout` matches the cache")
+    if num_kv_heads <= 0 or num_q_heads % num_kv_heads:
+        raise Invalid("key_cache", f"num_q_heads {num_q_heads} is not a multiple of "
+                      f"num_kv_heads {num_kv_heads}",
+                      "use a kv head count that divides the query head count (GQA/MQA)")
+    max_seqs = kv_lens.shape[0]
+    if max_seqs < 1:
+        raise Invalid("kv_lens", "expected shape (max_seqs,) with max_seqs >= 1, got "
+                      f"{kv_lens.shape}", "pass one context length per sequence slot")
+    if block_tables.ndim != 2 or block_tables.shape[0] != max_seqs:
+        raise Invalid("block_tables", f"expected shape ({max_seqs}, max_blocks_per_seq), "
+                      f"got {block_tables.shape}",
+                      "pass one row of block ids per sequence slot (kv_lens' length)")
+    if cu_q_lens.shape != (max_seqs + 1,):
+        raise Invalid("cu_q_lens", f"expected shape ({max_seqs + 1},), got {cu_q_lens.shape}",
+                      "pass max_seqs + 1 cumulative query lengths, starting at 0")
+    if num_seqs.shape != (1,):
+        raise Invalid("num_seqs", f"expected shape (1,), got {num_seqs.shape}",
+                      "pass the number of sequences as an int32 array of one element")
+    if not math.isfinite(float(scale)):
+        raise Invalid("scale", f"must be finite, got {float(scale)}",
+                      "pass e.g. scale=head_dim ** -0.5")
+    if not math.isfinite(float(softcap)) or float(softcap) < 0:
+        raise Invalid("softcap", f"must be finite and >= 0, got {float(softcap)}",
+                      "pass softcap=0.0 to disable it")
+    if int(sliding_window) < 0:
+        raise Invalid("sliding_window", f"must be >= 0, got {int(sliding_window)}",
+                      "pass sliding_window=0 to disable it")
+    if num_tokens * num_q_heads > MAX_PACKED_ROWS:
+        raise Invalid("queries", f"num_tokens * num_q_heads = {num_tokens * num_q_heads} is "
+                      f"above {MAX_PACKED_ROWS}", "split the batch into several calls")
+    if block_tables.shape[1] * block_size > MAX_CAPACITY:
+        raise Invalid("block_tables", f"max_blocks_per_seq * block_size is above "
+                      f"{MAX_CAPACITY} tokens", "pass a smaller block table")
+    return [Spec(queries.shape, queries.dtype)]
+
+
+ragged_paged_attention = Op(
+    "xla_kernels.ragged_paged_attention",
+    inputs=[
+        Tensor("queries", dtypes=DTYPES, rank=3, doc="[num_tokens, num_q_heads, head_dim]"),
+        Tensor("key_cache", dtypes=DTYPES, rank=4, doc="paged keys, in `layout`"),
+        Tensor("value_cache", dtypes=DTYPES, rank=4, doc="paged values, key_cache's shape"),
+        Tensor("kv_lens", dtypes=("i32",), rank=1, doc="[max_seqs] context lengths"),
+        Tensor("block_tables", dtypes=("i32",), rank=2, doc="[max_seqs, max_blocks_per_seq]"),
+        Tensor("cu_q_lens", dtypes=("i32",), rank=1, doc="[max_seqs + 1] row offsets"),
+        Tensor("num_seqs", dtypes=("i32",), rank=1, doc="[1] sequences in use"),
+    ],
+    attrs=[
+        Attr("scale", float, doc="multiplies q.k"),
+        Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
+        Attr("sliding_window", int, default=0,
+             doc="> 0: a row at position p attends only t > p - sliding_window"),
+        Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
+    ],
+    outputs=_output_rule,
+    output_names=("out",),
+    kernels={
+        "cpu": Kernel(["ragged_paged_attention_cpu.cc"], handler="XkRaggedPagedAttentionCpu"),
+        "cuda": Kernel(["ragged_paged_attention.cu"], handler="XkRaggedPagedAttentionCuda"),
+    },
+    doc=__doc__ or "",
+)
+
+
+def sanitize_cases(platform: str = "gpu") -> None:
+    """Small kernel runs for compute-sanitizer (see :func:`.testing.sanitize_cases`)."""
+    from .testing import sanitize_cases as run
+
+    run(platform)
+
+
+__all__ = [
+    "BLOCK_SIZES", "DTYPES", "HEAD_DIMS", "LAYOUTS", "LIMITS", "ragged_paged_attention",
+    "ragged_paged_attention_numpy_f64", "ragged_paged_attention_xla", "sanitize_cases",
+    "sequence_bounds",
+]

@@ -1,0 +1,75 @@
+// ragged_paged_attention on NVIDIA GPUs: the XLA FFI binding of the kernel core in
+// ragged_paged_attention.cuh (design notes there).
+//
+// Handler XkRaggedPagedAttentionCuda: decodes and validates the buffers and attributes (the
+// checks shared with the CPU handler), fills the core's Params and launches on XLA's stream.
+// Command-buffer (CUDA graph) compatible: it only enqueues kernels, and which sequences and
+// tiles exist is decided on the device from cu_q_lens / kv_lens / num_seqs.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ragged_paged_attention.cuh"
+#include "ragged_paged_attention_ffi.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace xla_kernels::ragged_paged_attention {
+namespace {
+
+ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
+                                    ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
+                                    ffi::Buffer<ffi::S32> kv_lens,
+                                    ffi::Buffer<ffi::S32> block_tables,
+                                    ffi::Buffer<ffi::S32> cu_q_lens,
+                                    ffi::Buffer<ffi::S32> num_seqs,
+                                    ffi::Result<ffi::AnyBuffer> out, float scale, float softcap,
+                                    int64_t sliding_window, std::string_view layout) {
+  Shape s{};
+  ffi::Error err = DecodeAndValidate(queries, key_cache, value_cache, kv_lens, block_tables,
+                                     cu_q_lens, num_seqs, *out, scale, softcap, sliding_window,
+                                     layout, &s);
+  if (err.failure()) return err;
+  Params p;
+  p.dtype = s.dtype == ffi::DataType::BF16  ? DType::kBF16
+            : s.dtype == ffi::DataType::F16 ? DType::kF16
+                                            : DType::kF32;
+  p.queries = queries.untyped_data();
+  p.key_cache = key_cache.untyped_data();
+  p.value_cache = value_cache.untyped_data();
+  p.kv_lens = kv_lens.typed_data();
+  p.block_tables = block_tables.typed_data();
+  p.cu_q_lens = cu_q_lens.typed_data();
+  p.num_seqs = num_seqs.typed_data();
+  p.out = out->untyped_data();
+  p.num_tokens = s.num_tokens;
+  p.num_q_heads = s.num_q_heads;
+  p.num_kv_heads = s.num_kv_heads;
+  p.head_dim = s.head_dim;
+  p.num_blocks = s.num_blocks;
+  p.block_size = s.block_size;
+  p.max_seqs = s.max_seqs;
+  p.max_blocks_per_seq = s.max_blocks_per_seq;
+  p.stride_block = s.stride_block;
+  p.stride_slot = s.stride_slot;
+  p.stride_head = s.stride_head;
+  p.scale = scale;
+  p.softcap = softcap;
+  p.sliding_window = sliding_window;
+  const std::string msg = launch_ragged_paged_attention(stream, p);
+  if (!msg.empty()) return ffi::Error::Internal("xla_kernels." + msg);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace xla_kernels::ragged_paged_attention
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    XkRaggedPagedAttentionCuda,
+    xla_kernels::ragged_paged_attention::RaggedPagedAttentionCuda,
+    xla_kernels::ragged_paged_attention::BindOperands(
+        ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+    {ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,830 @@
+// Ragged paged attention (mixed prefill chunks and decode tokens) for NVIDIA GPUs: the kernel
+// core. Plain CUDA templates and one entry point, launch_ragged_paged_attention(stream,
+// params); no XLA types (the binding is ragged_paged_attention.cu).
+//
+// Semantics (the rules for inconsistent device data are SeqView's, ragged_paged_attention_ffi.h):
+//   n     = clamp(num_seqs[0], 0, max_seqs)
+//   c_j   = clamp(max(cu_q_lens[0..j]), 0, num_tokens), j <= n; sequence s owns rows [c_s, c_s+1)
+//   L_s   = clamp(kv_lens[s], 0, max_blocks_per_seq * block_size)
+//   row i of s (global row c_s + i) sits at p = L_s - q_len_s + i and attends
+//           t in [max(0, p - window + 1), p]   (t in [0, p] without a window; none if p < 0)
+//   token t of s is slot t % block_size of block block_tables[s, t / block_size]; it is masked
+//           (never read) when that id is outside [0, num_blocks)
+//   out   = softmax over the attended tokens of (scale * q.k, softcapped) times V; zeros for
+//           rows that attend nothing and for rows no sequence owns (padding).
+//
+// Design (FlashAttention-2 style, one pass, no split over the context):
+//  * Packed rows: for kv head kvh with G = num_q_heads / num_kv_heads q heads, a sequence has
+//    q_len * G packed rows; packed row r is (query row r / G, q head kvh * G + r % G). GQA
+//    groups and query rows thus share one M dimension, so a decode token with G >= 2 still
+//    fills several MMA rows, and K/V are read once per kv head.
+//  * Grid: x = an upper bound of the number of row tiles (MaxTiles in the limits header),
+//    y = kv head. A CTA (4 warps) takes one tile of BM packed rows of one sequence. Which
+//    (sequence, tile) is decided on the device: warp 0 scans cu_q_lens in chunks of 32 with
+//    warp prefix sums (find_work); CTAs past the last tile exit.
+//  * The CTA's token range [lo, hi) is the union of its rows' ranges; it is streamed in
+//    32-token K/V tiles with 16-byte cp.async into shared memory (double-buffered; the f32
+//    d=256 kernel single-buffers to fit sm_80's shared memory). Tokens outside [lo, hi) or
+//    with an invalid block id are zero-filled with shared stores, never read from memory.
+//  * bf16/f16: each warp owns 16 packed rows (one m16 slab). S = Q K^T and O += P V with
+//    mma.sync m16n8k16 (f32 accumulate), operands via ldmatrix (.trans for V), P taken from
+//    the S accumulators. f32: each warp owns 8 packed rows; lane j computes token j's logits
+//    for the 8 rows with f32 FMAs, then O += P V with lanes over head_dim.
+//  * Per-element mask (causal, window, valid token); online softmax in base 2 with f32
+//    statistics; a warp skips tiles outside its own rows' range. Warps own disjoint rows, so
+//    each normalizes and writes its own rows: no cross-warp merge.
+//  * A small kernel writes zeros to the rows no sequence owns; every owned row is written by
+//    exactly one CTA of the main kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "ragged_paged_attention_limits.h"
+
+namespace xla_kernels::ragged_paged_attention {
+
+// ------------------------------------------------------------------ public interface
+
+enum class DType { kF32, kF16, kBF16 };
+
+// Everything the kernels need; element strides describe either cache layout:
+//   vllm   [num_blocks, block_size, num_kv_heads, head_dim]
+//   pallas [num_kv_heads, num_blocks, block_size, head_dim]
+struct Params {
+  DType dtype = DType::kF32;
+  const void* queries = nullptr;          // [num_tokens, num_q_heads, head_dim]
+  const void* key_cache = nullptr;        // layout above
+  const void* value_cache = nullptr;      // same shape and layout as key_cache
+  const int32_t* kv_lens = nullptr;       // [max_seqs]
+  const int32_t* block_tables = nullptr;  // [max_seqs, max_blocks_per_seq]
+  const int32_t* cu_q_lens = nullptr;     // [max_seqs + 1]
+  const int32_t* num_seqs = nullptr;      // [1]
+  void* out = nullptr;                    // [num_tokens, num_q_heads, head_dim]
+  int64_t num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t num_blocks = 0, block_size = 0, max_seqs = 0, max_blocks_per_seq = 0;
+  int64_t stride_block = 0, stride_slot = 0, stride_head = 0;  // elements
+  float scale = 1.f, softcap = 0.f;
+  int64_t sliding_window = 0;
+};
+
+// Launches the kernels on `stream`; returns "" on success, else an error message.
+inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Params& p);
+
+// ------------------------------------------------------------------ device helpers
+
+namespace detail {
+
+constexpr int kW = static_cast<int>(kWarps);
+constexpr int kThreads = kW * 32;
+constexpr int NK = static_cast<int>(kKvTile);
+constexpr unsigned kFull = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kDead = INT_MIN / 2;  // position of a row that attends nothing
+static_assert(NK == 32, "the f32 path maps one token per lane");
+
+struct Args {
+  const void* q;
+  const void* k;
+  const void* v;
+  const int32_t* kv_lens;
+  const int32_t* bt;
+  const int32_t* cu;
+  const int32_t* num_seqs;
+  void* out;
+  int T, Hq, Hkv, G;
+  int max_seqs, num_blocks, max_blocks, log2_bs, capacity;
+  int window;          // 0: none
+  int64_t sb, ss, sh;  // element strides: block, slot, kv head
+  float qk_scale;      // scale*log2e, or scale/softcap with a softcap
+  float cap_mul;       // softcap*log2e, or 0 without a softcap
+};
+
+// The (sequence, tile) a CTA works on.
+struct Work {
+  int s;       // sequence, or -1: no work
+  int tile;    // tile index within the sequence
+  int start;   // first query row of the sequence
+  int q_len;
+  int kv_len;  // clamped
+};
+
+__device__ __forceinline__ int clampi(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// Warp 0 of a CTA: the (sequence, tile) of tile number b, with tile_rows packed rows per
+// tile. Walks the sequences 32 at a time: lane l takes sequence base + l; warp prefix max of
+// the clamped row ends (SeqView's running maximum) and prefix sum of the tile counts.
+__device__ __forceinline__ void find_work(const Args& a, int b, int tile_rows, Work* w,
+                                          int lane) {
+  const int n = clampi(__ldg(a.num_seqs), 0, a.max_seqs);
+  int carry_end = clampi(__ldg(a.cu), 0, a.T);
+  int carry_tiles = 0;
+  if (lane == 0) w->s = -1;
+  __syncwarp();
+  for (int base = 0; base < n; base += 32) {
+    const int s = base + lane;
+    // s < n <= max_seqs: cu[s + 1] and kv_lens[s] are in bounds.
+    int end = s < n ? clampi(__ldg(a.cu + s + 1), 0, a.T) : 0;
+    end = max(end, carry_end);
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int o = __shfl_up_sync(kFull, end, off);
+      if (lane >= off) end = max(end, o);
+    }
+    int start = __shfl_up_sync(kFull, end, 1);
+    if (lane == 0) start = carry_end;
+    const int q_len = end - start;
+    const int tiles =
+        s < n ? static_cast<int>((static_cast<int64_t>(q_len) * a.G + tile_rows - 1) / tile_rows)
+              : 0;
+    int incl = tiles;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int o = __shfl_up_sync(kFull, incl, off);
+      if (lane >= off) incl += o;
+    }
+    const int first = carry_tiles + incl - tiles;
+    const bool hit = tiles > 0 && b >= first && b < first + tiles;
+    if (__ballot_sync(kFull, hit) != 0u) {
+      if (hit) {
+        w->s = s;
+        w->tile = b - first;
+        w->start = start;
+        w->q_len = q_len;
+        w->kv_len = clampi(__ldg(a.kv_lens + s), 0, a.capacity);
+      }
+      return;
+    }
+    carry_end = __shfl_sync(kFull, end, 31);
+    carry_tiles += __shfl_sync(kFull, incl, 31);
+  }
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// D += A (16x16, row major) * B (16x8, column major), f32 accumulate.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats -> two packed 16-bit values (lo in the low half).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+// Scale, optional softcap, base-2 units.
+__device__ __forceinline__ float logit(float dot, const Args& a) {
+  return a.cap_mul > 0.f ? a.cap_mul * tanhf(dot * a.qk_scale) : dot * a.qk_scale;
+}
+
+// Base used for exp2 so that -inf statistics never produce NaN.
+__device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.f : m; }
+
+// The rows of a tile, as positions.
+struct TileRows {
+  int r0, r_end;  // packed rows [r0, r_end) of the sequence
+  int p0;         // position of query row 0 (kv_len - q_len; may be negative)
+};
+
+// Position of packed row pr (kDead past the tile's rows) and the first token it attends.
+__device__ __forceinline__ void row_range(const Args& a, const TileRows& tr, int pr, int* pos,
+                                          int* lo) {
+  if (pr >= tr.r_end) {
+    *pos = kDead;
+    *lo = 0;
+    return;
+  }
+  *pos = tr.p0 + pr / a.G;
+  *lo = a.window > 0 ? *pos - a.window + 1 : 0;
+}
+
+// Token range [lo, hi) attended by packed rows [ra, rb) (rb > ra, rows all in the tile).
+__device__ __forceinline__ void token_range(const Args& a, const TileRows& tr, int ra, int rb,
+                                            int* lo, int* hi) {
+  const int p_first = tr.p0 + ra / a.G, p_last = tr.p0 + (rb - 1) / a.G;
+  *hi = p_last + 1;  // <= kv_len
+  *lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0;
+}
+
+// Streams tokens [t0, t0 + NK) of sequence s, kv head kvh, into shared memory (rows of D
+// elements, RS apart). Tokens outside [lo, hi) or with an invalid block id are zero-filled and
+// never read; ok[j] records which rows hold a token. All threads of the CTA take part.
+template <typename T, int D, int RS>
+__device__ __forceinline__ void load_kv_tile(T* ks, T* vs, int* ok, const Args& a, int s,
+                                             int kvh, int t0, int lo, int hi, int tid) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kCpr = D / kVec;           // 16-byte chunks per row
+  constexpr int kTpt = kThreads / NK;      // threads per token (4)
+  static_assert(kCpr % kTpt == 0, "row does not split over the token's threads");
+  const int j = tid / kTpt, part = tid % kTpt;
+  const int pos = t0 + j;
+  bool valid = pos >= lo && pos < hi;
+  int64_t off = 0;
+  if (valid) {
+    // pos < hi <= kv_len <= capacity: the block_tables read is in bounds.
+    const int blk = __ldg(a.bt + static_cast<int64_t>(s) * a.max_blocks + (pos >> a.log2_bs));
+    valid = blk >= 0 && blk < a.num_blocks;  // checked before any address is formed
+    if (valid) {
+      off = static_cast<int64_t>(blk) * a.sb +
+            static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss +
+            static_cast<int64_t>(kvh) * a.sh;
+    }
+  }
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
+#pragma unroll
+  for (int i = 0; i < kCpr / kTpt; ++i) {
+    const int col = (part + kTpt * i) * kVec;
+    T* kd = ks + j * RS + col;
+    T* vd = vs + j * RS + col;
+    if (valid) {
+      cp_async16(kd, kc + off + col);
+      cp_async16(vd, vc + off + col);
+    } else {
+      *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  if (part == 0) ok[j] = valid ? 1 : 0;
+}
+
+// Copies the tile's query rows (packed rows r0 .. r0 + BM - 1 of kv head kvh) to shared
+// memory as T (QT = T) or f32 (QT = float); rows past the tile are zeros.
+template <typename T, typename QT, int D, int RS, int BM>
+__device__ __forceinline__ void stage_q(QT* qs, const Args& a, const Work& w, const TileRows& tr,
+                                        int kvh, int tid) {
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+  constexpr int kCpr = D / kVec;
+  static_assert(std::is_same_v<QT, T>, "queries are staged in their own dtype");
+  const T* qg = static_cast<const T*>(a.q);
+  for (int c = tid; c < BM * kCpr; c += kThreads) {
+    const int r = c / kCpr, col = (c % kCpr) * kVec;
+    const int pr = tr.r0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (pr < tr.r_end) {
+      const int64_t row = static_cast<int64_t>(w.start) + pr / a.G;
+      const int64_t head = static_cast<int64_t>(kvh) * a.G + pr % a.G;
+      v = *reinterpret_cast<const uint4*>(qg + (row * a.Hq + head) * D + col);
+    }
+    *reinterpret_cast<uint4*>(qs + r * RS + col) = v;
+  }
+}
+
+// Element offset of packed row pr's output row.
+__device__ __forceinline__ int64_t out_offset(const Args& a, const Work& w, int kvh, int pr,
+                                              int D) {
+  const int64_t row = static_cast<int64_t>(w.start) + pr / a.G;
+  const int64_t head = static_cast<int64_t>(kvh) * a.G + pr % a.G;
+  return (row * a.Hq + head) * D;
+}
+
+// ------------------------------------------------------------------ bf16/f16: tensor cores
+
+template <typename T, int D>
+struct MmaConfig {
+  static constexpr int RW = static_cast<int>(kRowsPerWarpMma);  // packed rows per warp (16)
+  static constexpr int BM = kW * RW;                            // packed rows per CTA
+  static constexpr int RS = D + 8;                              // +16 bytes: conflict-free ldmatrix
+  static constexpr int kStages = 2;
+  static constexpr int kQElems = BM * RS;
+  static constexpr int kTileElems = NK * RS;
+  static constexpr int kBytes = (kQElems + kStages * 2 * kTileElems) * static_cast<int>(sizeof(T));
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) ragged_mma_kernel(const Args a) {
+  using C = MmaConfig<T, D>;
+  constexpr int RW = C::RW, BM = C::BM, RS = C::RS, KT = D / 16, DT = D / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ Work work;
+  __shared__ int tok_ok[C::kStages][NK];
+  T* qs = reinterpret_cast<T*>(smem);
+  T* kv_base = qs + C::kQElems;  // stage st: K at 2*st tiles, V at 2*st + 1
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int kvh = blockIdx.y;
+  if (warp == 0) find_work(a, blockIdx.x, BM, &work, lane);
+  __syncthreads();
+  const Work w = work;
+  if (w.s < 0) return;  // uniform over the CTA
+
+  TileRows tr;
+  tr.r0 = w.tile * BM;
+  tr.r_end = min(w.q_len * a.G, tr.r0 + BM);
+  tr.p0 = w.kv_len - w.q_len;
+  int lo, hi;
+  token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
+  const int ntiles = hi > lo ? (hi - lo + NK - 1) / NK : 0;
+
+  if (ntiles > 0) {
+    load_kv_tile<T, D, RS>(kv_base, kv_base + C::kTileElems, tok_ok[0], a, w.s, kvh, lo, lo, hi,
+                           tid);
+  }
+  cp_async_commit();
+  stage_q<T, T, D, RS, BM>(qs, a, w, tr, kvh, tid);
+
+  // This warp's rows and token range.
+  const int wr0 = tr.r0 + warp * RW;
+  const bool live = wr0 < tr.r_end;
+  int wlo = 0, whi = 0;
+  if (live) token_range(a, tr, wr0, min(tr.r_end, wr0 + RW), &wlo, &whi);
+  const int g0 = lane >> 2, tig = lane & 3, mtx = lane >> 3, r8 = lane & 7;
+  int pos0, lo0, pos1, lo1;
+  row_range(a, tr, wr0 + g0, &pos0, &lo0);
+  row_range(a, tr, wr0 + g0 + 8, &pos1, &lo1);
+
+  float o[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    // Prefetch the next tile into the other stage (last read in iteration it - 1, which
+    // ended with a barrier).
+    if (it + 1 < ntiles) {
+      T* kn = kv_base + 2 * ((it + 1) & 1) * C::kTileElems;
+      load_kv_tile<T, D, RS>(kn, kn + C::kTileElems, tok_ok[(it + 1) & 1], a, w.s, kvh,
+                             lo + (it + 1) * NK, lo, hi, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const int st = it & 1;
+    const int t0 = lo + it * NK;
+    if (live && t0 < whi && t0 + NK > wlo) {
+      const T* ks = kv_base + 2 * st * C::kTileElems;
+      const T* vs = ks + C::kTileElems;
+      // S = Q K^T: rows = this warp's 16 packed rows, columns = the tile's 32 tokens.
+      float sc[NK / 8][4];
+#pragma unroll
+      for (int i = 0; i < NK / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KT; ++kk) {
+        uint32_t af[4];
+        ldsm_x4(af, qs + (warp * RW + (mtx & 1) * 8 + r8) * RS + kk * 16 + (mtx >> 1) * 8);
+#pragma unroll
+        for (int j = 0; j < NK / 16; ++j) {
+          uint32_t b[4];
+          ldsm_x4(b, ks + (j * 16 + (mtx >> 1) * 8 + r8) * RS + kk * 16 + (mtx & 1) * 8);
+          mma16816<T>(sc[2 * j], af, b[0], b[1]);
+          mma16816<T>(sc[2 * j + 1], af, b[2], b[3]);
+        }
+      }
+      // Logits and mask: accumulator (i, e) is row g0 (e < 2) or g0 + 8 (e >= 2), token
+      // column i * 8 + tig * 2 + (e & 1).
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < NK / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = i * 8 + tig * 2 + e;
+          const int t = t0 + col;
+          const bool ok = tok_ok[st][col] != 0;
+          sc[i][e] = (ok && t <= pos0 && t >= lo0) ? logit(sc[i][e], a) : -INFINITY;
+          sc[i][e + 2] = (ok && t <= pos1 && t >= lo1) ? logit(sc[i][e + 2], a) : -INFINITY;
+          mx0 = fmaxf(mx0, sc[i][e]);
+          mx1 = fmaxf(mx1, sc[i][e + 2]);
+        }
+      }
+      // A row's 32 columns live in the 4 lanes of its quad.
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float b0 = safe_max(mn0), b1 = safe_max(mn1);
+      const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
+      m0 = mn0;
+      m1 = mn1;
+      float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < NK / 8; ++i) {
+        sc[i][0] = exp2f(sc[i][0] - b0);
+        sc[i][1] = exp2f(sc[i][1] - b0);
+        sc[i][2] = exp2f(sc[i][2] - b1);
+        sc[i][3] = exp2f(sc[i][3] - b1);
+        rs0 += sc[i][0] + sc[i][1];
+        rs1 += sc[i][2] + sc[i][3];
+      }
+      l0 = l0 * al0 + rs0;  // per-lane partial sums; the quad is summed at the end
+      l1 = l1 * al1 + rs1;
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        o[i][0] *= al0;
+        o[i][1] *= al0;
+        o[i][2] *= al1;
+        o[i][3] *= al1;
+      }
+      // O += P V: P (A operand, 16 rows x 16 tokens per k-step) from the S accumulators.
+#pragma unroll
+      for (int j = 0; j < NK / 16; ++j) {
+        uint32_t pa[4];
+        pa[0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
+        pa[1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
+        pa[2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+        pa[3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; ++dp) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, vs + (j * 16 + (mtx & 1) * 8 + r8) * RS + dp * 16 + (mtx >> 1) * 8);
+          mma16816<T>(o[2 * dp], pa, b[0], b[1]);
+          mma16816<T>(o[2 * dp + 1], pa, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the stage is overwritten by the prefetch of iteration it + 1
+  }
+  cp_async_wait<0>();
+
+  if (!live) return;
+  l0 += __shfl_xor_sync(kFull, l0, 1);
+  l0 += __shfl_xor_sync(kFull, l0, 2);
+  l1 += __shfl_xor_sync(kFull, l1, 1);
+  l1 += __shfl_xor_sync(kFull, l1, 2);
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  const int pr0 = wr0 + g0, pr1 = wr0 + g0 + 8;
+  T* out = static_cast<T*>(a.out);
+  if (pr0 < tr.r_end) {
+    uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr0, D));
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o32[(i * 8 + tig * 2) / 2] = pack2<T>(o[i][0] * inv0, o[i][1] * inv0);
+  }
+  if (pr1 < tr.r_end) {
+    uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr1, D));
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o32[(i * 8 + tig * 2) / 2] = pack2<T>(o[i][2] * inv1, o[i][3] * inv1);
+  }
+}
+
+// ------------------------------------------------------------------ f32: CUDA cores
+
+template <int D>
+struct SimtConfig {
+  static constexpr int RW = static_cast<int>(kRowsPerWarpSimt);  // packed rows per warp (8)
+  static constexpr int BM = kW * RW;
+  static constexpr int RS = D + 4;  // 16-byte aligned rows; lanes' float4 reads hit distinct banks
+  static constexpr int kStages = D <= 128 ? 2 : 1;  // d 256 single-buffers (sm_80: 163 KB)
+  static constexpr int DPL = D / 32;                // output dims per lane
+  static constexpr int kQElems = BM * RS;
+  static constexpr int kTileElems = NK * RS;
+  static constexpr int kPElems = kW * RW * NK;      // per warp: [RW][NK] probabilities
+  static constexpr int kBytes = (kQElems + kStages * 2 * kTileElems + kPElems) * 4;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) ragged_simt_kernel(const Args a) {
+  using C = SimtConfig<D>;
+  constexpr int RW = C::RW, BM = C::BM, RS = C::RS, DPL = C::DPL, kStages = C::kStages;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ Work work;
+  __shared__ int tok_ok[kStages][NK];
+  float* qs = reinterpret_cast<float*>(smem);
+  float* kv_base = qs + C::kQElems;
+  float* ps = kv_base + kStages * 2 * C::kTileElems;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int kvh = blockIdx.y;
+  if (warp == 0) find_work(a, blockIdx.x, BM, &work, lane);
+  __syncthreads();
+  const Work w = work;
+  if (w.s < 0) return;
+
+  TileRows tr;
+  tr.r0 = w.tile * BM;
+  tr.r_end = min(w.q_len * a.G, tr.r0 + BM);
+  tr.p0 = w.kv_len - w.q_len;
+  int lo, hi;
+  token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
+  const int ntiles = hi > lo ? (hi - lo + NK - 1) / NK : 0;
+
+  if constexpr (kStages == 2) {
+    if (ntiles > 0)
+      load_kv_tile<float, D, RS>(kv_base, kv_base + C::kTileElems, tok_ok[0], a, w.s, kvh, lo,
+                                 lo, hi, tid);
+  }
+  cp_async_commit();
+  stage_q<float, float, D, RS, BM>(qs, a, w, tr, kvh, tid);
+
+  const int wr0 = tr.r0 + warp * RW;
+  const bool live = wr0 < tr.r_end;
+  int wlo = 0, whi = 0;
+  if (live) token_range(a, tr, wr0, min(tr.r_end, wr0 + RW), &wlo, &whi);
+  int pos[RW], rlo[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) row_range(a, tr, wr0 + r, &pos[r], &rlo[r]);
+  float* pw = ps + warp * RW * NK;
+
+  float o[RW][DPL], m[RW], lp[RW];
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    m[r] = -INFINITY;
+    lp[r] = 0.f;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) o[r][e] = 0.f;
+  }
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int st = kStages == 2 ? (it & 1) : 0;
+    if constexpr (kStages == 2) {
+      if (it + 1 < ntiles) {
+        float* kn = kv_base + 2 * ((it + 1) & 1) * C::kTileElems;
+        load_kv_tile<float, D, RS>(kn, kn + C::kTileElems, tok_ok[(it + 1) % kStages], a, w.s, kvh,
+                                   lo + (it + 1) * NK, lo, hi, tid);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      load_kv_tile<float, D, RS>(kv_base, kv_base + C::kTileElems, tok_ok[0], a, w.s, kvh,
+                                 lo + it * NK, lo, hi, tid);
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int t0 = lo + it * NK;
+    if (live && t0 < whi && t0 + NK > wlo) {
+      const float* ks = kv_base + 2 * st * C::kTileElems;
+      const float* vs = ks + C::kTileElems;
+      // Lane j: logits of token t0 + j for the warp's RW rows.
+      float s[RW];
+#pragma unroll
+      for (int r = 0; r < RW; ++r) s[r] = 0.f;
+#pragma unroll 4
+      for (int d = 0; d < D; d += 4) {
+        const float4 k4 = *reinterpret_cast<const float4*>(ks + lane * RS + d);
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+          const float4 q4 = *reinterpret_cast<const float4*>(qs + (warp * RW + r) * RS + d);
+          s[r] = fmaf(q4.x, k4.x, s[r]);
+          s[r] = fmaf(q4.y, k4.y, s[r]);
+          s[r] = fmaf(q4.z, k4.z, s[r]);
+          s[r] = fmaf(q4.w, k4.w, s[r]);
+        }
+      }
+      const int t = t0 + lane;
+      const bool ok = tok_ok[st][lane] != 0;
+      float al[RW];
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+        const float x = (ok && t <= pos[r] && t >= rlo[r]) ? logit(s[r], a) : -INFINITY;
+        float mx = x;
+#pragma unroll
+        for (int off = 16; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
+        const float mn = fmaxf(m[r], mx);
+        const float b = safe_max(mn);
+        al[r] = exp2f(m[r] - b);
+        m[r] = mn;
+        const float p = exp2f(x - b);
+        lp[r] = lp[r] * al[r] + p;
+        pw[r * NK + lane] = p;
+      }
+      __syncwarp();
+#pragma unroll
+      for (int r = 0; r < RW; ++r) {
+#pragma unroll
+        for (int e = 0; e < DPL; ++e) o[r][e] *= al[r];
+      }
+#pragma unroll 4
+      for (int j = 0; j < NK; ++j) {
+        float vf[DPL];
+#pragma unroll
+        for (int e = 0; e < DPL; e += 2) {
+          const float2 v2 = *reinterpret_cast<const float2*>(vs + j * RS + lane * DPL + e);
+          vf[e] = v2.x;
+          vf[e + 1] = v2.y;
+        }
+#pragma unroll
+        for (int r = 0; r < RW; ++r) {
+          const float p = pw[r * NK + j];
+#pragma unroll
+          for (int e = 0; e < DPL; ++e) o[r][e] = fmaf(p, vf[e], o[r][e]);
+        }
+      }
+      __syncwarp();  // pw is rewritten by the next tile
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  if (!live) return;
+  float* out = static_cast<float*>(a.out);
+#pragma unroll
+  for (int r = 0; r < RW; ++r) {
+    float l = lp[r];
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) l += __shfl_xor_sync(kFull, l, off);
+    const int pr = wr0 + r;
+    if (pr >= tr.r_end) continue;  // uniform over the warp
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    float* orow = out + out_offset(a, w, kvh, pr, D) + lane * DPL;
+#pragma unroll
+    for (int e = 0; e < DPL; ++e) orow[e] = o[r][e] * inv;
+  }
+}
+
+// ------------------------------------------------------------------ padding rows
+
+constexpr int kZeroRows = 16;  // output rows per CTA of the zero kernel
+
+// Zeros every row no sequence owns: rows < c_0 and rows >= c_n.
+__global__ void __launch_bounds__(kThreads) ragged_zero_kernel(const Args a, int row_bytes) {
+  __shared__ int red[kW];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n = clampi(__ldg(a.num_seqs), 0, a.max_seqs);
+  int mx = INT_MIN;
+  for (int j = tid; j <= n; j += kThreads) mx = max(mx, __ldg(a.cu + j));  // j <= n <= max_seqs
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) mx = max(mx, __shfl_xor_sync(kFull, mx, off));
+  if (lane == 0) red[warp] = mx;
+  __syncthreads();
+  mx = red[0];
+#pragma unroll
+  for (int i = 1; i < kW; ++i) mx = max(mx, red[i]);
+  const int c0 = clampi(__ldg(a.cu), 0, a.T);
+  const int cn = clampi(mx, 0, a.T);  // the running maximum at j = n
+  const int row0 = blockIdx.x * kZeroRows;
+  const int chunks = row_bytes / 16;
+  unsigned char* out = static_cast<unsigned char*>(a.out);
+  for (int r = row0; r < min(row0 + kZeroRows, a.T); ++r) {
+    if (r >= c0 && r < cn) continue;
+    uint4* dst = reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * row_bytes);
+    for (int c = tid; c < chunks; c += kThreads) dst[c] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// ------------------------------------------------------------------ host side
+
+inline std::string cuda_error(const char* what, cudaError_t e) {
+  return std::string("ragged_paged_attention: ") + what + ": " + cudaGetErrorName(e) + " (" +
+         cudaGetErrorString(e) + ")";
+}
+
+// Raises a kernel's dynamic shared-memory limit once per (kernel, device): function
+// attributes are per device context.
+inline std::string prepare_kernel(const void* kernel, int smem, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> done;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(kernel, device);
+  if (done.count(key)) return "";
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return cuda_error("cudaFuncSetAttribute", e);
+  int occ = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem);
+  if (e != cudaSuccess) return cuda_error("cudaOccupancyMaxActiveBlocksPerMultiprocessor", e);
+  if (occ < 1) {
+    return "ragged_paged_attention: the kernel does not fit on this GPU (" +
+           std::to_string(smem) + " bytes of shared memory per CTA)";
+  }
+  done[key] = true;
+  return "";
+}
+
+template <typename Kernel>
+inline std::string launch_main(cudaStream_t stream, const Params& p, const Args& a, Kernel kernel,
+                               int smem, int tile_rows) {
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
+  std::string err = prepare_kernel(reinterpret_cast<const void*>(kernel), smem, device);
+  if (!err.empty()) return err;
+  const int64_t tiles = MaxTiles(p.num_tokens, p.num_q_heads / p.num_kv_heads, p.max_seqs,
+                                 tile_rows);
+  if (tiles > INT_MAX || p.num_kv_heads > 65535)
+    return "ragged_paged_attention: problem too large for one launch";
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.num_kv_heads));
+  kernel<<<grid, kThreads, smem, stream>>>(a);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return cuda_error("launching the main kernel", e);
+  return "";
+}
+
+template <int D>
+inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const Args& a) {
+  switch (p.dtype) {
+    case DType::kBF16:
+      return launch_main(stream, p, a, ragged_mma_kernel<__nv_bfloat16, D>,
+                         MmaConfig<__nv_bfloat16, D>::kBytes, MmaConfig<__nv_bfloat16, D>::BM);
+    case DType::kF16:
+      return launch_main(stream, p, a, ragged_mma_kernel<__half, D>,
+                         MmaConfig<__half, D>::kBytes, MmaConfig<__half, D>::BM);
+    case DType::kF32:
+      return launch_main(stream, p, a, ragged_simt_kernel<D>, SimtConfig<D>::kBytes,
+                         SimtConfig<D>::BM);
+  }
+  return "ragged_paged_attention: unknown dtype";
+}
+
+}  // namespace detail
+
+inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Params& p) {
+  using detail::Args;
+  if (p.num_tokens == 0 || p.num_q_heads == 0) return "";
+  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0)
+    return "ragged_paged_attention: num_q_heads must be a multiple of num_kv_heads";
+  if (!IsSupportedBlockSize(p.block_size))
+    return "ragged_paged_attention: block_size must be 16, 32 or 64";
+  const int64_t capacity = p.max_blocks_per_seq * p.block_size;
+  if (capacity > kMaxCapacity || p.num_tokens * p.num_q_heads > kMaxPackedRows ||
+      p.num_blocks > INT_MAX || p.max_seqs < 1 || p.max_seqs >= INT_MAX)
+    return "ragged_paged_attention: sizes out of range";
+  Args a{};
+  a.q = p.queries;
+  a.k = p.key_cache;
+  a.v = p.value_cache;
+  a.kv_lens = p.kv_lens;
+  a.bt = p.block_tables;
+  a.cu = p.cu_q_lens;
+  a.num_seqs = p.num_seqs;
+  a.out = p.out;
+  a.T = static_cast<int>(p.num_tokens);
+  a.Hq = static_cast<int>(p.num_q_heads);
+  a.Hkv = static_cast<int>(p.num_kv_heads);
+  a.G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
+  a.max_seqs = static_cast<int>(p.max_seqs);
+  a.num_blocks = static_cast<int>(p.num_blocks);
+  a.max_blocks = static_cast<int>(p.max_blocks_per_seq);
+  a.log2_bs = p.block_size == 16 ? 4 : (p.block_size == 32 ? 5 : 6);
+  a.capacity = static_cast<int>(capacity);
+  a.window = p.sliding_window <= 0 ? 0
+             : (p.sliding_window >= INT_MAX / 2 ? INT_MAX / 2 : static_cast<int>(p.sliding_window));
+  a.sb = p.stride_block;
+  a.ss = p.stride_slot;
+  a.sh = p.stride_head;
+  if (p.softcap > 0.f) {
+    a.qk_scale = p.scale / p.softcap;
+    a.cap_mul = p.softcap * detail::kLog2e;
+  } else {
+    a.qk_scale = p.scale * detail::kLog2e;
+    a.cap_mul = 0.f;
+  }
+  const int64_t elem = p.dtype == DType::kF32 ? 4 : 2;
+  const int64_t row_bytes = p.num_q_heads * p.head_dim * elem;
+  if (row_bytes > INT_MAX) return "ragged_paged_attention: sizes out of range";
+  const int64_t zgrid = (p.num_tokens + detail::kZeroRows - 1) / detail::kZeroRows;
+  detail::ragged_zero_kernel<<<static_cast<unsigned>(zgrid), detail::kThreads, 0, stream>>>(
+      a, static_cast<int>(row_bytes));
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return detail::cuda_error("launching the zero kernel", e);
+  switch (p.head_dim) {
+    case 64: return detail::launch_head_dim<64>(stream, p, a);
+    case 128: return detail::launch_head_dim<128>(stream, p, a);
+    case 256: return detail::launch_head_dim<256>(stream, p, a);
+    default: return "ragged_paged_attention: head_dim must be 64, 128 or 256";
+  }
+}
+
+}  // namespace xla_kernels::ragged_paged_attention

@@ -1,0 +1,191 @@
+// Decoding and validating ragged_paged_attention's XLA FFI buffers and attributes: shared by
+// the CPU handler (ragged_paged_attention_cpu.cc) and the CUDA handler
+// (ragged_paged_attention.cu), so both reject bad input with the same messages as the Python
+// shape rule. Plain C++ (no CUDA).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "ragged_paged_attention_limits.h"
+#include "xla/ffi/api/ffi.h"
+#include "xla_kernels/errors.h"
+
+namespace xla_kernels::ragged_paged_attention {
+
+namespace ffi = xla::ffi;
+
+// The problem, as read from the buffers. Strides are in elements and describe either layout.
+struct Shape {
+  ffi::DataType dtype;
+  int64_t num_tokens, num_q_heads, num_kv_heads, head_dim;
+  int64_t num_blocks, block_size, max_seqs, max_blocks_per_seq;
+  int64_t stride_block, stride_slot, stride_head;
+  bool pallas;  // layout "pallas" ([kv_heads, blocks, block_size, d]) instead of "vllm"
+};
+
+inline std::string DimsText(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + (d.size() == 1 ? ",)" : ")");
+}
+
+inline const char* DtypeText(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32: return "f32";
+    case ffi::DataType::F16: return "f16";
+    case ffi::DataType::BF16: return "bf16";
+    case ffi::DataType::F64: return "f64";
+    case ffi::DataType::S32: return "i32";
+    default: return "an unsupported dtype";
+  }
+}
+
+inline ffi::Error Bad(const std::string& arg, const std::string& problem, const std::string& fix) {
+  return InvalidArgument("xla_kernels.ragged_paged_attention", arg, problem, fix);
+}
+
+// Checks every shape, dtype and attribute; fills `shape` on success.
+inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::AnyBuffer& key_cache,
+                                    const ffi::AnyBuffer& value_cache,
+                                    const ffi::Buffer<ffi::S32>& kv_lens,
+                                    const ffi::Buffer<ffi::S32>& block_tables,
+                                    const ffi::Buffer<ffi::S32>& cu_q_lens,
+                                    const ffi::Buffer<ffi::S32>& num_seqs,
+                                    const ffi::AnyBuffer& out, float scale, float softcap,
+                                    int64_t sliding_window, std::string_view layout,
+                                    Shape* shape) {
+  const auto qd = queries.dimensions();
+  const auto kd = key_cache.dimensions();
+  const auto vd = value_cache.dimensions();
+  const auto ld = kv_lens.dimensions();
+  const auto bd = block_tables.dimensions();
+  const auto cd = cu_q_lens.dimensions();
+  const auto nd = num_seqs.dimensions();
+  const auto od = out.dimensions();
+  const ffi::DataType dt = queries.element_type();
+  if (dt != ffi::DataType::F32 && dt != ffi::DataType::F16 && dt != ffi::DataType::BF16)
+    return Bad("queries", std::string("dtype ") + DtypeText(dt) + " is not supported",
+               "pass bf16, f16 or f32");
+  if (key_cache.element_type() != dt || value_cache.element_type() != dt ||
+      out.element_type() != dt)
+    return Bad("key_cache", "queries, key_cache, value_cache and the output must share one dtype",
+               "cast the caches to the queries' dtype");
+  if (layout != "vllm" && layout != "pallas")
+    return Bad("layout", "unknown layout '" + std::string(layout) + "'",
+               "use \"vllm\" ([num_blocks, block_size, num_kv_heads, head_dim]) or \"pallas\" "
+               "([num_kv_heads, num_blocks, block_size, head_dim])");
+  if (qd.size() != 3)
+    return Bad("queries", "expected shape [num_tokens, num_q_heads, head_dim], got " +
+                              DimsText(qd),
+               "pass the batch's query tokens, concatenated");
+  if (kd.size() != 4)
+    return Bad("key_cache", "expected a rank-4 cache, got shape " + DimsText(kd),
+               "pass the paged cache in the declared layout");
+  if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != kd[3])
+    return Bad("value_cache", "shape " + DimsText(vd) + " differs from key_cache's " +
+                                  DimsText(kd),
+               "pass key and value caches of one shape");
+  const bool pallas = layout == "pallas";
+  Shape s{};
+  s.dtype = dt;
+  s.pallas = pallas;
+  s.num_tokens = qd[0];
+  s.num_q_heads = qd[1];
+  s.head_dim = qd[2];
+  s.num_kv_heads = pallas ? kd[0] : kd[2];
+  s.num_blocks = pallas ? kd[1] : kd[0];
+  s.block_size = pallas ? kd[2] : kd[1];
+  if (!IsSupportedHeadDim(s.head_dim))
+    return Bad("queries", "head_dim " + std::to_string(s.head_dim) + " is not supported",
+               "use head_dim 64, 128 or 256");
+  if (kd[3] != s.head_dim)
+    return Bad("key_cache", "head_dim " + std::to_string(kd[3]) + " differs from the queries' " +
+                                std::to_string(s.head_dim),
+               "pass caches with the queries' head_dim");
+  if (!IsSupportedBlockSize(s.block_size))
+    return Bad("key_cache", "block_size " + std::to_string(s.block_size) + " is not supported",
+               "use block_size 16, 32 or 64 (check the layout attribute)");
+  if (s.num_kv_heads <= 0 || s.num_q_heads % s.num_kv_heads != 0)
+    return Bad("key_cache", "num_q_heads " + std::to_string(s.num_q_heads) +
+                                " is not a multiple of num_kv_heads " +
+                                std::to_string(s.num_kv_heads),
+               "use a kv head count that divides the query head count");
+  if (ld.size() != 1 || ld[0] < 1)
+    return Bad("kv_lens", "expected shape (max_seqs,) with max_seqs >= 1, got " + DimsText(ld),
+               "pass one context length per sequence slot");
+  s.max_seqs = ld[0];
+  if (bd.size() != 2 || bd[0] != s.max_seqs)
+    return Bad("block_tables", "expected shape [" + std::to_string(s.max_seqs) +
+                                   ", max_blocks_per_seq], got " + DimsText(bd),
+               "pass one row of block ids per sequence slot (kv_lens' length)");
+  if (cd.size() != 1 || cd[0] != s.max_seqs + 1)
+    return Bad("cu_q_lens", "expected shape (" + std::to_string(s.max_seqs + 1) + ",), got " +
+                                DimsText(cd),
+               "pass max_seqs + 1 cumulative query lengths, starting at 0");
+  if (nd.size() != 1 || nd[0] != 1)
+    return Bad("num_seqs", "expected shape (1,), got " + DimsText(nd),
+               "pass the number of sequences as an int32 array of one element");
+  if (od.size() != 3 || od[0] != qd[0] || od[1] != qd[1] || od[2] != qd[2])
+    return Bad("out", "output shape " + DimsText(od) + " differs from the queries' " +
+                          DimsText(qd),
+               "declare the output like the queries");
+  if (!std::isfinite(scale))
+    return Bad("scale", "must be finite", "pass e.g. scale=1/sqrt(head_dim)");
+  if (!(softcap >= 0.f) || !std::isfinite(softcap))
+    return Bad("softcap", "must be finite and >= 0", "pass 0 to disable the softcap");
+  if (sliding_window < 0)
+    return Bad("sliding_window", "must be >= 0", "pass 0 to disable the window");
+  s.max_blocks_per_seq = bd[1];
+  if (s.num_tokens * s.num_q_heads > kMaxPackedRows)
+    return Bad("queries", "num_tokens * num_q_heads is above 2^30",
+               "split the batch into several calls");
+  if (s.max_blocks_per_seq * s.block_size > kMaxCapacity)
+    return Bad("block_tables", "max_blocks_per_seq * block_size is above 2^30 tokens",
+               "pass a smaller block table");
+  const int64_t d = s.head_dim;
+  if (pallas) {
+    s.stride_slot = d;
+    s.stride_block = s.block_size * d;
+    s.stride_head = s.num_blocks * s.block_size * d;
+  } else {
+    s.stride_head = d;
+    s.stride_slot = s.num_kv_heads * d;
+    s.stride_block = s.block_size * s.num_kv_heads * d;
+  }
+  *shape = s;
+  return ffi::Error::Success();
+}
+
+// The operands, results and attributes both handlers bind, in order; the CUDA handler
+// passes a binding that already holds its stream.
+template <typename Binding>
+auto BindOperands(Binding binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // queries
+      .template Arg<ffi::AnyBuffer>()                    // key_cache
+      .template Arg<ffi::AnyBuffer>()                    // value_cache
+      .template Arg<ffi::Buffer<ffi::S32>>()             // kv_lens
+      .template Arg<ffi::Buffer<ffi::S32>>()             // block_tables
+      .template Arg<ffi::Buffer<ffi::S32>>()             // cu_q_lens
+      .template Arg<ffi::Buffer<ffi::S32>>()             // num_seqs
+      .template Ret<ffi::AnyBuffer>()                    // out
+      .template Attr<float>("scale")
+      .template Attr<float>("softcap")
+      .template Attr<int64_t>("sliding_window")
+      .template Attr<std::string_view>("layout");
+}
+
+// One sequence as the kernels see it; the rules for inconsistent device data, in one place:
+// n = clamp(num_seqs, 0, max_seqs); c_j = clamp(max(cu_q_lens[0..j]), 0, num_tokens) for
+// j <= n (a running maximum, so row ranges never overlap); sequence s < n owns query rows
+// [c_s, c_{s+1}); its context length is L_s = clamp(kv_lens[s], 0, capacity). Row i of it sits
+// at position p = L_s - q_len + i and attends t in [max(0, p - window + 1), p] (all t <= p
+// without a window); a row with p < 0 attends nothing and is zeros.
+struct SeqView {
+  int64_t start, q_len, kv_len;
+};
+
+}  // namespace xla_kernels::ragged_paged_attention

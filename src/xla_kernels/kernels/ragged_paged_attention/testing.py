@@ -1,0 +1,201 @@
+"""Random ragged paged-attention problems for tests and benchmarks.
+
+:func:`make_inputs` builds a batch from per-sequence query and context lengths: padded
+query rows, sequence slots beyond ``num_seqs``, shuffled physical blocks, unused block-table
+entries filled with out-of-range ids, and (by default) every cache slot no query row attends
+poisoned with NaN (unused blocks, the tail of each sequence's last block, slots before every
+row's sliding window). A kernel that reads any of them returns NaN.
+
+Example:
+    >>> import numpy as np
+    >>> x = make_inputs(np.random.default_rng(0), q_lens=[1, 5, 3], kv_lens=[9, 40, 3],
+    ...                 num_q_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
+    ...                 dtype="bf16", num_tokens=12, max_seqs=4)
+    >>> x["queries"].shape, x["cu_q_lens"].tolist(), x["num_seqs"].tolist()
+    ((12, 4, 64), [0, 1, 6, 9, 9], [3])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from xla_kernels import dtypes
+
+ARGS = ("queries", "key_cache", "value_cache", "kv_lens", "block_tables", "cu_q_lens",
+        "num_seqs")
+"""The op's inputs, in order (keys of :func:`make_inputs`' result)."""
+
+TOLERANCES = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
+"""Relative Frobenius error allowed against the float64 reference, per dtype."""
+
+
+def rel_error(out: Any, ref: np.ndarray) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN).
+
+    Example:
+        >>> rel_error(np.array([1.0, 2.0]), np.array([1.0, 2.0]))
+        0.0
+    """
+    out = np.asarray(out).astype(np.float64)
+    denom = np.linalg.norm(ref)
+    return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
+
+
+def mix(kind: str, rng: np.random.Generator) -> tuple[list[int], list[int]]:
+    """(q_lens, kv_lens) of a named batch shape.
+
+    Kinds: ``decode`` (every q_len 1), ``prefill`` (one long prompt, q_len = kv_len),
+    ``chunks`` (many short chunks of longer contexts), ``mixed`` (decode + chunked prefill +
+    a full prompt), ``primes`` (prime lengths), ``long`` (1000+ query tokens).
+
+    Example:
+        >>> mix("prefill", np.random.default_rng(0))
+        ([300], [300])
+    """
+    if kind == "decode":
+        kv = [int(x) for x in rng.integers(1, 300, size=7)]
+        return [1] * len(kv), kv
+    if kind == "prefill":
+        return [300], [300]
+    if kind == "chunks":
+        q = [int(x) for x in rng.integers(1, 24, size=9)]
+        return q, [qi + int(rng.integers(0, 200)) for qi in q]
+    if kind == "mixed":
+        return [1, 1, 37, 1, 64, 5, 1], [250, 1, 100, 77, 64, 5, 190]
+    if kind == "primes":
+        return [2, 3, 5, 7, 11, 13, 17], [31, 3, 37, 7, 113, 47, 17]
+    if kind == "long":
+        return [1031, 1, 7], [1100, 513, 7]
+    raise ValueError(f"unknown mix {kind!r}")
+
+
+def make_inputs(
+    rng: np.random.Generator,
+    *,
+    q_lens: Sequence[int],
+    kv_lens: Sequence[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: str,
+    layout: str = "vllm",
+    num_tokens: int | None = None,
+    max_seqs: int | None = None,
+    max_context: int | None = None,
+    extra_blocks: int = 3,
+    sliding_window: int = 0,
+    poison: bool = True,
+) -> dict[str, np.ndarray]:
+    """A random problem as NumPy arrays, keyed by :data:`ARGS`.
+
+    ``num_tokens`` (default ``sum(q_lens) + 3``) pads the queries; ``max_seqs`` (default
+    ``len(q_lens) + 1``) adds unused sequence slots; ``max_context`` (default the longest
+    kv_len) sets ``max_blocks_per_seq``. The padded query rows hold random values (the op
+    must return zeros there). ``q_len <= kv_len`` is expected; the op's clamping of other
+    values is tested by editing the arrays afterwards.
+    """
+    np_dtype = dtypes.to_numpy(dtype)
+    q_lens = [int(x) for x in q_lens]
+    kv = np.asarray(kv_lens, np.int64)
+    n = len(q_lens)
+    num_tokens = sum(q_lens) + 3 if num_tokens is None else num_tokens
+    max_seqs = n + 1 if max_seqs is None else max_seqs
+    if max_context is None:
+        max_context = max(1, int(kv.max()) if n else 1)
+    max_blocks = -(-max_context // block_size)
+    capacity = max_blocks * block_size
+    used = np.clip(kv, 0, capacity)
+    blocks_needed = -(-used // block_size)
+    num_blocks = int(blocks_needed.sum()) + extra_blocks
+    perm = rng.permutation(num_blocks)
+    junk = np.array([-1, num_blocks, num_blocks + 7, -(2**31), 2**31 - 1], np.int64)
+    tables = rng.choice(junk, size=(max_seqs, max_blocks))
+    at = 0
+    for s in range(n):
+        b = int(blocks_needed[s])
+        tables[s, :b] = perm[at:at + b]
+        at += b
+
+    def cache() -> np.ndarray:
+        shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "vllm"
+                 else (num_kv_heads, num_blocks, block_size, head_dim))
+        return rng.standard_normal(shape, np.float32).astype(np_dtype)
+
+    key_cache, value_cache = cache(), cache()
+    if poison:
+        attended = np.zeros((num_blocks, block_size), bool)
+        for s in range(n):
+            length = int(used[s])
+            first = length - q_lens[s]                   # position of the first query row
+            lo = max(0, first - sliding_window + 1) if sliding_window > 0 else 0
+            for t in range(lo, length):
+                attended[tables[s, t // block_size], t % block_size] = True
+        for c in (key_cache, value_cache):
+            if layout == "vllm":
+                c[~attended] = np.nan
+            else:
+                c[:, ~attended] = np.nan
+    queries = rng.standard_normal((num_tokens, num_q_heads, head_dim), np.float32)
+    cu = np.zeros(max_seqs + 1, np.int64)
+    cu[1:n + 1] = np.cumsum(q_lens)
+    cu[n + 1:] = cu[n]
+    lens = np.zeros(max_seqs, np.int64)
+    lens[:n] = kv
+    return {
+        "queries": queries.astype(np_dtype),
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "kv_lens": lens.astype(np.int32),
+        "block_tables": tables.astype(np.int32),
+        "cu_q_lens": cu.astype(np.int32),
+        "num_seqs": np.array([n], np.int32),
+    }
+
+
+def sanitize_cases(platform: str = "gpu") -> None:
+    """Small runs of the kernel for compute-sanitizer (memcheck, racecheck): every dtype and
+    head_dim, both layouts, GQA and MQA, decode rows, prefill tiles, padding rows,
+    out-of-range block ids and inconsistent cu_q_lens. Raises AssertionError if a result is
+    off.
+
+    Example:
+        >>> sanitize_cases("cpu")                                   # doctest: +SKIP
+    """
+    import jax
+
+    from . import ragged_paged_attention, ragged_paged_attention_numpy_f64
+
+    device = jax.devices(platform)[0]
+    rng = np.random.default_rng(4321)
+    cases = [(dtype, d, layout, heads) for dtype in ("bf16", "f16", "f32") for d in (64, 128, 256)
+             for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
+    cases += [("bf16", 128, "vllm", (32, 1)), ("f32", 64, "pallas", (16, 1))]
+    for dtype, d, layout, (hq, hkv) in cases:
+        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_q_heads=hq,
+                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
+                        layout=layout, num_tokens=80, max_seqs=6)
+        x["block_tables"][1, 3] = -5
+        args = [jax.device_put(x[k], device) for k in ARGS]
+        out = ragged_paged_attention(*args, scale=0.1, sliding_window=50, layout=layout)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1,
+                                               sliding_window=50, layout=layout)
+        err = rel_error(out, ref)
+        assert err <= TOLERANCES[dtype], (dtype, d, layout, hq, hkv, err)
+        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_q_heads=hq,
+                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
+                        layout=layout, num_tokens=80, max_seqs=6, poison=False)
+        x["cu_q_lens"][2] = 5                            # decreasing: clamped, never out of bounds
+        x["kv_lens"][2] = 1                              # q_len > kv_len
+        x["num_seqs"][0] = 99
+        out = ragged_paged_attention(*[jax.device_put(x[k], device) for k in ARGS], scale=0.1,
+                                     layout=layout)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1, layout=layout)
+        err = rel_error(out, ref)
+        assert err <= TOLERANCES[dtype], ("clamped", dtype, d, layout, hq, hkv, err)
+
+
+__all__ = ["ARGS", "TOLERANCES", "make_inputs", "mix", "rel_error", "sanitize_cases"]

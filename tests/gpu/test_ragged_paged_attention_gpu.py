@@ -1,0 +1,226 @@
+"""ragged_paged_attention's CUDA kernel against the float64 oracle (GPU machine only).
+
+Covers every dtype x head_dim x layout x GQA ratio (1, 4, 32 = MQA) and every dtype x
+block_size over the batch mixes of ``testing.mix`` (all decode, one long prefill, many
+short chunks, mixed, prime lengths, 1000+ tokens), softcap and sliding windows, whole
+prompts (q_len = kv_len), out-of-range block ids, padding rows and unused sequence slots,
+inconsistent device data (clamping), agreement with ``paged_attention`` when every q_len is
+1, the torch eager path with NaN left in the allocator's free memory, and tiles that split
+a sequence's rows in the middle of a GQA group. Caches hold NaN in every slot no row
+attends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import jax
+import numpy as np
+import pytest
+
+from xla_kernels.kernels.paged_attention import paged_attention
+from xla_kernels.kernels.ragged_paged_attention import (
+    ragged_paged_attention,
+    ragged_paged_attention_numpy_f64,
+)
+from xla_kernels.kernels.ragged_paged_attention.testing import (
+    ARGS,
+    TOLERANCES,
+    make_inputs,
+    mix,
+    rel_error,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+def gpu() -> jax.Device:
+    return jax.devices("gpu")[0]
+
+
+_jitted: dict = {}
+
+
+def run_jax(x: dict, **attrs) -> np.ndarray:
+    key = tuple(sorted(attrs.items()))
+    if key not in _jitted:
+        _jitted[key] = jax.jit(lambda *a: ragged_paged_attention(*a, **attrs))
+    args = [jax.device_put(x[k], gpu()) for k in ARGS]
+    return np.asarray(_jitted[key](*args)).astype(np.float32)
+
+
+def reference(x: dict, **attrs) -> np.ndarray:
+    return ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **attrs)
+
+
+def check(out: np.ndarray, ref: np.ndarray, dtype: str, what: str = "") -> None:
+    assert not np.isnan(out).any(), f"{what}: NaN in the output"
+    err = rel_error(out, ref)
+    assert err <= TOLERANCES[dtype], f"{what}: relative error {err:.3g} > {TOLERANCES[dtype]}"
+
+
+HEADS = [(8, 8), (8, 2), (32, 1)]
+# Every dtype x head_dim x GQA ratio x layout, block sizes rotating; then every dtype x
+# block size (63 cases: the GPU session's time is limited).
+FULL = [(dtype, d, (16, 32, 64)[i % 3], layout, heads) for i, (dtype, d, heads, layout) in
+        enumerate(itertools.product(("bf16", "f16", "f32"), (64, 128, 256), HEADS,
+                                    ("vllm", "pallas")))]
+FULL += [(dtype, 128, b, "vllm", (8, 2)) for dtype in ("bf16", "f16", "f32")
+         for b in (16, 32, 64)]
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads", FULL)
+def test_cuda_matches_float64(rng, dtype, head_dim, block_size, layout, heads):
+    hq, hkv = heads
+    kind = ("mixed", "chunks", "decode", "prefill", "primes")[int(rng.integers(0, 5))]
+    q_lens, kv_lens = mix(kind, rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=hq, num_kv_heads=hkv,
+                    head_dim=head_dim, block_size=block_size, dtype=dtype, layout=layout)
+    scale = float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim)
+    out = run_jax(x, scale=scale, layout=layout)
+    check(out, reference(x, scale=scale, layout=layout), dtype, kind)
+    assert np.all(out[int(x["cu_q_lens"][len(q_lens)]):] == 0), "padding rows must be zeros"
+
+
+@pytest.mark.parametrize("kind", ["decode", "prefill", "chunks", "mixed", "primes", "long"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_every_mix(rng, kind, dtype):
+    q_lens, kv_lens = mix(kind, rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=16, num_kv_heads=4,
+                    head_dim=128, block_size=16, dtype=dtype)
+    check(run_jax(x, scale=0.088), reference(x, scale=0.088), dtype, kind)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+@pytest.mark.parametrize("softcap,window", [(5.0, 0), (0.0, 1), (0.0, 31), (0.0, 100),
+                                            (30.0, 333), (0.0, 10**9)])
+def test_softcap_and_sliding_window(rng, dtype, layout, softcap, window):
+    q_lens, kv_lens = mix("mixed", rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=8, num_kv_heads=2,
+                    head_dim=128, block_size=16, dtype=dtype, layout=layout,
+                    sliding_window=min(window, 10**6))
+    attrs = dict(scale=0.09, softcap=softcap, sliding_window=window, layout=layout)
+    check(run_jax(x, **attrs), reference(x, **attrs), dtype, f"{softcap=} {window=}")
+
+
+@pytest.mark.parametrize("group", [1, 2, 3, 5, 6, 7, 12, 24])
+def test_tiles_split_gqa_groups(rng, group):
+    """Packed rows (query row x head of the group) cross tile boundaries mid-group."""
+    x = make_inputs(rng, q_lens=[37, 1, 11, 64], kv_lens=[90, 20, 11, 300], num_q_heads=group,
+                    num_kv_heads=1, head_dim=64, block_size=32, dtype="bf16")
+    check(run_jax(x, scale=0.125), reference(x, scale=0.125), "bf16", f"G={group}")
+
+
+def test_whole_prompts_and_shuffled_tables(rng):
+    for dtype in ("bf16", "f32"):
+        x = make_inputs(rng, q_lens=[33, 1, 64, 129, 17], kv_lens=[33, 1, 64, 129, 17],
+                        num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16,
+                        dtype=dtype, extra_blocks=11)
+        check(run_jax(x, scale=0.09), reference(x, scale=0.09), dtype)
+
+
+def test_out_of_range_block_ids_and_padding(rng):
+    x = make_inputs(rng, q_lens=[5, 3, 40, 4], kv_lens=[64, 50, 100, 64], num_q_heads=8,
+                    num_kv_heads=4, head_dim=64, block_size=16, dtype="bf16", poison=False,
+                    num_tokens=70, max_seqs=9)
+    bt = x["block_tables"]
+    num_blocks = x["key_cache"].shape[0]
+    bt[0, 1] = -1
+    bt[1, 0] = num_blocks
+    bt[2, 5] = 2**31 - 1
+    bt[3, :] = -(2**31)
+    ref = reference(x, scale=0.125)
+    out = run_jax(x, scale=0.125)
+    check(out, ref, "bf16")
+    assert np.all(out[ref.reshape(70, -1).any(axis=1) == 0] == 0)
+
+
+def test_inconsistent_device_data_is_clamped(rng):
+    x = make_inputs(rng, q_lens=[4, 6, 3, 5, 2], kv_lens=[9, 40, 30, 20, 33], num_q_heads=8,
+                    num_kv_heads=2, head_dim=128, block_size=16, dtype="f16", num_tokens=22,
+                    max_seqs=5, poison=False)
+    edits = [
+        dict(kv_lens=np.array([2, 40, 30, 20, 33], np.int32)),
+        dict(cu_q_lens=np.array([0, 4, 10, 7, 18, 20], np.int32)),
+        dict(cu_q_lens=np.array([0, 4, 10, 13, 40, 99], np.int32)),
+        dict(cu_q_lens=np.array([3, 4, 10, 13, 18, 20], np.int32)),
+        dict(cu_q_lens=np.array([-9, 4, 10, 13, 18, 2**31 - 1], np.int32)),
+        dict(num_seqs=np.array([77], np.int32)),
+        dict(num_seqs=np.array([-3], np.int32)),
+        dict(kv_lens=np.array([-5, 40, 10**6, 20, 33], np.int32)),
+    ]
+    for edit in edits:
+        y = dict(x, **edit)
+        ref = reference(y, scale=0.125)
+        out = run_jax(y, scale=0.125)
+        check(out, ref, "f16", str(edit))
+        np.testing.assert_array_equal(out[ref == 0], 0)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_agrees_with_paged_attention_when_every_q_len_is_1(rng, dtype):
+    lens = [1, 17, 2000, 64, 33, 700]
+    x = make_inputs(rng, q_lens=[1] * 6, kv_lens=lens, num_q_heads=32, num_kv_heads=8,
+                    head_dim=128, block_size=16, dtype=dtype, num_tokens=6, max_seqs=6)
+    ours = run_jax(x, scale=0.088)
+    decode = np.asarray(jax.jit(lambda *a: paged_attention(*a, scale=0.088))(
+        *(jax.device_put(x[k], gpu()) for k in ("queries", "key_cache", "value_cache",
+                                                "block_tables", "kv_lens"))), np.float32)
+    assert rel_error(ours, decode.astype(np.float64)) <= TOLERANCES[dtype]
+    check(ours, reference(x, scale=0.088), dtype)
+
+
+def test_torch_eager_cuda_with_poisoned_output(rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    from xla_kernels.frontends.torch import torch_op
+
+    q_lens, kv_lens = mix("mixed", rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=8, num_kv_heads=2,
+                    head_dim=128, block_size=16, dtype="f16")
+    op = torch_op(ragged_paged_attention)
+    tensors = [torch.from_numpy(x[k]).cuda() for k in ARGS]
+    # Leave NaN in the caching allocator's free memory, where the output is likely placed:
+    # padding rows must still come back as zeros.
+    junk = torch.full(x["queries"].shape, float("nan"), dtype=torch.float16, device="cuda")
+    del junk
+    got = op(*tensors, scale=0.1)
+    torch.cuda.synchronize()
+    out = got.float().cpu().numpy()
+    check(out, reference(x, scale=0.1), "f16")
+    assert np.all(out[int(x["cu_q_lens"][len(q_lens)]):] == 0)
+
+
+def test_sanitize_cases_pass():
+    from xla_kernels.kernels.ragged_paged_attention import sanitize_cases
+
+    sanitize_cases("gpu")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_random_garbage_metadata_matches_the_oracle(rng, dtype):
+    """Arbitrary int32 cu_q_lens / kv_lens / num_seqs / block ids: never out of bounds, and
+    the clamped semantics of the oracle."""
+    x = make_inputs(rng, q_lens=[3, 50, 1, 70], kv_lens=[20, 50, 64, 400], num_q_heads=8,
+                    num_kv_heads=2, head_dim=128, block_size=16, dtype=dtype, num_tokens=130,
+                    max_seqs=6, poison=False)
+    num_blocks = x["key_cache"].shape[0]
+    for _ in range(10):
+        y = dict(x)
+        y["cu_q_lens"] = np.sort(rng.integers(-3, 140, size=7)).astype(np.int32)
+        swap = rng.integers(0, 6)
+        y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]
+        y["kv_lens"] = rng.integers(-5, 500, size=6).astype(np.int32)
+        y["num_seqs"] = rng.integers(-1, 9, size=1).astype(np.int32)
+        y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
+                                         ).astype(np.int32)
+        attrs = dict(scale=0.1, sliding_window=40)
+        ref = reference(y, **attrs)
+        out = run_jax(y, **attrs)
+        check(out, ref, dtype, f"{y['cu_q_lens']} {y['kv_lens']} {y['num_seqs']}")
+        np.testing.assert_array_equal(out[ref == 0], 0)

@@ -1,0 +1,416 @@
+"""ragged_paged_attention on the CPU: the CPU kernel, the plain-XLA fallback and the torch
+eager path against the float64 oracle.
+
+Every check draws fresh random inputs (the ``rng`` fixture prints its seed), poisons every
+cache slot no query row attends with NaN, and, for the kernel called eagerly, fills the
+output with NaN before the call, so padding rows must be written (zeros) and unattended
+slots must never be read.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+import xla_kernels as xk
+from toolchain import requires_nvcc
+from xla_kernels import builder
+from xla_kernels.kernels.paged_attention import paged_attention
+from xla_kernels.kernels.ragged_paged_attention import (
+    BLOCK_SIZES,
+    HEAD_DIMS,
+    LIMITS,
+    ragged_paged_attention,
+    ragged_paged_attention_numpy_f64,
+    ragged_paged_attention_xla,
+    sequence_bounds,
+)
+from xla_kernels.kernels.ragged_paged_attention.testing import (
+    ARGS,
+    TOLERANCES,
+    make_inputs,
+    mix,
+    rel_error,
+)
+from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
+from xla_kernels.runtime.library import load_kernel
+
+ATTRS = ("scale", "softcap", "sliding_window", "layout")
+
+
+def _attrs(scale: float, softcap: float = 0.0, sliding_window: int = 0,
+           layout: str = "vllm") -> dict:
+    return {"scale": np.float32(scale), "softcap": np.float32(softcap),
+            "sliding_window": np.int64(sliding_window), "layout": layout}
+
+
+def run_cpu_kernel(x: dict, **attrs) -> np.ndarray:
+    """The CPU handler called eagerly, writing into a NaN-poisoned output."""
+    fn = load_kernel(ragged_paged_attention, "cpu").function
+    out = np.full_like(x["queries"], np.nan)
+    call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(x[k])) for k in ARGS],
+                 rets=[Buffer.from_array(out)], attrs=_attrs(**attrs),
+                 op_name=ragged_paged_attention.name)
+    return out
+
+
+_xla_fns: dict = {}
+
+
+def run_xla(x: dict, **attrs) -> np.ndarray:
+    key = tuple(sorted(attrs.items()))
+    if key not in _xla_fns:
+        _xla_fns[key] = jax.jit(lambda *a: ragged_paged_attention_xla(*a, **attrs))
+    return np.asarray(_xla_fns[key](*(x[k] for k in ARGS)))
+
+
+def reference(x: dict, **attrs) -> np.ndarray:
+    return ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **attrs)
+
+
+def check(out, ref: np.ndarray, dtype: str, what: str = "") -> None:
+    out = np.asarray(out, np.float32)
+    assert not np.isnan(out).any(), f"{what}: NaN in the output"
+    err = rel_error(out, ref)
+    assert err <= TOLERANCES[dtype], f"{what}: relative error {err:.3g} > {TOLERANCES[dtype]}"
+
+
+def owned_rows(x: dict) -> int:
+    return int(x["cu_q_lens"][int(x["num_seqs"][0])])
+
+
+# A covering set: every dtype x head_dim once with each batch mix, block sizes, layouts and
+# GQA ratios (1, 4, 16 = MQA) rotating through them.
+HEADS = [(4, 4), (8, 2), (16, 1)]
+MIXES = ["decode", "prefill", "chunks", "mixed", "primes"]
+MATRIX = [
+    (dtype, d, BLOCK_SIZES[i % 3], ("vllm", "pallas")[i % 2], HEADS[(i // 2) % 3],
+     MIXES[i % len(MIXES)])
+    for i, (dtype, d) in enumerate(itertools.product(("bf16", "f16", "f32"), HEAD_DIMS))
+] + [
+    ("bf16", 128, 16, "vllm", (8, 2), kind) for kind in MIXES
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads,kind", MATRIX)
+def test_cpu_kernel_matches_float64(rng, dtype, head_dim, block_size, layout, heads, kind):
+    hq, hkv = heads
+    q_lens, kv_lens = mix(kind, rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=hq, num_kv_heads=hkv,
+                    head_dim=head_dim, block_size=block_size, dtype=dtype, layout=layout)
+    scale = float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim)
+    out = run_cpu_kernel(x, scale=scale, layout=layout)
+    ref = reference(x, scale=scale, layout=layout)
+    check(out, ref, dtype, kind)
+    assert np.all(out[owned_rows(x):] == 0), "padding rows must be zeros"
+
+
+def test_long_batch_over_1000_tokens(rng):
+    q_lens, kv_lens = mix("long", rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=4, num_kv_heads=1,
+                    head_dim=64, block_size=64, dtype="bf16", sliding_window=300)
+    assert x["queries"].shape[0] > 1000
+    attrs = dict(scale=0.125, sliding_window=300)
+    ref = reference(x, **attrs)
+    check(run_cpu_kernel(x, **attrs), ref, "bf16", "kernel")
+    check(run_xla(x, **attrs), ref, "bf16", "xla")
+
+
+@pytest.mark.parametrize("dtype,layout,softcap,window", [
+    ("bf16", "vllm", 5.0, 0), ("f16", "pallas", 0.0, 1), ("f32", "vllm", 0.0, 17),
+    ("bf16", "pallas", 10.0, 40), ("f32", "pallas", 30.0, 10**9), ("f16", "vllm", 2.0, 64),
+])
+def test_softcap_and_sliding_window(rng, dtype, layout, softcap, window):
+    q_lens, kv_lens = mix("mixed", rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=8, num_kv_heads=2,
+                    head_dim=64, block_size=16, dtype=dtype, layout=layout,
+                    sliding_window=min(window, 10**6))
+    attrs = dict(scale=3.0 / 8.0, softcap=softcap, sliding_window=window, layout=layout)
+    ref = reference(x, **attrs)
+    check(run_cpu_kernel(x, **attrs), ref, dtype, "kernel")
+    check(run_xla(x, **attrs), ref, dtype, "xla")
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads,kind", MATRIX[::2])
+def test_xla_fallback_matches_float64(rng, dtype, head_dim, block_size, layout, heads, kind):
+    hq, hkv = heads
+    q_lens, kv_lens = mix(kind, rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=hq, num_kv_heads=hkv,
+                    head_dim=head_dim, block_size=block_size, dtype=dtype, layout=layout)
+    out = run_xla(x, scale=0.1, layout=layout)
+    check(out, reference(x, scale=0.1, layout=layout), dtype, kind)
+    assert np.all(out[owned_rows(x):] == 0)
+
+
+def test_q_len_equal_kv_len_and_shuffled_tables(rng):
+    """Whole prompts (q_len = kv_len, causal from position 0); blocks are shuffled."""
+    x = make_inputs(rng, q_lens=[33, 1, 64, 17], kv_lens=[33, 1, 64, 17], num_q_heads=4,
+                    num_kv_heads=2, head_dim=128, block_size=16, dtype="f32", extra_blocks=9)
+    used = x["block_tables"][x["block_tables"] >= 0]
+    assert not np.array_equal(np.sort(used), used), "blocks should be shuffled"
+    ref = reference(x, scale=0.09)
+    check(run_cpu_kernel(x, scale=0.09), ref, "f32")
+    # Row 0 of a whole prompt attends only token 0: its output is V[token 0].
+    blk = x["block_tables"][0, 0]
+    np.testing.assert_allclose(ref[0, 0], x["value_cache"][blk, 0, 0], rtol=1e-12)
+
+
+def test_agrees_with_paged_attention_when_every_q_len_is_1(rng):
+    for dtype, layout, window in (("bf16", "vllm", 0), ("f32", "pallas", 50), ("f16", "vllm", 7)):
+        lens = [1, 17, 200, 64, 33]
+        x = make_inputs(rng, q_lens=[1] * 5, kv_lens=lens, num_q_heads=8, num_kv_heads=2,
+                        head_dim=64, block_size=32, dtype=dtype, layout=layout, num_tokens=5,
+                        max_seqs=5)
+        attrs = dict(scale=0.2, softcap=0.0, sliding_window=window, layout=layout)
+        ours = np.asarray(ragged_paged_attention(*(x[k] for k in ARGS), **attrs), np.float32)
+        decode = np.asarray(paged_attention(x["queries"], x["key_cache"], x["value_cache"],
+                                            x["block_tables"], x["kv_lens"], **attrs),
+                            np.float32)
+        assert rel_error(ours, decode.astype(np.float64)) <= TOLERANCES[dtype] / 4
+        check(ours, reference(x, **attrs), dtype)
+
+
+def test_padding_rows_and_unused_slots_give_zeros(rng):
+    x = make_inputs(rng, q_lens=[3, 4], kv_lens=[10, 4], num_q_heads=2, num_kv_heads=1,
+                    head_dim=64, block_size=16, dtype="bf16", num_tokens=16, max_seqs=8)
+    for out in (run_cpu_kernel(x, scale=0.1), run_xla(x, scale=0.1),
+                ragged_paged_attention(*(x[k] for k in ARGS), scale=0.1)):
+        out = np.asarray(out, np.float32)
+        assert np.all(out[7:] == 0)
+        assert np.all(np.abs(out[:7]).sum(axis=-1) > 0)
+        check(out, reference(x, scale=0.1), "bf16")
+
+
+def test_out_of_range_block_ids_are_masked(rng):
+    x = make_inputs(rng, q_lens=[5, 3, 2, 4], kv_lens=[64, 50, 33, 64], num_q_heads=8,
+                    num_kv_heads=4, head_dim=64, block_size=16, dtype="f32", poison=False)
+    bt = x["block_tables"]
+    num_blocks = x["key_cache"].shape[0]
+    bt[0, 1] = -1                      # a bad block in the middle
+    bt[1, 0] = num_blocks              # first block past the end
+    bt[2, 2] = 2**31 - 1               # huge id in the last, partial block
+    bt[3, :] = -(2**31)                # every block bad: all masked -> zeros
+    ref = reference(x, scale=0.125)
+    rows3 = slice(x["cu_q_lens"][3], x["cu_q_lens"][4])
+    assert np.all(ref[rows3] == 0)
+    for out in (run_cpu_kernel(x, scale=0.125), run_xla(x, scale=0.125)):
+        check(out, ref, "f32")
+        assert np.all(np.asarray(out)[rows3] == 0)
+
+
+def test_inconsistent_device_data_is_clamped(rng):
+    """q_len > kv_len, decreasing cu_q_lens, cu_q_lens past num_tokens, num_seqs > max_seqs,
+    negative and overlong kv_lens: defined results (sequence_bounds), no out-of-bounds."""
+    x = make_inputs(rng, q_lens=[4, 6, 3, 5, 2], kv_lens=[9, 40, 30, 20, 33], num_q_heads=4,
+                    num_kv_heads=2, head_dim=64, block_size=16, dtype="f32", num_tokens=22,
+                    max_seqs=5, poison=False)
+    cases = {
+        "q_len > kv_len": dict(kv_lens=np.array([2, 40, 30, 20, 33], np.int32)),
+        "decreasing cu": dict(cu_q_lens=np.array([0, 4, 10, 7, 18, 20], np.int32)),
+        "cu past num_tokens": dict(cu_q_lens=np.array([0, 4, 10, 13, 40, 99], np.int32)),
+        "cu starts late": dict(cu_q_lens=np.array([3, 4, 10, 13, 18, 20], np.int32)),
+        "num_seqs > max_seqs": dict(num_seqs=np.array([77], np.int32)),
+        "num_seqs < 0": dict(num_seqs=np.array([-3], np.int32)),
+        "kv_lens out of range": dict(kv_lens=np.array([-5, 40, 10**6, 20, 33], np.int32)),
+    }
+    for name, edit in cases.items():
+        y = dict(x, **edit)
+        ref = reference(y, scale=0.125)
+        for what, out in (("kernel", run_cpu_kernel(y, scale=0.125)),
+                          ("xla", run_xla(y, scale=0.125))):
+            check(out, ref, "f32", f"{name} ({what})")
+            np.testing.assert_array_equal(np.asarray(out)[ref == 0], 0)
+    # The documented outcomes, spelled out.
+    ref = reference(dict(x, **cases["q_len > kv_len"]), scale=0.125)
+    assert np.all(ref[:2] == 0) and np.all(np.abs(ref[2:4]).sum(-1) > 0)  # p = -2, -1, 0, 1
+    assert sequence_bounds(cases["decreasing cu"]["cu_q_lens"], [5], 22) == [
+        (0, 4), (4, 10), (10, 10), (10, 18), (18, 20)]
+    assert sequence_bounds(cases["cu past num_tokens"]["cu_q_lens"], [5], 22)[-2:] == [
+        (13, 22), (22, 22)]
+    assert np.all(reference(dict(x, **cases["num_seqs < 0"]), scale=0.1) == 0)
+
+
+def test_op_under_jit_and_torch_eager(rng):
+    import torch
+
+    from xla_kernels.frontends.torch import torch_op
+
+    q_lens, kv_lens = mix("mixed", rng)
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=8, num_kv_heads=2,
+                    head_dim=128, block_size=32, dtype="bf16", layout="pallas")
+    attrs = dict(scale=0.09, softcap=20.0, sliding_window=0, layout="pallas")
+    ref = reference(x, **attrs)
+    cpu = jax.devices("cpu")[0]
+    f = jax.jit(lambda *a: ragged_paged_attention(*a, **attrs))
+    out = f(*(jax.device_put(x[k], cpu) for k in ARGS))
+    assert out.shape == x["queries"].shape and out.dtype == x["queries"].dtype
+    check(out, ref, "bf16", "jax")
+
+    op = torch_op(ragged_paged_attention)
+    tensors = [torch.from_numpy(x[k].astype(np.float32)).to(torch.bfloat16)
+               if k in ARGS[:3] else torch.from_numpy(x[k]) for k in ARGS]
+    got = op(*tensors, **attrs)
+    assert got.dtype == torch.bfloat16 and tuple(got.shape) == x["queries"].shape
+    check(got.float().numpy(), ref, "bf16", "torch")
+
+
+def test_limits_come_from_the_header():
+    assert HEAD_DIMS == (64, 128, 256) and BLOCK_SIZES == (16, 32, 64)
+    assert LIMITS["kKvTile"] == 32 and LIMITS["kWarps"] == 4
+
+
+def _specs(q=(10, 8, 128), k=(10, 16, 2, 128), v=None, kl=(3,), bt=(3, 4), cu=(4,), ns=(1,),
+           dtype="bf16", kdtype=None):
+    return [xk.Spec(q, dtype), xk.Spec(k, kdtype or dtype), xk.Spec(v or k, kdtype or dtype),
+            xk.Spec(kl, "i32"), xk.Spec(bt, "i32"), xk.Spec(cu, "i32"), xk.Spec(ns, "i32")]
+
+
+BAD_CALLS = [
+    ("head_dim", _specs(q=(10, 8, 96), k=(10, 16, 2, 96)), {}, "queries", "head_dim"),
+    ("dtype mismatch", _specs(kdtype="f16"), {}, "key_cache", "dtype"),
+    ("value dtype", [*_specs()[:2], xk.Spec((10, 16, 2, 128), "f32"), *_specs()[3:]], {},
+     "value_cache", "dtype"),
+    ("heads", _specs(q=(10, 6, 128), k=(10, 16, 4, 128)), {}, "key_cache", "multiple"),
+    ("block size", _specs(k=(10, 8, 2, 128)), {}, "key_cache", "block_size"),
+    ("cache dim", _specs(k=(10, 16, 2, 64)), {}, "key_cache", "head_dim"),
+    ("value shape", _specs(v=(11, 16, 2, 128)), {}, "value_cache", "shape"),
+    ("no seqs", _specs(kl=(0,), bt=(0, 4), cu=(1,)), {}, "kv_lens", "max_seqs >= 1"),
+    ("tables", _specs(bt=(4, 4)), {}, "block_tables", "shape"),
+    ("cu", _specs(cu=(3,)), {}, "cu_q_lens", "shape"),
+    ("num_seqs", _specs(ns=(2,)), {}, "num_seqs", "shape"),
+    ("layout", _specs(), {"layout": "nhd"}, "layout", "unknown layout"),
+    ("window", _specs(), {"sliding_window": -1}, "sliding_window", ">= 0"),
+    ("softcap", _specs(), {"softcap": -1.0}, "softcap", ">= 0"),
+    ("scale", _specs(), {"scale": float("nan")}, "scale", "finite"),
+    ("pallas dims", _specs(k=(2, 10, 16, 128)), {"layout": "vllm"}, "key_cache", "block_size"),
+    ("too many rows", _specs(q=(2**25, 64, 128), k=(10, 16, 8, 128)), {}, "queries", "above"),
+    ("capacity", _specs(bt=(3, 2**27)), {}, "block_tables", "above"),
+]
+
+
+@pytest.mark.parametrize("name,specs,attrs,arg,words", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
+def test_bad_input_errors_name_argument_and_fix(name, specs, attrs, arg, words):
+    with pytest.raises(xk.OpInputError) as e:
+        ragged_paged_attention.bind(specs, {"scale": 0.1, **attrs})
+    msg = str(e.value)
+    assert f"argument '{arg}'" in msg and words in msg and "Fix:" in msg, msg
+
+
+def test_bad_dtypes_rejected(rng):
+    x = make_inputs(rng, q_lens=[2], kv_lens=[5], num_q_heads=2, num_kv_heads=1, head_dim=64,
+                    block_size=16, dtype="f32")
+    args = [x[k] for k in ARGS]
+    with pytest.raises(xk.OpTypeError, match="queries"):
+        ragged_paged_attention(args[0].astype(np.float64), *args[1:], scale=1.0)
+    with pytest.raises(xk.OpTypeError, match="cu_q_lens"):
+        ragged_paged_attention(*args[:5], args[5].astype(np.int64), args[6], scale=1.0)
+
+
+def test_kernel_validates_inputs_itself(rng):
+    """The C++ handler re-checks its inputs with the same wording and fails cleanly."""
+    x = make_inputs(rng, q_lens=[2, 3], kv_lens=[5, 9], num_q_heads=4, num_kv_heads=2,
+                    head_dim=64, block_size=16, dtype="f32")
+    fn = load_kernel(ragged_paged_attention, "cpu").function
+    out = np.zeros_like(x["queries"])
+
+    def call(y: dict, **attrs) -> None:
+        call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
+                     rets=[Buffer.from_array(out)], attrs=_attrs(0.1, **attrs),
+                     op_name=ragged_paged_attention.name)
+
+    bad = dict(x, key_cache=np.ascontiguousarray(x["key_cache"][..., :32]),
+               value_cache=np.ascontiguousarray(x["value_cache"][..., :32]))
+    with pytest.raises(KernelError, match="argument 'key_cache': head_dim 32") as e:
+        call(bad)
+    assert e.value.code_name == "INVALID_ARGUMENT"
+    with pytest.raises(KernelError, match=r"argument 'cu_q_lens'.*Fix:"):
+        call(dict(x, cu_q_lens=x["cu_q_lens"][:-1]))
+    with pytest.raises(KernelError, match="argument 'num_seqs'"):
+        call(dict(x, num_seqs=np.array([1, 2], np.int32)))
+    with pytest.raises(KernelError, match="argument 'block_tables'"):
+        call(dict(x, block_tables=x["block_tables"][:-1]))
+    with pytest.raises(KernelError, match="argument 'layout'"):
+        call(x, layout="bogus")
+    with pytest.raises(KernelError, match="argument 'sliding_window'"):
+        call(x, sliding_window=-2)
+
+
+def _mutations(x: dict) -> list:
+    """(name, edited inputs, attrs, output shape or None, argument, words) for the handler."""
+    f16 = {k: (v.astype(np.float16) if k in ARGS[:3] else v) for k, v in x.items()}
+    return [
+        ("f64 queries", {k: (v.astype(np.float64) if k in ARGS[:3] else v) for k, v in x.items()},
+         {}, None, "queries", "dtype f64 is not supported"),
+        ("mixed dtypes", dict(x, key_cache=f16["key_cache"]), {}, None, "key_cache",
+         "share one dtype"),
+        ("queries rank", dict(x, queries=x["queries"][0]), {}, None, "queries",
+         "expected shape [num_tokens"),
+        ("cache rank", dict(x, key_cache=x["key_cache"][0], value_cache=x["value_cache"][0]), {},
+         None, "key_cache", "rank-4"),
+        ("value shape", dict(x, value_cache=x["value_cache"][:-1]), {}, None, "value_cache",
+         "differs from key_cache"),
+        ("queries head_dim", dict(x, queries=np.ascontiguousarray(x["queries"][..., :32])), {},
+         None, "queries", "head_dim 32 is not supported"),
+        ("block size", dict(x, key_cache=np.ascontiguousarray(x["key_cache"][:, :8]),
+                            value_cache=np.ascontiguousarray(x["value_cache"][:, :8])), {}, None,
+         "key_cache", "block_size 8"),
+        ("heads", dict(x, queries=np.ascontiguousarray(x["queries"][:, :3])), {}, None,
+         "key_cache", "not a multiple"),
+        ("kv_lens", dict(x, kv_lens=x["kv_lens"][:, None]), {}, None, "kv_lens",
+         "expected shape (max_seqs,)"),
+        ("out shape", x, {}, (1, 4, 64), "out", "differs from the queries'"),
+        ("scale", x, {"scale": float("inf")}, None, "scale", "must be finite"),
+        ("softcap", x, {"softcap": -1.0}, None, "softcap", "must be finite and >= 0"),
+    ]
+
+
+def test_kernel_error_messages(rng):
+    """Every check of the shared C++ validation that small buffers can reach."""
+    x = make_inputs(rng, q_lens=[2, 3], kv_lens=[5, 9], num_q_heads=4, num_kv_heads=2,
+                    head_dim=64, block_size=16, dtype="f32")
+    fn = load_kernel(ragged_paged_attention, "cpu").function
+    for name, y, attrs, out_shape, arg, words in _mutations(x):
+        dtype = y["queries"].dtype
+        out = np.zeros(out_shape or y["queries"].shape, dtype)
+        all_attrs = {**_attrs(0.1), **{k: np.float32(v) for k, v in attrs.items()}}
+        with pytest.raises(KernelError) as e:
+            call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
+                         rets=[Buffer.from_array(out)], attrs=all_attrs,
+                         op_name=ragged_paged_attention.name)
+        msg = str(e.value)
+        assert e.value.code_name == "INVALID_ARGUMENT", (name, msg)
+        assert f"argument '{arg}'" in msg and words in msg and "Fix:" in msg, (name, msg)
+
+
+@requires_nvcc
+def test_cuda_kernel_compiles_for_sm80(tmp_path):
+    """test_cuda_sources.py builds every shipped op for sm_90; this op also targets A100."""
+    kernel = ragged_paged_attention.kernels["cuda"]
+    path = builder.build_library(ragged_paged_attention.name, kernel.resolved_sources(),
+                                 platform="cuda", cuda_archs=["80"], cache_dir=tmp_path)
+    assert path.exists()
+
+
+def test_random_garbage_metadata_matches_the_oracle(rng):
+    """Arbitrary int32 cu_q_lens / kv_lens / num_seqs / block ids: kernel, fallback and
+    oracle agree on the clamped semantics (shapes fixed, so the fallback compiles once)."""
+    x = make_inputs(rng, q_lens=[3, 5, 1, 7], kv_lens=[20, 5, 64, 40], num_q_heads=4,
+                    num_kv_heads=2, head_dim=64, block_size=16, dtype="f32", num_tokens=20,
+                    max_seqs=6, poison=False)
+    num_blocks = x["key_cache"].shape[0]
+    for _ in range(6):
+        y = dict(x)
+        y["cu_q_lens"] = np.sort(rng.integers(-3, 24, size=7)).astype(np.int32)
+        swap = rng.integers(0, 6)
+        y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]  # one descent
+        y["kv_lens"] = rng.integers(-5, 80, size=6).astype(np.int32)
+        y["num_seqs"] = rng.integers(-1, 9, size=1).astype(np.int32)
+        y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
+                                         ).astype(np.int32)
+        ref = reference(y, scale=0.1, sliding_window=9)
+        for what, out in (("kernel", run_cpu_kernel(y, scale=0.1, sliding_window=9)),
+                          ("xla", run_xla(y, scale=0.1, sliding_window=9))):
+            check(out, ref, "f32", f"{what}: {y['cu_q_lens']} {y['kv_lens']} {y['num_seqs']}")
