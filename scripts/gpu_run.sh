@@ -67,6 +67,8 @@ if [ "$mode" != tests ]; then
   python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1
   python3 benchmarks/eager_dispatch.py --out "$out" 2>&1 | tee "$out/eager_dispatch.txt" \
     || status=1
+  python3 benchmarks/ragged_paged_attention.py --out "$out" 2>&1 \
+    | tee "$out/ragged_paged_attention.txt" || status=1
   python3 benchmarks/paged_attention.py --out "$out" $quick 2>&1 \
     | tee "$out/paged_attention.txt" || status=1
 fi

@@ -87,6 +87,25 @@ CASES = {
         ref = paged_attention_numpy_f64(*x.values(), scale=0.125)
         assert np.abs(np.asarray(jax.jit(f)(*args), np.float64) - ref).max() < 1e-5
     """,
+    "ragged_paged_attention_splits_along_kv_heads": """
+        from xla_kernels.kernels.ragged_paged_attention import (
+            ragged_paged_attention, ragged_paged_attention_numpy_f64)
+        from xla_kernels.kernels.ragged_paged_attention.testing import make_inputs
+        x = make_inputs(np.random.default_rng(7), q_lens=[1, 5, 3], kv_lens=[9, 20, 3],
+                        num_q_heads=8, num_kv_heads=4, head_dim=64, block_size=16,
+                        dtype="f32", poison=False)
+        f = lambda *a: ragged_paged_attention(*a, scale=0.125)
+        ref = ragged_paged_attention_numpy_f64(*x.values(), scale=0.125)
+        mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+        specs = {"queries": P(None, "tp"), "key_cache": P(None, None, "tp"),
+                 "value_cache": P(None, None, "tp")}
+        args = [put(v, mesh, specs.get(k, P())) for k, v in x.items()]
+        text = compiled(f, *args)
+        assert not collectives(text), collectives(text)
+        (line,) = calls(text, "xla_kernels.ragged_paged_attention")
+        assert ",2,64]" in line.split("custom-call(")[0], line
+        assert np.abs(np.asarray(jax.jit(f)(*args), np.float64) - ref).max() < 1e-5
+    """,
     "reshape_and_cache_splits_along_kv_heads": """
         from xla_kernels.kernels.kv_cache import reshape_and_cache, reshape_and_cache_numpy
         rng = np.random.default_rng(3)

@@ -66,7 +66,7 @@ from pathlib import Path
 
 from xla_kernels.attrs import Attr
 from xla_kernels.kernel_kit import read_constants
-from xla_kernels.op import Invalid, Kernel, Op, Spec, Tensor
+from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
 from .reference import (
     LAYOUTS,
@@ -157,6 +157,17 @@ def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spe
     return [Spec(queries.shape, queries.dtype)]
 
 
+def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
+    """Tensor parallel along kv heads (q heads follow, k kv heads x g per group); rows,
+    sequences, blocks and head_dim must be whole on each device."""
+    queries, key_cache = plan.inputs[0], plan.inputs[1]
+    heads = key_cache.shape[2] if plan.attrs["layout"] == "vllm" else key_cache.shape[0]
+    cache = "b t k d" if plan.attrs["layout"] == "vllm" else "k b t d"
+    return (f"n (k g) d, {cache}, {cache}, s, s m, c, o -> n (k g) d",
+            {"g": queries.shape[1] // heads,
+             "need_replication_factors": ("n", "d", "b", "t", "s", "m", "c", "o")})
+
+
 ragged_paged_attention = Op(
     "xla_kernels.ragged_paged_attention",
     inputs=[
@@ -177,6 +188,7 @@ ragged_paged_attention = Op(
     ],
     outputs=_output_rule,
     output_names=("out",),
+    sharding_rule=_sharding_rule,
     kernels={
         "cpu": Kernel(["ragged_paged_attention_cpu.cc"], handler="XkRaggedPagedAttentionCpu"),
         "cuda": Kernel(["ragged_paged_attention.cu"], handler="XkRaggedPagedAttentionCuda"),
