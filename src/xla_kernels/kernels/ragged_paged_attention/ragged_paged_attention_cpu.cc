@@ -14,7 +14,7 @@
 #include "ragged_paged_attention_ffi.h"
 #include "ragged_paged_attention_limits.h"
 #include "xla/ffi/api/ffi.h"
-#include "xla_kernels/half.h"
+#include "xla_kernels/host_elem.h"
 
 namespace ffi = xla::ffi;
 
@@ -22,25 +22,7 @@ namespace xla_kernels::ragged_paged_attention {
 namespace {
 
 template <ffi::DataType DT>
-struct Elem;
-template <>
-struct Elem<ffi::DataType::F32> {
-  using T = float;
-  static float Load(T x) { return x; }
-  static T Store(float x) { return x; }
-};
-template <>
-struct Elem<ffi::DataType::BF16> {
-  using T = uint16_t;
-  static float Load(T x) { return Bf16ToF32(x); }
-  static T Store(float x) { return F32ToBf16(x); }
-};
-template <>
-struct Elem<ffi::DataType::F16> {
-  using T = uint16_t;
-  static float Load(T x) { return F16ToF32(x); }
-  static T Store(float x) { return F32ToF16(x); }
-};
+using Elem = HostElem<DT>;
 
 // The sequences after clamping (SeqView's rule in ragged_paged_attention_ffi.h).
 std::vector<SeqView> Sequences(const Shape& s, const int32_t* kv_lens, const int32_t* cu_q_lens,

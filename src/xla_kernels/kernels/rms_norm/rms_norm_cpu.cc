@@ -8,7 +8,7 @@
 
 #include "rms_norm_ffi.h"
 #include "xla/ffi/api/ffi.h"
-#include "xla_kernels/half.h"
+#include "xla_kernels/host_elem.h"
 
 namespace ffi = xla::ffi;
 
@@ -16,35 +16,7 @@ namespace xla_kernels::rms_norm {
 namespace {
 
 template <ffi::DataType DT>
-struct Elem;
-template <>
-struct Elem<ffi::DataType::F32> {
-  using T = float;
-  using Acc = float;
-  static Acc Load(T x) { return x; }
-  static T Store(Acc x) { return x; }
-};
-template <>
-struct Elem<ffi::DataType::F64> {
-  using T = double;
-  using Acc = double;
-  static Acc Load(T x) { return x; }
-  static T Store(Acc x) { return x; }
-};
-template <>
-struct Elem<ffi::DataType::BF16> {
-  using T = uint16_t;
-  using Acc = float;
-  static Acc Load(T x) { return Bf16ToF32(x); }
-  static T Store(Acc x) { return F32ToBf16(x); }
-};
-template <>
-struct Elem<ffi::DataType::F16> {
-  using T = uint16_t;
-  using Acc = float;
-  static Acc Load(T x) { return F16ToF32(x); }
-  static T Store(Acc x) { return F32ToF16(x); }
-};
+using Elem = HostElem<DT>;
 
 template <ffi::DataType DT>
 void Forward(const Rows& s, const void* xv, const void* wv, void* yv, float eps) {
