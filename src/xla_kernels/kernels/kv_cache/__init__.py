@@ -34,17 +34,15 @@ from __future__ import annotations
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor, updated
 
-from .reference import LAYOUTS, reshape_and_cache_numpy, reshape_and_cache_xla
+from ..paged_cache import LAYOUTS, check_layout
+from .reference import reshape_and_cache_numpy, reshape_and_cache_xla
 
 DTYPES = ("bf16", "f16", "f32")
 
 
 def _output_rule(key: Spec, value: Spec, key_cache: Spec, value_cache: Spec,
                  slot_mapping: Spec, *, layout: str) -> list[Spec]:
-    if layout not in LAYOUTS:
-        raise Invalid("layout", f"unknown layout {layout!r}",
-                      'use "vllm" ([num_blocks, block_size, num_kv_heads, head_dim]) or '
-                      '"pallas" ([num_kv_heads, num_blocks, block_size, head_dim])')
+    check_layout(layout)
     for name, spec in (("value", value), ("key_cache", key_cache),
                        ("value_cache", value_cache)):
         if spec.dtype != key.dtype:

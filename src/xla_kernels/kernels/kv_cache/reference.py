@@ -23,14 +23,11 @@ from typing import Any
 
 import numpy as np
 
-LAYOUTS = ("vllm", "pallas")
+from xla_kernels.kernels.paged_cache import cache_dims
 
 
 def _blocks(cache_shape: tuple[int, ...], layout: str) -> tuple[int, int]:
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; use 'vllm' or 'pallas'")
-    return (cache_shape[0], cache_shape[1]) if layout == "vllm" else (cache_shape[1],
-                                                                      cache_shape[2])
+    return cache_dims(cache_shape, layout)[:2]
 
 
 def reshape_and_cache_numpy(key: Any, value: Any, key_cache: Any, value_cache: Any,

@@ -50,7 +50,8 @@ import math
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
-from .reference import LAYOUTS, paged_attention_numpy_f64, paged_attention_xla
+from ..paged_cache import LAYOUTS, check_attention_caches
+from .reference import paged_attention_numpy_f64, paged_attention_xla
 from .workspace import LIMITS, max_partitions, workspace_size
 
 DTYPES = ("bf16", "f16", "f32")
@@ -58,46 +59,14 @@ HEAD_DIMS: tuple[int, ...] = LIMITS["kHeadDims"]  # type: ignore[assignment]
 BLOCK_SIZES: tuple[int, ...] = LIMITS["kBlockSizes"]  # type: ignore[assignment]
 
 
-def _cache_dims(cache: Spec, layout: str) -> tuple[int, int, int, int]:
-    """(num_blocks, block_size, num_kv_heads, head_dim) of a cache spec."""
-    if layout == "vllm":
-        return cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]
-    return cache.shape[1], cache.shape[2], cache.shape[0], cache.shape[3]
-
-
 def _output_rule(query: Spec, key_cache: Spec, value_cache: Spec, block_tables: Spec,
                  seq_lens: Spec, *, scale: float, softcap: float, sliding_window: int,
                  layout: str) -> list[Spec]:
     """Validate a call; returns [out, workspace]."""
-    if layout not in LAYOUTS:
-        raise Invalid("layout", f"unknown layout {layout!r}",
-                      'use "vllm" ([num_blocks, block_size, num_kv_heads, head_dim]) or '
-                      '"pallas" ([num_kv_heads, num_blocks, block_size, head_dim])')
     num_seqs, num_q_heads, head_dim = query.shape
-    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
-        bad = "key_cache" if key_cache.dtype != query.dtype else "value_cache"
-        other = key_cache if bad == "key_cache" else value_cache
-        raise Invalid(bad, f"dtype {other.dtype} differs from the query's {query.dtype}",
-                      "cast query and caches to one dtype")
-    if head_dim not in HEAD_DIMS:
-        raise Invalid("query", f"head_dim {head_dim} is not supported",
-                      f"use head_dim {', '.join(map(str, HEAD_DIMS))} (pad the head dimension)")
-    if value_cache.shape != key_cache.shape:
-        raise Invalid("value_cache", f"shape {value_cache.shape} differs from key_cache's "
-                      f"{key_cache.shape}", "pass key and value caches of one shape")
-    _, block_size, num_kv_heads, cache_dim = _cache_dims(key_cache, layout)
-    if cache_dim != head_dim:
-        raise Invalid("key_cache", f"head_dim {cache_dim} (last dimension) differs from the "
-                      f"query's {head_dim}", "pass caches with the query's head_dim")
-    if block_size not in BLOCK_SIZES:
-        raise Invalid("key_cache", f"block_size {block_size} is not supported (shape "
-                      f"{key_cache.shape} read in layout {layout!r})",
-                      f"use block_size {', '.join(map(str, BLOCK_SIZES))}, and check that "
-                      "`layout` matches the cache")
-    if num_kv_heads <= 0 or num_q_heads % num_kv_heads:
-        raise Invalid("key_cache", f"num_q_heads {num_q_heads} is not a multiple of "
-                      f"num_kv_heads {num_kv_heads}",
-                      "use a kv head count that divides the query head count (GQA/MQA)")
+    _, block_size, _, _ = check_attention_caches(
+        "query", query, key_cache, value_cache, layout=layout, head_dims=HEAD_DIMS,
+        block_sizes=BLOCK_SIZES)
     if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs:
         raise Invalid("block_tables", f"expected shape ({num_seqs}, max_blocks_per_seq), "
                       f"got {block_tables.shape}", "pass one row of block ids per sequence")

@@ -31,16 +31,7 @@ from typing import Any
 
 import numpy as np
 
-LAYOUTS = ("vllm", "pallas")
-
-
-def _cache_dims(shape: tuple[int, ...], layout: str) -> tuple[int, int, int]:
-    """(num_blocks, block_size, num_kv_heads) of a cache shape in ``layout``."""
-    if layout == "vllm":
-        return shape[0], shape[1], shape[2]
-    if layout == "pallas":
-        return shape[1], shape[2], shape[0]
-    raise ValueError(f"unknown layout {layout!r}; use 'vllm' or 'pallas'")
+from xla_kernels.kernels.paged_cache import LAYOUTS, cache_dims
 
 
 def paged_attention_xla(
@@ -81,7 +72,7 @@ def paged_attention_xla(
     import jax.numpy as jnp
 
     num_seqs, num_q_heads, head_dim = query.shape
-    num_blocks, block_size, num_kv_heads = _cache_dims(tuple(key_cache.shape), layout)
+    num_blocks, block_size, num_kv_heads = cache_dims(tuple(key_cache.shape), layout)[:3]
     group = num_q_heads // num_kv_heads
     max_blocks = block_tables.shape[1]
     capacity = max_blocks * block_size
@@ -152,7 +143,7 @@ def paged_attention_numpy_f64(
     bt = np.asarray(block_tables).astype(np.int64)
     lens = np.asarray(seq_lens).astype(np.int64)
     num_seqs, num_q_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads = _cache_dims(tuple(kc.shape), layout)
+    num_blocks, block_size, num_kv_heads = cache_dims(tuple(kc.shape), layout)[:3]
     group = num_q_heads // num_kv_heads
     capacity = bt.shape[1] * block_size
     out = np.zeros((num_seqs, num_q_heads, head_dim), np.float64)

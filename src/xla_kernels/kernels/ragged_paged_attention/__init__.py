@@ -68,8 +68,8 @@ from xla_kernels.attrs import Attr
 from xla_kernels.kernel_kit import read_constants
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
+from ..paged_cache import LAYOUTS, check_attention_caches
 from .reference import (
-    LAYOUTS,
     ragged_paged_attention_numpy_f64,
     ragged_paged_attention_xla,
     sequence_bounds,
@@ -85,46 +85,14 @@ MAX_PACKED_ROWS: int = LIMITS["kMaxPackedRows"]  # type: ignore[assignment]
 MAX_CAPACITY: int = LIMITS["kMaxCapacity"]  # type: ignore[assignment]
 
 
-def _cache_dims(cache: Spec, layout: str) -> tuple[int, int, int, int]:
-    """(num_blocks, block_size, num_kv_heads, head_dim) of a cache spec."""
-    if layout == "vllm":
-        return cache.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]
-    return cache.shape[1], cache.shape[2], cache.shape[0], cache.shape[3]
-
-
 def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spec,
                  block_tables: Spec, cu_q_lens: Spec, num_seqs: Spec, *, scale: float,
                  softcap: float, sliding_window: int, layout: str) -> list[Spec]:
     """Validate a call; returns [out]."""
-    if layout not in LAYOUTS:
-        raise Invalid("layout", f"unknown layout {layout!r}",
-                      'use "vllm" ([num_blocks, block_size, num_kv_heads, head_dim]) or '
-                      '"pallas" ([num_kv_heads, num_blocks, block_size, head_dim])')
-    num_tokens, num_q_heads, head_dim = queries.shape
-    if key_cache.dtype != queries.dtype or value_cache.dtype != queries.dtype:
-        bad = "key_cache" if key_cache.dtype != queries.dtype else "value_cache"
-        other = key_cache if bad == "key_cache" else value_cache
-        raise Invalid(bad, f"dtype {other.dtype} differs from the queries' {queries.dtype}",
-                      "cast queries and caches to one dtype")
-    if head_dim not in HEAD_DIMS:
-        raise Invalid("queries", f"head_dim {head_dim} is not supported",
-                      f"use head_dim {', '.join(map(str, HEAD_DIMS))} (pad the head dimension)")
-    if value_cache.shape != key_cache.shape:
-        raise Invalid("value_cache", f"shape {value_cache.shape} differs from key_cache's "
-                      f"{key_cache.shape}", "pass key and value caches of one shape")
-    _, block_size, num_kv_heads, cache_dim = _cache_dims(key_cache, layout)
-    if cache_dim != head_dim:
-        raise Invalid("key_cache", f"head_dim {cache_dim} (last dimension) differs from the "
-                      f"queries' {head_dim}", "pass caches with the queries' head_dim")
-    if block_size not in BLOCK_SIZES:
-        raise Invalid("key_cache", f"block_size {block_size} is not supported (shape "
-                      f"{key_cache.shape} read in layout {layout!r})",
-                      f"use block_size {', '.join(map(str, BLOCK_SIZES))}, and check that "
-                      "`layout` matches the cache")
-    if num_kv_heads <= 0 or num_q_heads % num_kv_heads:
-        raise Invalid("key_cache", f"num_q_heads {num_q_heads} is not a multiple of "
-                      f"num_kv_heads {num_kv_heads}",
-                      "use a kv head count that divides the query head count (GQA/MQA)")
+    num_tokens, num_q_heads, _ = queries.shape
+    _, block_size, _, _ = check_attention_caches(
+        "queries", queries, key_cache, value_cache, layout=layout, head_dims=HEAD_DIMS,
+        block_sizes=BLOCK_SIZES)
     max_seqs = kv_lens.shape[0]
     if max_seqs < 1:
         raise Invalid("kv_lens", "expected shape (max_seqs,) with max_seqs >= 1, got "
