@@ -20,4 +20,12 @@ inline xla::ffi::Error InvalidArgument(const std::string& op, const std::string&
   return xla::ffi::Error::InvalidArgument(message);
 }
 
+// "(2, 3)" (Python's tuple spelling, "(4,)" for one dimension) of a buffer's dimensions,
+// so C++ messages show shapes as the Python errors do.
+inline std::string DimsText(xla::ffi::AnyBuffer::Dimensions d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + (d.size() == 1 ? ",)" : ")");
+}
+
 }  // namespace xla_kernels

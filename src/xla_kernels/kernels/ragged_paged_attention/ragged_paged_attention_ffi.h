@@ -12,6 +12,7 @@
 
 #include "ragged_paged_attention_limits.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla_kernels/dtype_dispatch.h"
 #include "xla_kernels/errors.h"
 
 namespace xla_kernels::ragged_paged_attention {
@@ -26,23 +27,6 @@ struct Shape {
   int64_t stride_block, stride_slot, stride_head;
   bool pallas;  // layout "pallas" ([kv_heads, blocks, block_size, d]) instead of "vllm"
 };
-
-inline std::string DimsText(ffi::AnyBuffer::Dimensions d) {
-  std::string s = "(";
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + (d.size() == 1 ? ",)" : ")");
-}
-
-inline const char* DtypeText(ffi::DataType t) {
-  switch (t) {
-    case ffi::DataType::F32: return "f32";
-    case ffi::DataType::F16: return "f16";
-    case ffi::DataType::BF16: return "bf16";
-    case ffi::DataType::F64: return "f64";
-    case ffi::DataType::S32: return "i32";
-    default: return "an unsupported dtype";
-  }
-}
 
 inline ffi::Error Bad(const std::string& arg, const std::string& problem, const std::string& fix) {
   return InvalidArgument("xla_kernels.ragged_paged_attention", arg, problem, fix);
@@ -68,7 +52,7 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   const auto od = out.dimensions();
   const ffi::DataType dt = queries.element_type();
   if (dt != ffi::DataType::F32 && dt != ffi::DataType::F16 && dt != ffi::DataType::BF16)
-    return Bad("queries", std::string("dtype ") + DtypeText(dt) + " is not supported",
+    return Bad("queries", std::string("dtype ") + DtypeName(dt) + " is not supported",
                "pass bf16, f16 or f32");
   if (key_cache.element_type() != dt || value_cache.element_type() != dt ||
       out.element_type() != dt)
