@@ -106,6 +106,23 @@ CASES = {
         assert ",2,64]" in line.split("custom-call(")[0], line
         assert np.abs(np.asarray(jax.jit(f)(*args), np.float64) - ref).max() < 1e-5
     """,
+    "a_rule_that_does_not_fit_the_call_names_the_op_and_the_fix": """
+        import xla_kernels as xk
+        from xla_kernels.kernels.simple_add import simple_add
+        bad = xk.Op("xk_tests.bad_rule", inputs=simple_add.inputs,
+                    outputs=simple_add.output_rule, kernels=simple_add.kernels,
+                    sharding_rule="i, i -> i")
+        mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+        a = put(np.ones((4, 4), np.float32), mesh, P("x"))
+        try:
+            jax.jit(bad).lower(a, a)
+        except xk.OpDeclarationError as e:
+            assert "xk_tests.bad_rule: its sharding rule 'i, i -> i' does not fit this call" \
+                in str(e), e
+            assert "Fix: give one term per input and per visible output" in str(e), e
+        else:
+            raise AssertionError("no error")
+    """,
     "reshape_and_cache_splits_along_kv_heads": """
         from xla_kernels.kernels.kv_cache import reshape_and_cache, reshape_and_cache_numpy
         rng = np.random.default_rng(3)
