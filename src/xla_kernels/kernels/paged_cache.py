@@ -31,6 +31,17 @@ def cache_dims(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:
     raise ValueError(f"unknown layout {layout!r}; use 'vllm' or 'pallas'")
 
 
+def cache_factors(layout: str) -> str:
+    """A cache's dimensions as sharding-rule factors: b(locks) t(okens per block) k(v heads)
+    d(head_dim), in ``layout``'s order.
+
+    Example:
+        >>> cache_factors("pallas")
+        'k b t d'
+    """
+    return "b t k d" if layout == "vllm" else "k b t d"
+
+
 def check_layout(layout: str) -> None:
     """Raise :class:`~xla_kernels.Invalid` for a layout no paged op knows."""
     if layout not in LAYOUTS:

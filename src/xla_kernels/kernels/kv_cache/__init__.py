@@ -34,7 +34,7 @@ from __future__ import annotations
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor, updated
 
-from ..paged_cache import LAYOUTS, check_layout
+from ..paged_cache import LAYOUTS, cache_factors, check_layout
 from .reference import reshape_and_cache_numpy, reshape_and_cache_xla
 
 DTYPES = ("bf16", "f16", "f32")
@@ -69,7 +69,7 @@ def _output_rule(key: Spec, value: Spec, key_cache: Spec, value_cache: Spec,
 
 def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
     """Along kv heads only: every token's slot may be anywhere in the cache."""
-    cache = "b t k d" if plan.attrs["layout"] == "vllm" else "k b t d"
+    cache = cache_factors(plan.attrs["layout"])
     return (f"n k d, n k d, {cache}, {cache}, n -> {cache}, {cache}",
             {"need_replication_factors": ("n", "b", "t", "d")})
 

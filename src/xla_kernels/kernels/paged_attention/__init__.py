@@ -50,7 +50,7 @@ import math
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
-from ..paged_cache import LAYOUTS, check_attention_caches
+from ..paged_cache import LAYOUTS, cache_dims, cache_factors, check_attention_caches
 from .reference import paged_attention_numpy_f64, paged_attention_xla
 from .workspace import LIMITS, max_partitions, workspace_size
 
@@ -90,9 +90,9 @@ def _output_rule(query: Spec, key_cache: Spec, value_cache: Spec, block_tables: 
 def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
     """Tensor parallel along kv heads (q heads follow, k kv heads x g per group) and data
     parallel along sequences; block ids, slots and head_dim must be whole on each device."""
-    query, key_cache = plan.inputs[0], plan.inputs[1]
-    heads = key_cache.shape[2] if plan.attrs["layout"] == "vllm" else key_cache.shape[0]
-    cache = "b t k d" if plan.attrs["layout"] == "vllm" else "k b t d"
+    query, key_cache, layout = plan.inputs[0], plan.inputs[1], plan.attrs["layout"]
+    heads = cache_dims(key_cache.shape, layout)[2]
+    cache = cache_factors(layout)
     return (f"s (k g) d, {cache}, {cache}, s m, s -> s (k g) d",
             {"g": query.shape[1] // heads, "need_replication_factors": ("b", "t", "d", "m")})
 

@@ -68,7 +68,7 @@ from xla_kernels.attrs import Attr
 from xla_kernels.kernel_kit import read_constants
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
-from ..paged_cache import LAYOUTS, check_attention_caches
+from ..paged_cache import LAYOUTS, cache_dims, cache_factors, check_attention_caches
 from .reference import (
     ragged_paged_attention_numpy_f64,
     ragged_paged_attention_xla,
@@ -128,9 +128,9 @@ def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spe
 def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
     """Tensor parallel along kv heads (q heads follow, k kv heads x g per group); rows,
     sequences, blocks and head_dim must be whole on each device."""
-    queries, key_cache = plan.inputs[0], plan.inputs[1]
-    heads = key_cache.shape[2] if plan.attrs["layout"] == "vllm" else key_cache.shape[0]
-    cache = "b t k d" if plan.attrs["layout"] == "vllm" else "k b t d"
+    queries, key_cache, layout = plan.inputs[0], plan.inputs[1], plan.attrs["layout"]
+    heads = cache_dims(key_cache.shape, layout)[2]
+    cache = cache_factors(layout)
     return (f"n (k g) d, {cache}, {cache}, s, s m, c, o -> n (k g) d",
             {"g": queries.shape[1] // heads,
              "need_replication_factors": ("n", "d", "b", "t", "s", "m", "c", "o")})
