@@ -45,7 +45,7 @@ if [ "$mode" != bench ]; then
   python3 -m xla_kernels.demo --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
 
   step "GPU tests"
-  python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$out/gpu_tests.txt" \
+  python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 tests/ 2>&1 | tee "$out/gpu_tests.txt" \
     || status=1
   step "GPU torch tests through the Python eager kernels (the native kernel's fallback)"
   XLA_KERNELS_TORCH_NATIVE=0 python3 -m pytest -q -m gpu -p no:cacheprovider \
