@@ -239,6 +239,37 @@ def test_python_fallback_when_disabled():
     assert "torch_native.cc" not in out
 
 
+def test_the_autograd_kernel_is_the_native_gate():
+    add = torch_op(simple_add)
+    table = torch._C._dispatch_dump_table("xla_kernels::simple_add")
+    line = next(line for line in table.splitlines() if line.startswith("AutogradCPU:"))
+    assert "torch_native.cc" in line, table
+    x = torch.ones(3, requires_grad=True)
+    with torch.no_grad():  # no gradient needed: straight to the CPU kernel
+        assert not add(x, x).requires_grad
+    y = add(x, x)  # a gradient may be needed: recorded, and backward says why it cannot
+    assert y.requires_grad and y.grad_fn is not None
+    with pytest.raises(RuntimeError, match=r"xla_kernels.simple_add: cannot be differentiated"):
+        y.sum().backward()
+
+
+def test_python_autograd_gate_when_disabled():
+    out = run_python(
+        "import torch\nfrom xla_kernels.frontends.torch import torch_op\n"
+        "from xla_kernels.kernels.simple_add import simple_add\n"
+        "from xla_kernels.kernels.rms_norm import rms_norm\n"
+        "norm = torch_op(rms_norm)\n"
+        "x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)\n"
+        "w = torch.randn(5, dtype=torch.float64, requires_grad=True)\n"
+        "assert torch.autograd.gradcheck(lambda x, w: norm(x, w, eps=1e-6), (x, w))\n"
+        "y = torch_op(simple_add)(x, x)\n"
+        "try:\n    y.sum().backward()\nexcept RuntimeError as e:\n    print(e)\n"
+        "print(torch._C._dispatch_dump_table('xla_kernels::simple_add'))\n",
+        XLA_KERNELS_TORCH_NATIVE="0")
+    assert "xla_kernels.simple_add: cannot be differentiated" in out
+    assert "torch_native.cc" not in out
+
+
 def test_install_reports_unknown_platforms():
     with pytest.raises(ValueError, match="platform"):
         torch_native.install("xla_kernels::simple_add", "tpu", lambda t, k: None)

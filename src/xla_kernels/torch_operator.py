@@ -242,7 +242,7 @@ def define(op: Op, *, namespace: str | None = None, num_outputs: int | None = No
             torch.library._register_effectful_op(operator.packet.default,
                                                  torch.library.EffectType.ORDERED)
         if not any(t.in_place for t in op.inputs):  # torch: only functional ops take one
-            _register_autograd(record, qualname)
+            _register_autograd(record, operator)
         record.torch_operators[qualname] = operator
         record.guard(lambda new: _schema_guard(operator, new))
     from xla_kernels.frontends.torch import install_eager
@@ -251,37 +251,93 @@ def define(op: Op, *, namespace: str | None = None, num_outputs: int | None = No
     return operator
 
 
-def _register_autograd(record: Any, qualname: str) -> None:
-    """The op's declared backward as its torch autograd formula; without one, a gradient
-    through the op raises (never a silent None). Follows the record's current op."""
+def _register_autograd(record: Any, operator: TorchOperator) -> None:
+    """The operator's Autograd kernel: a gate that goes straight to the backend kernel
+    when no input needs a gradient, and otherwise runs the op under an autograd.Function
+    whose backward is the op's declared one; without one, a gradient through the op
+    raises (never a silent None). Follows the record's current op.
+
+    The gate is C++ where the native torch kernels build (a Python autograd kernel costs
+    several microseconds per call, needed or not), Python otherwise.
+    """
     import torch
 
-    def save(ctx: Any, inputs: Any, keyword_only_inputs: Any, output: Any) -> None:
-        ctx.inputs, ctx.attrs = inputs, keyword_only_inputs
-        ctx.output = output if isinstance(output, tuple) else (output,)
+    from xla_kernels.frontends import torch_native
 
-    def backward(ctx: Any, *grads: Any) -> Any:
-        op = record.op
-        if op.vjp is None:
-            raise RuntimeError(f"{op.name}: cannot be differentiated: the op declares no "
-                               "backward. Fix: declare vjp=xk.Vjp(...) on the op, compute the "
-                               "gradient another way, or detach() the inputs.")
-        # Every attribute, defaults filled in, as the forward kernel saw them.
-        attrs = op.bind(ctx.inputs, attrs_from_torch(op, ctx.attrs)).attrs
-        args, battrs = op.vjp.backward_call(op, ctx.inputs, ctx.output, grads, attrs)
-        packet = define(op.vjp.backward).packet
-        result = packet(*args, **attrs_for_torch(op.vjp.backward, battrs))
-        return tuple(op.vjp.input_grads(op, result))
+    overload = operator.packet.default
+    returns_nothing = operator.schema.endswith("-> ()")
 
-    op = record.op
-    if op.attrs or not op.inputs:  # the schema has keyword-only arguments
-        def setup_context(ctx: Any, inputs: Any, keyword_only_inputs: Any, output: Any) -> None:
-            save(ctx, inputs, keyword_only_inputs, output)
-    else:
-        def setup_context(ctx: Any, inputs: Any, output: Any) -> None:  # type: ignore[misc]
-            save(ctx, inputs, {}, output)
+    def differentiable(*tensors: torch.Tensor, **attrs: Any) -> Any:
+        if returns_nothing:  # nothing to differentiate
+            with torch.no_grad():
+                return overload(*tensors, **attrs)
+        return _differentiable_function().apply(record, overload, attrs, *tensors)
 
-    torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+    if torch_native.install_autograd(operator.qualname, differentiable):
+        return
+
+    def gate(keys: Any, *tensors: torch.Tensor, **attrs: Any) -> Any:
+        if torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+            return differentiable(*tensors, **attrs)
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload.redispatch(keys & torch._C._after_autograd_keyset, *tensors,
+                                       **attrs)
+
+    namespace, name = operator.qualname.split("::")
+    library = torch.library.Library(namespace, "IMPL")
+    library.impl(name, gate, "Autograd", with_keyset=True)
+    _libraries.append(library)
+
+
+_libraries: list[Any] = []  # torch.library.Library objects must stay alive
+_function: Any = None
+
+
+def _differentiable_function() -> Any:
+    """The autograd.Function that records one call of an op for backward (built once,
+    on first use, so that importing this module does not import torch)."""
+    global _function
+    if _function is not None:
+        return _function
+    import torch
+
+    class Differentiable(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, record: Any, overload: Any, attrs: dict[str, Any],
+                    *tensors: torch.Tensor) -> Any:
+            output = overload(*tensors, **attrs)  # grad mode is off: the gate's fast path
+            outputs = output if isinstance(output, tuple) else (output,)
+            ctx.record, ctx.attrs, ctx.num_inputs = record, attrs, len(tensors)
+            ctx.save_for_backward(*tensors, *outputs)
+            ctx.mark_non_differentiable(*(o for o in outputs
+                                          if not (o.is_floating_point() or o.is_complex())))
+            return output
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            saved = ctx.saved_tensors
+            inputs, outputs = saved[:ctx.num_inputs], saved[ctx.num_inputs:]
+            return (None, None, None, *_backward(ctx.record.op, inputs, ctx.attrs, outputs,
+                                                 grads))
+
+    _function = Differentiable
+    return _function
+
+
+def _backward(op: Op, inputs: tuple, torch_attrs: dict[str, Any], outputs: tuple,
+              grads: tuple) -> tuple:
+    """The input gradients of one call, from the op's declared backward."""
+    if op.vjp is None:
+        raise RuntimeError(f"{op.name}: cannot be differentiated: the op declares no "
+                           "backward. Fix: declare vjp=xk.Vjp(...) on the op, compute the "
+                           "gradient another way, or detach() the inputs.")
+    # Every attribute, defaults filled in, as the forward kernel saw them.
+    attrs = op.bind(inputs, attrs_from_torch(op, torch_attrs)).attrs
+    args, backward_attrs = op.vjp.backward_call(op, inputs, outputs, grads, attrs)
+    packet = define(op.vjp.backward).packet
+    result = packet(*args, **attrs_for_torch(op.vjp.backward, backward_attrs))
+    return tuple(op.vjp.input_grads(op, result))
 
 
 def _schema_guard(operator: TorchOperator, new: Op) -> str | None:

@@ -257,8 +257,7 @@ def test_native_matches_the_python_path_on_cuda(add, dtype, shape):
 
     a = torch.randn(shape, device="cuda").to(dtype)
     b = torch.randn(shape, device="cuda").to(dtype)
-    entry = torch_frontend._entries["xla_kernels::simple_add"]
-    python = torch_frontend._run(entry, "cuda", (a, b), {})
+    python = torch_frontend._run(simple_add.record, "cuda", (a, b), {})
     native = add(a, b)
     assert native.device == a.device and native.dtype == dtype and native.shape == shape
     torch.testing.assert_close(native, python, rtol=0, atol=0)

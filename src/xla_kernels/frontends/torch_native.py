@@ -47,7 +47,8 @@ from xla_kernels import dtypes
 from xla_kernels.runtime import eager
 from xla_kernels.runtime.eager import KernelError, kernel_error
 
-__all__ = ["NativePlan", "available", "clear_plans", "install", "native_status"]
+__all__ = ["NativePlan", "available", "clear_plans", "install", "install_autograd",
+           "native_status"]
 
 _SOURCE = Path(__file__).with_name("torch_native.cc")
 _EAGER_SOURCE = Path(eager.__file__).with_name("eager_ffi.cc")
@@ -205,6 +206,9 @@ def _load() -> ctypes.PyDLL | None:
                                               ctypes.py_object, ctypes.c_char_p,
                                               ctypes.c_int64]
             lib.xk_native_install.restype = ctypes.c_int32
+            lib.xk_native_install_autograd.argtypes = [ctypes.c_char_p, ctypes.py_object,
+                                                       ctypes.c_char_p, ctypes.c_int64]
+            lib.xk_native_install_autograd.restype = ctypes.c_int32
             lib.xk_native_clear.argtypes = [ctypes.c_char_p]
             lib.xk_native_clear.restype = ctypes.c_int32
             _keep.append(_make_kernel_error)
@@ -279,6 +283,30 @@ def install(qualname: str, platform: str, planner: Planner) -> bool:
                        f"{err.value.decode('utf-8', 'replace')}")
             return False
         _keep.append(c_planner)
+    return True
+
+
+def install_autograd(qualname: str, differentiable: Callable[..., Any]) -> bool:
+    """Register the Autograd kernel of ``qualname``: a C++ gate that runs the backend
+    kernel directly when no input needs a gradient, and otherwise calls
+    ``differentiable(*tensors, **attrs)`` (which records the op for backward). Returns
+    False, with the reason in :func:`native_status`, when the native path is unavailable.
+
+    Example:
+        >>> install_autograd("xla_kernels::simple_add", differentiable)  # doctest: +SKIP
+        True
+    """
+    global _status
+    if not available():
+        return False
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    with _lock:
+        assert _lib is not None
+        if _lib.xk_native_install_autograd(qualname.encode(), differentiable, err, _ERR_LEN):
+            _status = (f"unavailable: registering the autograd gate of {qualname} failed: "
+                       f"{err.value.decode('utf-8', 'replace')}")
+            return False
+        _keep.append(differentiable)
     return True
 
 
