@@ -47,12 +47,17 @@ def _attrs(scale: float, softcap: float = 0.0, sliding_window: int = 0,
             "sliding_window": np.int64(sliding_window), "layout": layout}
 
 
+def _rets(out: np.ndarray) -> list:
+    """The output and the workspace (the CUDA decode path's; the CPU kernel ignores it)."""
+    return [Buffer.from_array(out), Buffer.from_array(np.zeros(1, np.float32))]
+
+
 def run_cpu_kernel(x: dict, **attrs) -> np.ndarray:
     """The CPU handler called eagerly, writing into a NaN-poisoned output."""
     fn = load_kernel(ragged_paged_attention, "cpu").function
     out = np.full_like(x["queries"], np.nan)
     call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(x[k])) for k in ARGS],
-                 rets=[Buffer.from_array(out)], attrs=_attrs(**attrs),
+                 rets=_rets(out), attrs=_attrs(**attrs),
                  op_name=ragged_paged_attention.name)
     return out
 
@@ -318,7 +323,7 @@ def test_kernel_validates_inputs_itself(rng):
 
     def call(y: dict, **attrs) -> None:
         call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
-                     rets=[Buffer.from_array(out)], attrs=_attrs(0.1, **attrs),
+                     rets=_rets(out), attrs=_attrs(0.1, **attrs),
                      op_name=ragged_paged_attention.name)
 
     bad = dict(x, key_cache=np.ascontiguousarray(x["key_cache"][..., :32]),
@@ -378,7 +383,7 @@ def test_kernel_error_messages(rng):
         all_attrs = {**_attrs(0.1), **{k: np.float32(v) for k, v in attrs.items()}}
         with pytest.raises(KernelError) as e:
             call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
-                         rets=[Buffer.from_array(out)], attrs=all_attrs,
+                         rets=_rets(out), attrs=all_attrs,
                          op_name=ragged_paged_attention.name)
         msg = str(e.value)
         assert e.value.code_name == "INVALID_ARGUMENT", (name, msg)

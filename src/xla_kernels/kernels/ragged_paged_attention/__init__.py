@@ -43,8 +43,10 @@ one sequence, kv head), online softmax over 32-token K/V tiles, mma.sync for bf1
 cores for f32; design in ``ragged_paged_attention.cuh``) and CPU
 (``ragged_paged_attention_cpu.cc``). :func:`ragged_paged_attention_xla` is the plain-XLA
 fallback; :func:`ragged_paged_attention_numpy_f64` the float64 test oracle. With every
-``q_len == 1`` the op computes what :mod:`~xla_kernels.kernels.paged_attention` does (the
-CUDA path still runs this op's kernel: the host cannot see the q_lens without a sync).
+``q_len == 1`` the op computes what :mod:`~xla_kernels.kernels.paged_attention` does, and on
+CUDA it runs paged_attention's flash-decoding kernels (decided on the device: the host
+cannot see the q_lens without a sync; a one-CTA kernel checks them, and the kernels of the
+path not taken exit at once).
 
 Example:
     >>> import jax, jax.numpy as jnp
@@ -68,6 +70,7 @@ from xla_kernels.attrs import Attr
 from xla_kernels.kernel_kit import read_constants
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
+from ..paged_attention.workspace import workspace_size
 from ..paged_cache import LAYOUTS, cache_dims, cache_factors, check_attention_caches
 from .reference import (
     ragged_paged_attention_numpy_f64,
@@ -85,10 +88,26 @@ MAX_PACKED_ROWS: int = LIMITS["kMaxPackedRows"]  # type: ignore[assignment]
 MAX_CAPACITY: int = LIMITS["kMaxCapacity"]  # type: ignore[assignment]
 
 
+def decode_workspace_size(num_tokens: int, num_q_heads: int, head_dim: int,
+                          max_blocks_per_seq: int, block_size: int) -> int:
+    """f32 elements of the CUDA kernel's workspace: its decode path (taken on the device when
+    every q_len <= 1) keeps paged_attention's flash-decoding partials for ``num_tokens`` rows
+    and, as int32, a block-table row, a length and a sequence per row, and one flag. The
+    C++ twin is ``decode_workspace_elems`` in ``ragged_paged_attention.cuh``; the handler
+    rejects a smaller workspace.
+
+    Example:
+        >>> decode_workspace_size(4, 8, 128, max_blocks_per_seq=8, block_size=16)
+        8361
+    """
+    partials = workspace_size(num_tokens, num_q_heads, head_dim, max_blocks_per_seq * block_size)
+    return partials + num_tokens * (max_blocks_per_seq + 2) + 1
+
+
 def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spec,
                  block_tables: Spec, cu_q_lens: Spec, num_seqs: Spec, *, scale: float,
                  softcap: float, sliding_window: int, layout: str) -> list[Spec]:
-    """Validate a call; returns [out]."""
+    """Validate a call; returns [out, workspace]."""
     num_tokens, num_q_heads, _ = queries.shape
     _, block_size, _, _ = check_attention_caches(
         "queries", queries, key_cache, value_cache, layout=layout, head_dims=HEAD_DIMS,
@@ -122,7 +141,9 @@ def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spe
     if block_tables.shape[1] * block_size > MAX_CAPACITY:
         raise Invalid("block_tables", f"max_blocks_per_seq * block_size is above "
                       f"{MAX_CAPACITY} tokens", "pass a smaller block table")
-    return [Spec(queries.shape, queries.dtype)]
+    workspace = decode_workspace_size(num_tokens, num_q_heads, queries.shape[2],
+                                      block_tables.shape[1], block_size)
+    return [Spec(queries.shape, queries.dtype), Spec((workspace,), "f32", workspace=True)]
 
 
 def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
@@ -173,7 +194,8 @@ def sanitize_cases(platform: str = "gpu") -> None:
 
 
 __all__ = [
-    "BLOCK_SIZES", "DTYPES", "HEAD_DIMS", "LAYOUTS", "LIMITS", "ragged_paged_attention",
+    "BLOCK_SIZES", "DTYPES", "HEAD_DIMS", "LAYOUTS", "LIMITS", "decode_workspace_size",
+    "ragged_paged_attention",
     "ragged_paged_attention_numpy_f64", "ragged_paged_attention_xla", "sanitize_cases",
     "sequence_bounds",
 ]

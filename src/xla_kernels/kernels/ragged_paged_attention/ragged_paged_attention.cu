@@ -2,7 +2,8 @@
 // ragged_paged_attention.cuh (design notes there).
 //
 // Handler XkRaggedPagedAttentionCuda: decodes and validates the buffers and attributes (the
-// checks shared with the CPU handler), fills the core's Params and launches on XLA's stream.
+// checks shared with the CPU handler), checks the workspace (decode_workspace_size() in
+// __init__.py), fills the core's Params and launches on XLA's stream.
 // Command-buffer (CUDA graph) compatible: it only enqueues kernels, and which sequences and
 // tiles exist is decided on the device from cu_q_lens / kv_lens / num_seqs.
 #include <cuda_runtime.h>
@@ -26,13 +27,23 @@ ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
                                     ffi::Buffer<ffi::S32> block_tables,
                                     ffi::Buffer<ffi::S32> cu_q_lens,
                                     ffi::Buffer<ffi::S32> num_seqs,
-                                    ffi::Result<ffi::AnyBuffer> out, float scale, float softcap,
-                                    int64_t sliding_window, std::string_view layout) {
+                                    ffi::Result<ffi::AnyBuffer> out,
+                                    ffi::Result<ffi::Buffer<ffi::F32>> workspace, float scale,
+                                    float softcap, int64_t sliding_window,
+                                    std::string_view layout) {
   Shape s{};
   ffi::Error err = DecodeAndValidate(queries, key_cache, value_cache, kv_lens, block_tables,
                                      cu_q_lens, num_seqs, *out, scale, softcap, sliding_window,
                                      layout, &s);
   if (err.failure()) return err;
+  const int64_t need = decode_workspace_elems(s.num_tokens, s.num_q_heads, s.head_dim,
+                                              s.max_blocks_per_seq, s.block_size);
+  const int64_t have = static_cast<int64_t>(workspace->element_count());
+  if (workspace->dimensions().size() != 1 || have < need)
+    return Bad("workspace", "has " + std::to_string(have) + " f32 elements, needs " +
+                                std::to_string(need),
+               "allocate decode_workspace_size(num_tokens, num_q_heads, head_dim, "
+               "max_blocks_per_seq, block_size) elements");
   Params p;
   p.dtype = s.dtype == ffi::DataType::BF16  ? DType::kBF16
             : s.dtype == ffi::DataType::F16 ? DType::kF16
@@ -59,6 +70,8 @@ ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
   p.scale = scale;
   p.softcap = softcap;
   p.sliding_window = sliding_window;
+  p.workspace = workspace->typed_data();
+  p.workspace_elems = have;
   const std::string msg = launch_ragged_paged_attention(stream, p);
   if (!msg.empty()) return ffi::Error::Internal("xla_kernels." + msg);
   return ffi::Error::Success();

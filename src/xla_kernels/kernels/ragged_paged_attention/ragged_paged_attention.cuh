@@ -35,6 +35,14 @@
 //    each normalizes and writes its own rows: no cross-warp merge.
 //  * A small kernel writes zeros to the rows no sequence owns; every owned row is written by
 //    exactly one CTA of the main kernel.
+//  * Decode-only batches (every q_len <= 1; known only on the device) take paged_attention's
+//    flash-decoding kernels instead, which split long contexts over several CTAs (this
+//    kernel does not). With a workspace (Params::workspace), a one-CTA kernel first decides
+//    on the device whether the batch is decode-only and writes, per query row, the context
+//    length its row attends (p + 1) and a copy of its block-table row; the decode kernels
+//    then run over those rows (every row has length 0, i.e. writes zeros, when the batch is
+//    not decode-only), and the kernels of this file exit at once when it is. See
+//    decode_workspace_elems() for the workspace's layout.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,6 +58,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../paged_attention/paged_attention.cuh"
 #include "ragged_paged_attention_limits.h"
 #include "xla_kernels/cuda_mma.cuh"
 
@@ -77,10 +86,22 @@ struct Params {
   int64_t stride_block = 0, stride_slot = 0, stride_head = 0;  // elements
   float scale = 1.f, softcap = 0.f;
   int64_t sliding_window = 0;
+  float* workspace = nullptr;  // null: no decode path; else decode_workspace_elems() floats
+  int64_t workspace_elems = 0;
 };
 
 // Launches the kernels on `stream`; returns "" on success, else an error message.
 inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Params& p);
+
+// f32 elements of workspace the decode path needs: paged_attention's flash-decoding
+// partials for num_tokens rows, then int32 areas: block-table rows [num_tokens,
+// max_blocks_per_seq], row lengths [num_tokens], row sequences [num_tokens], the flag [1].
+inline int64_t decode_workspace_elems(int64_t num_tokens, int64_t num_q_heads, int64_t head_dim,
+                                      int64_t max_blocks_per_seq, int64_t block_size) {
+  return paged_attention::WorkspaceElems(num_tokens, num_q_heads, head_dim,
+                                         max_blocks_per_seq * block_size) +
+         num_tokens * (max_blocks_per_seq + 2) + 1;
+}
 
 // ------------------------------------------------------------------ device helpers
 
@@ -105,6 +126,7 @@ struct Args {
   const int32_t* cu;
   const int32_t* num_seqs;
   void* out;
+  const int32_t* skip;  // non-null and non-zero on the device: the decode path did the work
   int T, Hq, Hkv, G;
   int max_seqs, num_blocks, max_blocks, log2_bs, capacity;
   int window;          // 0: none
@@ -292,6 +314,7 @@ struct MmaConfig {
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) ragged_mma_kernel(const Args a) {
+  if (a.skip != nullptr && __ldg(a.skip) != 0) return;
   using C = MmaConfig<T, D>;
   constexpr int RW = C::RW, BM = C::BM, RS = C::RS, KT = D / 16, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -472,6 +495,7 @@ struct SimtConfig {
 
 template <int D>
 __global__ void __launch_bounds__(kThreads) ragged_simt_kernel(const Args a) {
+  if (a.skip != nullptr && __ldg(a.skip) != 0) return;
   using C = SimtConfig<D>;
   constexpr int RW = C::RW, BM = C::BM, RS = C::RS, DPL = C::DPL, kStages = C::kStages;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -626,6 +650,7 @@ constexpr int kZeroRows = 16;  // output rows per CTA of the zero kernel
 
 // Zeros every row no sequence owns: rows < c_0 and rows >= c_n.
 __global__ void __launch_bounds__(kThreads) ragged_zero_kernel(const Args a, int row_bytes) {
+  if (a.skip != nullptr && __ldg(a.skip) != 0) return;
   __shared__ int red[kW];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int n = clampi(__ldg(a.num_seqs), 0, a.max_seqs);
@@ -675,6 +700,125 @@ inline std::string prepare_kernel(const void* kernel, int smem, int device) {
            std::to_string(smem) + " bytes of shared memory per CTA)";
   }
   done[key] = true;
+  return "";
+}
+
+// ------------------------------------------------------------------ the decode path
+
+constexpr int kPrepThreads = 1024;
+
+// One CTA. *decode = 1 when every used sequence has q_len <= 1 (SeqView's rules); then row
+// c_s of a sequence with q_len 1 gets length L_s (it sits at p = L_s - 1) and sequence s, and
+// every other row length 0. When the batch is not decode-only every row gets length 0.
+__global__ void __launch_bounds__(kPrepThreads) decode_prep_kernel(const Args a, int32_t* lens,
+                                                                   int32_t* row_seq,
+                                                                   int32_t* decode) {
+  __shared__ int scan[kPrepThreads];
+  __shared__ int carry_end;
+  const int tid = threadIdx.x;
+  for (int r = tid; r < a.T; r += kPrepThreads) lens[r] = 0;
+  const int n = clampi(__ldg(a.num_seqs), 0, a.max_seqs);
+  if (tid == 0) carry_end = clampi(__ldg(a.cu), 0, a.T);
+  __syncthreads();
+  int ok = 1;
+  for (int base = 0; base < n; base += kPrepThreads) {
+    const int s = base + tid;
+    // s < n <= max_seqs: cu[s + 1] and kv_lens[s] are in bounds.
+    scan[tid] = s < n ? clampi(__ldg(a.cu + s + 1), 0, a.T) : 0;
+    __syncthreads();
+    for (int off = 1; off < kPrepThreads; off <<= 1) {  // inclusive prefix maximum
+      const int v = tid >= off ? scan[tid - off] : 0;
+      __syncthreads();
+      scan[tid] = max(scan[tid], v);
+      __syncthreads();
+    }
+    const int carry = carry_end;
+    const int start = tid == 0 ? carry : max(carry, scan[tid - 1]);
+    const int end = max(carry, scan[tid]);
+    __syncthreads();  // every thread has read carry_end
+    if (s < n) {
+      const int q_len = end - start;
+      if (q_len > 1) ok = 0;
+      if (q_len == 1) {
+        lens[start] = clampi(__ldg(a.kv_lens + s), 0, a.capacity);
+        row_seq[start] = s;
+      }
+    }
+    if (tid == kPrepThreads - 1) carry_end = end;
+    __syncthreads();
+  }
+  const int all = __syncthreads_and(ok);
+  if (!all) {
+    for (int r = tid; r < a.T; r += kPrepThreads) lens[r] = 0;
+  }
+  if (tid == 0) *decode = all;
+}
+
+// Copies each attending row's block-table row (only the blocks its length covers: the decode
+// kernel reads no other entry).
+__global__ void __launch_bounds__(kThreads) decode_tables_kernel(const Args a,
+                                                                 const int32_t* lens,
+                                                                 const int32_t* row_seq,
+                                                                 int32_t* tables) {
+  for (int r = blockIdx.x; r < a.T; r += gridDim.x) {
+    const int len = __ldg(lens + r);
+    if (len <= 0) continue;
+    const int s = __ldg(row_seq + r);
+    const int blocks = min((len + (1 << a.log2_bs) - 1) >> a.log2_bs, a.max_blocks);
+    const int32_t* from = a.bt + static_cast<int64_t>(s) * a.max_blocks;
+    int32_t* to = tables + static_cast<int64_t>(r) * a.max_blocks;
+    for (int j = threadIdx.x; j < blocks; j += kThreads) to[j] = __ldg(from + j);
+  }
+}
+
+// Launches the decode path (prep, tables, paged_attention's kernels) and points a.skip at
+// the flag, so that the kernels launched after it exit when it did the work.
+inline std::string launch_decode_path(cudaStream_t stream, const Params& p, Args* a) {
+  const int64_t partials = paged_attention::WorkspaceElems(
+      p.num_tokens, p.num_q_heads, p.head_dim, p.max_blocks_per_seq * p.block_size);
+  const int64_t need = decode_workspace_elems(p.num_tokens, p.num_q_heads, p.head_dim,
+                                              p.max_blocks_per_seq, p.block_size);
+  if (p.workspace_elems < need)
+    return "ragged_paged_attention: the workspace has " + std::to_string(p.workspace_elems) +
+           " elements, the decode path needs " + std::to_string(need);
+  int32_t* tables = reinterpret_cast<int32_t*>(p.workspace + partials);
+  int32_t* lens = tables + p.num_tokens * p.max_blocks_per_seq;
+  int32_t* row_seq = lens + p.num_tokens;
+  int32_t* decode = row_seq + p.num_tokens;
+  decode_prep_kernel<<<1, kPrepThreads, 0, stream>>>(*a, lens, row_seq, decode);
+  const int64_t grid = p.num_tokens < 1024 ? p.num_tokens : 1024;
+  decode_tables_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(*a, lens, row_seq,
+                                                                              tables);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return cuda_error("launching the decode-path kernels", e);
+  paged_attention::Params d;
+  d.dtype = p.dtype == DType::kBF16  ? paged_attention::DType::kBF16
+            : p.dtype == DType::kF16 ? paged_attention::DType::kF16
+                                     : paged_attention::DType::kF32;
+  d.query = p.queries;
+  d.key_cache = p.key_cache;
+  d.value_cache = p.value_cache;
+  d.block_tables = tables;
+  d.seq_lens = lens;
+  d.out = p.out;
+  d.workspace = p.workspace;
+  d.workspace_elems = partials;
+  d.num_seqs = p.num_tokens;
+  d.num_q_heads = p.num_q_heads;
+  d.num_kv_heads = p.num_kv_heads;
+  d.head_dim = p.head_dim;
+  d.num_blocks = p.num_blocks;
+  d.block_size = p.block_size;
+  d.max_blocks_per_seq = p.max_blocks_per_seq;
+  d.stride_block = p.stride_block;
+  d.stride_slot = p.stride_slot;
+  d.stride_head = p.stride_head;
+  d.scale = p.scale;
+  d.softcap = p.softcap;
+  d.sliding_window = p.sliding_window;
+  const std::string err = paged_attention::launch_paged_attention(stream, d);
+  if (!err.empty()) return "ragged_paged_attention's decode path: " + err;
+  a->skip = decode;
   return "";
 }
 
@@ -759,6 +903,11 @@ inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Para
   const int64_t elem = p.dtype == DType::kF32 ? 4 : 2;
   const int64_t row_bytes = p.num_q_heads * p.head_dim * elem;
   if (row_bytes > INT_MAX) return "ragged_paged_attention: sizes out of range";
+  a.skip = nullptr;
+  if (p.workspace != nullptr) {
+    const std::string err = detail::launch_decode_path(stream, p, &a);
+    if (!err.empty()) return err;
+  }
   const int64_t zgrid = (p.num_tokens + detail::kZeroRows - 1) / detail::kZeroRows;
   detail::ragged_zero_kernel<<<static_cast<unsigned>(zgrid), detail::kThreads, 0, stream>>>(
       a, static_cast<int>(row_bytes));

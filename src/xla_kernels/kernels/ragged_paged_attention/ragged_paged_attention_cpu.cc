@@ -124,8 +124,10 @@ ffi::Error RaggedPagedAttentionCpu(ffi::AnyBuffer queries, ffi::AnyBuffer key_ca
                                    ffi::Buffer<ffi::S32> block_tables,
                                    ffi::Buffer<ffi::S32> cu_q_lens,
                                    ffi::Buffer<ffi::S32> num_seqs,
-                                   ffi::Result<ffi::AnyBuffer> out, float scale, float softcap,
-                                   int64_t sliding_window, std::string_view layout) {
+                                   ffi::Result<ffi::AnyBuffer> out,
+                                   ffi::Result<ffi::Buffer<ffi::F32>> /*workspace: CUDA only*/,
+                                   float scale, float softcap, int64_t sliding_window,
+                                   std::string_view layout) {
   Shape s{};
   ffi::Error err = DecodeAndValidate(queries, key_cache, value_cache, kv_lens, block_tables,
                                      cu_q_lens, num_seqs, *out, scale, softcap, sliding_window,

@@ -156,6 +156,7 @@ auto BindOperands(Binding binding) {
       .template Arg<ffi::Buffer<ffi::S32>>()             // cu_q_lens
       .template Arg<ffi::Buffer<ffi::S32>>()             // num_seqs
       .template Ret<ffi::AnyBuffer>()                    // out
+      .template Ret<ffi::Buffer<ffi::F32>>()             // workspace (the CUDA decode path)
       .template Attr<float>("scale")
       .template Attr<float>("softcap")
       .template Attr<int64_t>("sliding_window")

@@ -159,8 +159,9 @@ def make_inputs(
 def sanitize_cases(platform: str = "gpu") -> None:
     """Small runs of the kernel for compute-sanitizer (memcheck, racecheck): every dtype and
     head_dim, both layouts, GQA and MQA, decode rows, prefill tiles, padding rows,
-    out-of-range block ids and inconsistent cu_q_lens. Raises AssertionError if a result is
-    off.
+    out-of-range block ids and inconsistent cu_q_lens; decode-only batches (the CUDA decode
+    path) with empty sequences, padding rows and split contexts. Raises AssertionError if a
+    result is off.
 
     Example:
         >>> sanitize_cases("cpu")                                   # doctest: +SKIP
@@ -185,6 +186,18 @@ def sanitize_cases(platform: str = "gpu") -> None:
                                                sliding_window=50, layout=layout)
         err = rel_error(out, ref)
         assert err <= TOLERANCES[dtype], (dtype, d, layout, hq, hkv, err)
+        x = make_inputs(rng, q_lens=[1, 0, 1, 1], kv_lens=[37, 9, 700, 0], num_q_heads=hq,
+                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
+                        layout=layout, num_tokens=6, max_seqs=5)     # decode only
+        x["block_tables"][2, 7] = 10**6
+        args = [jax.device_put(x[k], device) for k in ARGS]
+        for window in (0, 50):
+            out = ragged_paged_attention(*args, scale=0.1, sliding_window=window,
+                                         layout=layout)
+            ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1,
+                                                   sliding_window=window, layout=layout)
+            err = rel_error(out, ref)
+            assert err <= TOLERANCES[dtype], ("decode", dtype, d, layout, hq, hkv, window, err)
         x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_q_heads=hq,
                         num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
                         layout=layout, num_tokens=80, max_seqs=6, poison=False)
