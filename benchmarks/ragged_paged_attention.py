@@ -218,20 +218,25 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    """The table; the last column is the fastest peer's time over ours (below 1: it is
+    faster). paged_attention counts as a peer: it is what a decode-only batch could call."""
     impls = ("ours", "xla", "paged_attention", "fa3", "cudnn")
     lines = [f"# ragged_paged_attention on {result['device']['device']}", "",
              f"{result['date']}, jax {result['device']['jax']}. ms per call "
              "(TFLOP/s, GB/s of the floor).", "",
-             "| batch | tokens | GFLOP | floor MB | " + " | ".join(impls) + " |",
-             "|---|---|---|---|" + "---|" * len(impls)]
+             "| batch | tokens | GFLOP | floor MB | " + " | ".join(impls)
+             + " | best peer / ours |",
+             "|---|---|---|---|" + "---|" * (len(impls) + 1)]
     for r in result["rows"]:
         cells = []
         for i in impls:
             ms = r.get(f"{i}_ms")
             cells.append("-" if ms is None else
                          f"{ms:.3f} ({r[f'{i}_tflops']:.0f}, {r[f'{i}_gbs']:.0f})")
+        peers = [r[f"{i}_ms"] for i in ("paged_attention", "fa3", "cudnn") if f"{i}_ms" in r]
+        ratio = f"{min(peers) / r['ours_ms']:.2f}x" if peers and "ours_ms" in r else "-"
         lines.append(f"| {r['name']} | {r['tokens']} | {r['gflop']:.1f} | {r['floor_mb']:.0f} | "
-                     + " | ".join(cells) + " |")
+                     + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines) + "\n"
 
 
