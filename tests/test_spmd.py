@@ -170,6 +170,28 @@ CASES = {
         assert np.abs(np.asarray(g[0]) - want[0]).max() < 1e-4
         assert np.abs(np.asarray(g[1]) - want[1]).max() < 1e-4
     """,
+    "torchax_code_gets_the_same_rule_through_jax": """
+        import torch
+        from xla_kernels.frontends.torch import torch_op
+        from xla_kernels.frontends.torchax import import_torchax, register_torchax
+        from xla_kernels.kernels.rms_norm import rms_norm, rms_norm_numpy_f64
+        torchax = import_torchax()
+        from torchax import interop
+        torch_op(rms_norm)
+        register_torchax(rms_norm)
+        with torchax.default_env():
+            f = interop.jax_view(lambda x, w: torch.ops.xla_kernels.rms_norm(x, w, eps=1e-6))
+        rng = np.random.default_rng(7)
+        x = rng.standard_normal((8, 32)).astype(np.float32)
+        w = rng.standard_normal(32).astype(np.float32)
+        mesh = Mesh(np.array(jax.devices()), ("dp",))
+        args = put(x, mesh, P("dp")), put(w, mesh, P())
+        text = compiled(f, *args)
+        assert not collectives(text), collectives(text)
+        assert "f32[2,32]" in calls(text, "xla_kernels.rms_norm")[0]
+        got = np.asarray(jax.jit(f)(*args))
+        assert np.abs(got - rms_norm_numpy_f64(x, w, eps=1e-6)).max() < 1e-5
+    """,
 }
 
 
