@@ -86,7 +86,9 @@ def work(cfg: dict[str, Any], elem: int = 2) -> tuple[float, float]:
 
 
 def make_data(cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-    """Device arrays for one configuration: shuffled blocks, one padding row."""
+    """Device arrays for one configuration: shuffled blocks, one padding row. Our op also
+    gets one free sequence slot (``*_slots``, as a serving engine has), so that a decode
+    batch has no more rows than slots and takes the decode path."""
     q_lens, kv_lens = cfg["q_lens"], cfg["kv_lens"]
     n, hq, hkv, d = len(q_lens), cfg["num_q_heads"], cfg["num_kv_heads"], cfg["head_dim"]
     max_blocks = -(-max(kv_lens) // BLOCK)
@@ -105,6 +107,9 @@ def make_data(cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
         "block_tables": jnp.asarray(tables),
         "cu_q_lens": jnp.asarray(cu),
         "num_seqs": jnp.asarray([n], jnp.int32),
+        "kv_lens_slots": jnp.asarray([*kv_lens, 0], jnp.int32),
+        "block_tables_slots": jnp.asarray(np.concatenate([tables, tables[:1]])),
+        "cu_q_lens_slots": jnp.asarray(np.concatenate([cu, cu[-1:]])),
     }
 
 
@@ -199,7 +204,9 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
         row[f"{name}_tflops"] = flops / sec / 1e12
         row[f"{name}_gbs"] = floor / sec / 1e9
 
-    run("ours", lambda d: ragged_paged_attention(*(d[k] for k in names), scale=scale))
+    slots = ("queries", "key_cache", "value_cache", "kv_lens_slots", "block_tables_slots",
+             "cu_q_lens_slots", "num_seqs")
+    run("ours", lambda d: ragged_paged_attention(*(d[k] for k in slots), scale=scale))
     gathered = 2 * 32 * max(cfg["kv_lens"]) * cfg["num_kv_heads"] * cfg["head_dim"] * 2
     if gathered <= XLA_CAP:
         run("xla", lambda d: ragged_paged_attention_xla(*(d[k] for k in names), scale=scale))

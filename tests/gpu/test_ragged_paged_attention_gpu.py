@@ -176,14 +176,15 @@ def test_agrees_with_paged_attention_when_every_q_len_is_1(rng, dtype):
 
 @pytest.mark.parametrize("dtype,layout", [("bf16", "vllm"), ("f16", "pallas"), ("f32", "vllm")])
 def test_decode_only_batches_take_the_decode_path_exactly(rng, dtype, layout):
-    """Every q_len <= 1: the device picks paged_attention's split-context kernels. Empty
-    sequences, padding rows (poisoned), long contexts split over partitions, bad block ids,
-    softcap and window; then one q_len of 2 sends the same shapes down the other path."""
+    """Every q_len <= 1 and num_tokens <= max_seqs: the device picks paged_attention's
+    split-context kernels. Empty sequences, padding rows (poisoned), long contexts split
+    over partitions, bad block ids, softcap and window; then one q_len of 2 sends the same
+    shapes down the other path."""
     kv_lens = [1, 0, 9000, 64, 33, 0, 2500]
     q_lens = [1, 0, 1, 1, 1, 1, 1]
     x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=16, num_kv_heads=4,
                     head_dim=128, block_size=16, dtype=dtype, layout=layout, num_tokens=11,
-                    max_seqs=8)
+                    max_seqs=12)
     x["block_tables"][2, 100] = -3
     for attrs in ({"scale": 0.088, "layout": layout},
                   {"scale": 0.088, "softcap": 7.0, "sliding_window": 1500, "layout": layout}):
@@ -193,7 +194,7 @@ def test_decode_only_batches_take_the_decode_path_exactly(rng, dtype, layout):
     q_lens[4] = 2
     x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=16, num_kv_heads=4,
                     head_dim=128, block_size=16, dtype=dtype, layout=layout, num_tokens=11,
-                    max_seqs=8)
+                    max_seqs=12)
     check(run_jax(x, scale=0.088, layout=layout), reference(x, scale=0.088, layout=layout), dtype,
           "one q_len of 2")
 

@@ -44,7 +44,8 @@ cores for f32; design in ``ragged_paged_attention.cuh``) and CPU
 (``ragged_paged_attention_cpu.cc``). :func:`ragged_paged_attention_xla` is the plain-XLA
 fallback; :func:`ragged_paged_attention_numpy_f64` the float64 test oracle. With every
 ``q_len == 1`` the op computes what :mod:`~xla_kernels.kernels.paged_attention` does, and on
-CUDA it runs paged_attention's flash-decoding kernels (decided on the device: the host
+CUDA, when ``num_tokens <= max_seqs`` (pad a decode batch's rows to at most its sequence
+slots), it runs paged_attention's flash-decoding kernels (decided on the device: the host
 cannot see the q_lens without a sync; a one-CTA kernel checks them, and the kernels of the
 path not taken exit at once).
 
@@ -88,18 +89,23 @@ MAX_PACKED_ROWS: int = LIMITS["kMaxPackedRows"]  # type: ignore[assignment]
 MAX_CAPACITY: int = LIMITS["kMaxCapacity"]  # type: ignore[assignment]
 
 
-def decode_workspace_size(num_tokens: int, num_q_heads: int, head_dim: int,
+def decode_workspace_size(num_tokens: int, max_seqs: int, num_q_heads: int, head_dim: int,
                           max_blocks_per_seq: int, block_size: int) -> int:
-    """f32 elements of the CUDA kernel's workspace: its decode path (taken on the device when
-    every q_len <= 1) keeps paged_attention's flash-decoding partials for ``num_tokens`` rows
-    and, as int32, a block-table row, a length and a sequence per row, and one flag. The
-    C++ twin is ``decode_workspace_elems`` in ``ragged_paged_attention.cuh``; the handler
-    rejects a smaller workspace.
+    """f32 elements of the CUDA kernel's workspace. Calls with ``num_tokens <= max_seqs``
+    have a decode path (taken on the device when every q_len <= 1): it keeps
+    paged_attention's flash-decoding partials for ``num_tokens`` rows and, as int32, a
+    block-table row, a length and a sequence per row, and one flag. Other calls need 1
+    (unused). The C++ twin is ``decode_workspace_elems`` in ``ragged_paged_attention.cuh``;
+    the handler rejects a smaller workspace.
 
     Example:
-        >>> decode_workspace_size(4, 8, 128, max_blocks_per_seq=8, block_size=16)
+        >>> decode_workspace_size(4, 4, 8, 128, max_blocks_per_seq=8, block_size=16)
         8361
+        >>> decode_workspace_size(4096, 8, 32, 128, max_blocks_per_seq=512, block_size=16)
+        1
     """
+    if num_tokens > max_seqs:
+        return 1
     partials = workspace_size(num_tokens, num_q_heads, head_dim, max_blocks_per_seq * block_size)
     return partials + num_tokens * (max_blocks_per_seq + 2) + 1
 
@@ -141,7 +147,7 @@ def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spe
     if block_tables.shape[1] * block_size > MAX_CAPACITY:
         raise Invalid("block_tables", f"max_blocks_per_seq * block_size is above "
                       f"{MAX_CAPACITY} tokens", "pass a smaller block table")
-    workspace = decode_workspace_size(num_tokens, num_q_heads, queries.shape[2],
+    workspace = decode_workspace_size(num_tokens, max_seqs, num_q_heads, queries.shape[2],
                                       block_tables.shape[1], block_size)
     return [Spec(queries.shape, queries.dtype), Spec((workspace,), "f32", workspace=True)]
 

@@ -36,14 +36,14 @@ ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
                                      cu_q_lens, num_seqs, *out, scale, softcap, sliding_window,
                                      layout, &s);
   if (err.failure()) return err;
-  const int64_t need = decode_workspace_elems(s.num_tokens, s.num_q_heads, s.head_dim,
-                                              s.max_blocks_per_seq, s.block_size);
+  const int64_t need = decode_workspace_elems(s.num_tokens, s.max_seqs, s.num_q_heads,
+                                              s.head_dim, s.max_blocks_per_seq, s.block_size);
   const int64_t have = static_cast<int64_t>(workspace->element_count());
   if (workspace->dimensions().size() != 1 || have < need)
     return Bad("workspace", "has " + std::to_string(have) + " f32 elements, needs " +
                                 std::to_string(need),
-               "allocate decode_workspace_size(num_tokens, num_q_heads, head_dim, "
-               "max_blocks_per_seq, block_size) elements");
+               "allocate decode_workspace_size(num_tokens, max_seqs, num_q_heads, "
+               "head_dim, max_blocks_per_seq, block_size) elements");
   Params p;
   p.dtype = s.dtype == ffi::DataType::BF16  ? DType::kBF16
             : s.dtype == ffi::DataType::F16 ? DType::kF16

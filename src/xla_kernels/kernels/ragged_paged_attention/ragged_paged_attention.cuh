@@ -41,8 +41,9 @@
 //    on the device whether the batch is decode-only and writes, per query row, the context
 //    length its row attends (p + 1) and a copy of its block-table row; the decode kernels
 //    then run over those rows (every row has length 0, i.e. writes zeros, when the batch is
-//    not decode-only), and the kernels of this file exit at once when it is. See
-//    decode_workspace_elems() for the workspace's layout.
+//    not decode-only), and the kernels of this file exit at once when it is. Only for calls
+//    with num_tokens <= max_seqs (has_decode_path). See decode_workspace_elems() for the
+//    workspace's layout.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -96,8 +97,17 @@ inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Para
 // f32 elements of workspace the decode path needs: paged_attention's flash-decoding
 // partials for num_tokens rows, then int32 areas: block-table rows [num_tokens,
 // max_blocks_per_seq], row lengths [num_tokens], row sequences [num_tokens], the flag [1].
-inline int64_t decode_workspace_elems(int64_t num_tokens, int64_t num_q_heads, int64_t head_dim,
-                                      int64_t max_blocks_per_seq, int64_t block_size) {
+// The path exists only when num_tokens <= max_seqs (a decode batch needs no more rows than
+// sequence slots; otherwise the decode kernels' launch over every row would cost more than
+// it saves on prefill-sized calls); then 1 element (unused) is enough.
+inline bool has_decode_path(int64_t num_tokens, int64_t max_seqs) {
+  return num_tokens <= max_seqs;
+}
+
+inline int64_t decode_workspace_elems(int64_t num_tokens, int64_t max_seqs, int64_t num_q_heads,
+                                      int64_t head_dim, int64_t max_blocks_per_seq,
+                                      int64_t block_size) {
+  if (!has_decode_path(num_tokens, max_seqs)) return 1;
   return paged_attention::WorkspaceElems(num_tokens, num_q_heads, head_dim,
                                          max_blocks_per_seq * block_size) +
          num_tokens * (max_blocks_per_seq + 2) + 1;
@@ -776,8 +786,8 @@ __global__ void __launch_bounds__(kThreads) decode_tables_kernel(const Args a,
 inline std::string launch_decode_path(cudaStream_t stream, const Params& p, Args* a) {
   const int64_t partials = paged_attention::WorkspaceElems(
       p.num_tokens, p.num_q_heads, p.head_dim, p.max_blocks_per_seq * p.block_size);
-  const int64_t need = decode_workspace_elems(p.num_tokens, p.num_q_heads, p.head_dim,
-                                              p.max_blocks_per_seq, p.block_size);
+  const int64_t need = decode_workspace_elems(p.num_tokens, p.max_seqs, p.num_q_heads,
+                                              p.head_dim, p.max_blocks_per_seq, p.block_size);
   if (p.workspace_elems < need)
     return "ragged_paged_attention: the workspace has " + std::to_string(p.workspace_elems) +
            " elements, the decode path needs " + std::to_string(need);
@@ -904,7 +914,7 @@ inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Para
   const int64_t row_bytes = p.num_q_heads * p.head_dim * elem;
   if (row_bytes > INT_MAX) return "ragged_paged_attention: sizes out of range";
   a.skip = nullptr;
-  if (p.workspace != nullptr) {
+  if (p.workspace != nullptr && has_decode_path(p.num_tokens, p.max_seqs)) {
     const std::string err = detail::launch_decode_path(stream, p, &a);
     if (!err.empty()) return err;
   }
