@@ -135,9 +135,19 @@ class JaxRunner:
         self.jitted = jax.jit(functools.partial(paged_step, config=config, attention=attention),
                               donate_argnums=(1,))
 
-    def step(self, batch: StepBatch) -> np.ndarray:
+    def prepare(self, batch: StepBatch) -> StepBatch:
+        """The batch on the device, as :meth:`launch` takes it."""
+        import jax
+
+        return jax.device_put(batch)
+
+    def launch(self, batch: StepBatch) -> Any:
+        """Dispatch one step on a prepared batch; returns the device's tokens (no sync)."""
         tokens, self.caches = self.jitted(self.weights, self.caches, batch)
-        return np.asarray(tokens)
+        return tokens
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        return np.asarray(self.launch(self.prepare(batch)))
 
     def compiled_buckets(self) -> int:
         """How many programs the step compiled so far (one per bucket used)."""

@@ -209,11 +209,17 @@ class TorchaxRunner:
         self.jitted = interop.torch_view(self._jax_step)
         self._device_put = jax.device_put
 
+    def prepare(self, batch: StepBatch) -> StepBatch:
+        """The batch on the device as torchax tensors, as :meth:`launch` takes it."""
+        return _interop().torch_view(self._device_put(batch))
+
+    def launch(self, batch: StepBatch) -> torch.Tensor:
+        """Dispatch one step on a prepared batch; returns the tokens (no sync)."""
+        tokens, self.caches = self.jitted(self.params, self.caches, batch)
+        return tokens
+
     def step(self, batch: StepBatch) -> np.ndarray:
-        interop = _interop()
-        tokens, self.caches = self.jitted(self.params, self.caches,
-                                          interop.torch_view(self._device_put(batch)))
-        return np.asarray(interop.jax_view(tokens))
+        return np.asarray(_interop().jax_view(self.launch(self.prepare(batch))))
 
     def compiled_buckets(self) -> int:
         """How many programs the step compiled so far (one per bucket used)."""
