@@ -149,6 +149,11 @@ class JaxRunner:
     def step(self, batch: StepBatch) -> np.ndarray:
         return np.asarray(self.launch(self.prepare(batch)))
 
+    def lower(self, batch: StepBatch) -> Any:
+        """The step lowered for ``batch``'s bucket (``.as_text()`` shows the custom calls
+        and the donated caches)."""
+        return self.jitted.lower(self.weights, self.caches, batch)
+
     def compiled_buckets(self) -> int:
         """How many programs the step compiled so far (one per bucket used)."""
         return int(self.jitted._cache_size())

@@ -221,6 +221,13 @@ class TorchaxRunner:
     def step(self, batch: StepBatch) -> np.ndarray:
         return np.asarray(_interop().jax_view(self.launch(self.prepare(batch))))
 
+    def lower(self, batch: StepBatch) -> Any:
+        """The step lowered for ``batch``'s bucket (``.as_text()`` shows the custom calls
+        and the donated caches)."""
+        interop = _interop()
+        return self._jax_step.lower(interop.jax_view(self.params),
+                                    interop.jax_view(self.caches), batch)
+
     def compiled_buckets(self) -> int:
         """How many programs the step compiled so far (one per bucket used)."""
         return int(self._jax_step._cache_size())
