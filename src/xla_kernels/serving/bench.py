@@ -95,7 +95,7 @@ def make_requests(workload: Workload, vocab_size: int, seed: int) -> list[Reques
         >>> reqs = make_requests(Workload(3, prompt_len=10, new_tokens=4, output_spread=0.5,
         ...                               arrival_every=2), vocab_size=100, seed=0)
         >>> [(len(r.prompt), r.max_new_tokens, r.arrival) for r in reqs]
-        [(11, 4, 0), (9, 3, 2), (9, 2, 4)]
+        [(12, 3, 0), (12, 4, 2), (11, 4, 4)]
     """
     rng = np.random.default_rng(seed)
     lo = max(1, round(workload.prompt_len * (1 - workload.prompt_spread)))
