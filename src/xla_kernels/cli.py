@@ -1,4 +1,4 @@
-"""The ``xla-kernels`` command: ``doctor``, ``build`` and ``demo``.
+"""The ``xla-kernels`` command: ``doctor``, ``build``, ``demo`` and ``serve-bench``.
 
 Expected failures (a build error, a missing compiler, a bad op path, a module that
 cannot be imported) print one message and exit with status 1, without a traceback.
@@ -8,6 +8,7 @@ Example:
     $ xla-kernels doctor my_lib.scale --import my_lib.ops --register
     $ xla-kernels build xla_kernels.kernels.simple_add:simple_add --platform cuda
     $ xla-kernels build path/to/my_ops.py:scale
+    $ xla-kernels serve-bench --preset tiny --platform cpu --frontend torchax --json out.json
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from xla_kernels.op import Op, declared_ops
 from xla_kernels.runtime.registry import ensure_registered, registrations
 
 DESCRIPTION = ("xla-kernels: check the installation (doctor), build op kernels ahead of "
-               "time (build), run the demo (demo).")
+               "time (build), run the demo (demo), benchmark the serving loop (serve-bench).")
 
 
 class CommandError(Exception):
@@ -274,7 +275,88 @@ def _parser() -> argparse.ArgumentParser:
                      help="platform to build for (repeatable; default: every platform the "
                           "op has a kernel for)")
     sub.add_parser("demo", help="run the demo (the README's main job)")
+    _serve_bench_parser(sub)
     return parser
+
+
+def _serve_bench_parser(sub: Any) -> None:
+    srv = sub.add_parser(
+        "serve-bench", help="run a Llama-style model in the paged-KV serving loop; time it",
+        description="Generate greedily for a seeded workload with continuous batching over "
+                    "a paged KV cache, time it, and check the tokens against a dense "
+                    "(unpaged) reference. Unset options take the preset's defaults.")
+    srv.add_argument("--preset", default="tiny", help="tiny, 1b or 8b (default tiny)")
+    srv.add_argument("--frontend", default="jax", help="jax or torchax (default jax)")
+    srv.add_argument("--attention", default="xla-kernels",
+                     help="xla-kernels (the library's custom calls) or plain-xla (their "
+                          "plain-XLA fallbacks); default xla-kernels")
+    srv.add_argument("--platform", default=None,
+                     help="cpu or gpu (default: JAX's default backend)")
+    srv.add_argument("--requests", type=int, help="number of requests")
+    srv.add_argument("--prompt-len", type=int, help="mean prompt length (tokens)")
+    srv.add_argument("--new-tokens", type=int, help="most tokens generated per request")
+    srv.add_argument("--arrival-every", type=int,
+                     help="request i arrives before step i * N (0: all at once)")
+    srv.add_argument("--dtype", help="float32, bfloat16 or float16 (default: the preset's)")
+    srv.add_argument("--check-dtype", default="float32",
+                     help="dtype of the token-for-token reference check (default float32; "
+                          "a model in another dtype is re-run untimed in it)")
+    srv.add_argument("--no-reference", action="store_true",
+                     help="skip the dense reference check")
+    srv.add_argument("--no-breakdown", action="store_true",
+                     help="skip the decode-step replay (device time, attention share)")
+    srv.add_argument("--max-num-seqs", type=int, help="most sequences per step")
+    srv.add_argument("--token-budget", type=int, help="most query rows per step")
+    srv.add_argument("--block-size", type=int, help="tokens per cache block: 16, 32 or 64")
+    srv.add_argument("--num-blocks", type=int,
+                     help="cache blocks per layer (default: all admitted requests fit)")
+    srv.add_argument("--shuffle-blocks", action="store_true",
+                     help="hand cache blocks out in a random order")
+    srv.add_argument("--seed", type=int, default=0, help="weights and workload seed")
+    srv.add_argument("--json", dest="json_path", metavar="PATH", help="write the results here")
+    srv.add_argument("--plot", dest="plot_path", metavar="PATH",
+                     help="step time plot, .svg or .png (default: the JSON path with .svg)")
+    srv.add_argument("--profile", dest="profile_dir", metavar="DIR",
+                     help="write a jax.profiler trace of the replayed decode step")
+    srv.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def serve_bench(args: argparse.Namespace) -> int:
+    """Run ``serve-bench`` and print a summary; the JSON goes to ``--json``."""
+    from xla_kernels.serving.bench import BenchOptions
+    from xla_kernels.serving.bench import serve_bench as run
+
+    options = BenchOptions(
+        preset=args.preset, frontend=args.frontend, attention=args.attention,
+        platform=args.platform, requests=args.requests, prompt_len=args.prompt_len,
+        new_tokens=args.new_tokens, arrival_every=args.arrival_every, dtype=args.dtype,
+        check_dtype=args.check_dtype, seed=args.seed, block_size=args.block_size,
+        num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+        token_budget=args.token_budget, shuffle_blocks=args.shuffle_blocks,
+        reference=not args.no_reference, breakdown=not args.no_breakdown,
+        progress=not args.no_progress, json_path=args.json_path, plot_path=args.plot_path,
+        profile_dir=args.profile_dir)
+    result = run(options)
+    config = result["config"]
+    rows = [("config", f"{config['preset']} {config['dtype']}, {config['frontend']}, "
+                       f"{config['attention']}, {config['device']}"),
+            ("tokens/s", f"{result['tokens_per_s']} ({result['generated_tokens']} tokens "
+                         f"in {result['wall_s']} s, {result['steps_run']} steps)"),
+            ("decode step", f"{result['decode_step_ms']} ms"),
+            ("prefill", f"{result['prefill_tokens_per_s']} tokens/s"),
+            ("matches_reference", str(result["matches_reference"]))]
+    breakdown = result.get("breakdown")
+    if breakdown:
+        rows.append(("breakdown", f"device step {breakdown['decode_step_device_ms']} ms, "
+                                  f"attention {breakdown['attention_ms']} ms "
+                                  f"({breakdown['attention_share']:.0%})"))
+    for key in ("plot",):
+        if key in result:
+            rows.append((key, result[key]))
+    if args.json_path:
+        rows.append(("json", args.json_path))
+    _print_table("serve-bench:", rows)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -290,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": lambda: doctor(args.target, args.register, args.imports),
         "build": lambda: build_op(args.op, args.platform),
         "demo": lambda: __import__("xla_kernels.demo", fromlist=["main"]).main([]),
+        "serve-bench": lambda: serve_bench(args),
     }
     try:
         return commands[args.command]()

@@ -1,0 +1,431 @@
+"""``xla-kernels serve-bench``: run the engine on a seeded workload, time it, check it.
+
+What one run does, in order:
+
+1. Makes the model (seeded random weights) and the runner for ``frontend`` and
+   ``attention`` on ``platform``'s first JAX device.
+2. **Compiles** every bucket with an empty batch (``compile_s``), so no step of the timed
+   run compiles.
+3. **Runs** the workload through the engine, a progress bar on stderr, recording every
+   step (host time, step time, rows, sequences, context).
+4. **Breaks down** the decode step: the largest decode batch replayed back to back on the
+   device (``decode_step_device_ms``: no host work between steps, so the gap to
+   ``decode_step_ms`` is the host's scheduling, transfer and dispatch), and the
+   cache write + attention replayed alone, for every layer (``attention_ms``,
+   ``attention_share`` of the device step). ``profile_dir`` writes a ``jax.profiler`` trace
+   of the replay, whose kernel list sums the step's kernels.
+5. **Checks** the outputs against the dense reference, token for token
+   (``matches_reference``; ``first_divergence`` when they differ), in ``check_dtype``
+   (float32 unless told otherwise). For a model in another dtype (the bf16 presets),
+   where rounding makes exact equality a matter of luck, the check runs a second, untimed
+   engine in float32 on the same weights upcast exactly (matmuls at "highest" precision),
+   against the float32 reference; the timed run's first divergence from the reference in
+   the model's own dtype is reported too (``model_dtype_divergence``).
+
+Example:
+    >>> result = serve_bench(BenchOptions(preset="tiny", platform="cpu", requests=2,
+    ...                                   progress=False))                 # doctest: +SKIP
+    >>> result["matches_reference"], result["tokens_per_s"] > 0             # doctest: +SKIP
+    (True, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from xla_kernels.serving.batch import StepBatch, empty_batch
+from xla_kernels.serving.blocks import BlockAllocator
+from xla_kernels.serving.config import (
+    ATTENTIONS,
+    DTYPES,
+    FRONTENDS,
+    PLATFORMS,
+    EngineConfig,
+    ModelConfig,
+    ServingConfigError,
+    Workload,
+    check_choice,
+    preset_entry,
+)
+from xla_kernels.serving.engine import Engine, Request, StepRecord
+
+
+@dataclasses.dataclass
+class BenchOptions:
+    """serve-bench's options; ``None`` takes the preset's default."""
+
+    preset: str = "tiny"
+    frontend: str = "jax"
+    attention: str = "xla-kernels"
+    platform: str | None = None          # None: JAX's default backend
+    requests: int | None = None
+    prompt_len: int | None = None
+    new_tokens: int | None = None
+    dtype: str | None = None
+    check_dtype: str = "float32"         # the equality check's dtype (see the module doc)
+    seed: int = 0
+    block_size: int | None = None
+    num_blocks: int | None = None        # None: every admitted request fits at once
+    max_num_seqs: int | None = None
+    token_budget: int | None = None
+    arrival_every: int | None = None
+    shuffle_blocks: bool = False
+    reference: bool = True
+    breakdown: bool = True
+    progress: bool = True
+    json_path: str | None = None
+    plot_path: str | None = None         # None: next to the JSON, .svg
+    profile_dir: str | None = None
+
+
+def make_requests(workload: Workload, vocab_size: int, seed: int) -> list[Request]:
+    """The workload's requests: seeded prompt tokens and lengths (see
+    :class:`~xla_kernels.serving.config.Workload`).
+
+    Example:
+        >>> reqs = make_requests(Workload(3, prompt_len=10, new_tokens=4, output_spread=0.5,
+        ...                               arrival_every=2), vocab_size=100, seed=0)
+        >>> [(len(r.prompt), r.max_new_tokens, r.arrival) for r in reqs]
+        [(12, 3, 0), (12, 4, 2), (11, 4, 4)]
+    """
+    rng = np.random.default_rng(seed)
+    lo = max(1, round(workload.prompt_len * (1 - workload.prompt_spread)))
+    hi = max(lo, round(workload.prompt_len * (1 + workload.prompt_spread)))
+    out_lo = max(1, round(workload.new_tokens * (1 - workload.output_spread)))
+    requests = []
+    for i in range(workload.requests):
+        length = int(rng.integers(lo, hi + 1))
+        new = int(rng.integers(out_lo, workload.new_tokens + 1))
+        prompt = rng.integers(0, vocab_size, length).tolist()
+        requests.append(Request(i, prompt, new, arrival=i * workload.arrival_every))
+    return requests
+
+
+def _fresh(requests: list[Request]) -> list[Request]:
+    return [Request(r.id, list(r.prompt), r.max_new_tokens, r.arrival) for r in requests]
+
+
+def _device(platform: str | None) -> Any:
+    import jax
+
+    if platform is None:
+        return jax.devices()[0]
+    check_choice("--platform", platform, PLATFORMS)
+    try:
+        return jax.devices(platform)[0]
+    except RuntimeError as e:
+        raise ServingConfigError(
+            f"--platform {platform}: JAX sees no {platform} device ({e}). Fix: pass "
+            f"--platform cpu, or install JAX for your GPU (pip install 'jax[cuda13]').") from e
+
+
+def make_runner(frontend: str, config: ModelConfig, weights: dict[str, Any],
+                engine: EngineConfig, attention: str) -> Any:
+    """The runner of ``frontend`` ("jax" or "torchax")."""
+    check_choice("--attention", attention, ATTENTIONS)
+    if check_choice("--frontend", frontend, FRONTENDS) == "jax":
+        from xla_kernels.serving.model_jax import JaxRunner
+
+        return JaxRunner(config, weights, engine, attention)
+    from xla_kernels.serving.model_torch import TorchaxRunner
+
+    return TorchaxRunner(config, weights, engine, attention)
+
+
+class Progress:
+    """A one-line progress bar on ``stream`` (stderr), redrawn at most every 0.2 s."""
+
+    def __init__(self, total: int, stream: TextIO | None = None, enabled: bool = True):
+        self.total, self.stream, self.enabled = total, stream or sys.stderr, enabled
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.tokens = 0
+
+    def update(self, engine: Engine, record: StepRecord) -> None:
+        self.tokens += record.sampled
+        now = time.perf_counter()
+        done = len(engine.done)
+        if not self.enabled or (now - self.last < 0.2 and done < self.total):
+            return
+        self.last = now
+        width = 30
+        filled = width * done // max(self.total, 1)
+        rate = self.tokens / max(now - self.start, 1e-9)
+        self.stream.write(f"\rserve-bench [{'#' * filled}{'.' * (width - filled)}] "
+                          f"{done}/{self.total} requests, {self.tokens} tokens, "
+                          f"{rate:.1f} tok/s, step {engine.steps}")
+        if done == self.total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def _replay_ms(fn: Any, calls: int, repeats: int = 5) -> float:
+    """Median ms per call of ``fn()`` called ``calls`` times back to back (one sync)."""
+    import jax
+
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = fn()
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(times)
+
+
+def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
+                  batch: StepBatch, calls: int) -> float:
+    """The step's attention alone, replayed: ``num_layers`` cache writes + paged attentions
+    on ``batch`` in one program (one dispatch, like the step), each layer's queries the
+    previous layer's output so that none is dropped. The layers share one cache pair: the
+    same bytes move as with one pair per layer once the context outgrows the GPU's L2."""
+    import jax
+    import jax.numpy as jnp
+
+    from xla_kernels.serving.attention import paged_attention, write_kv
+    from xla_kernels.serving.model_jax import cache_shape
+
+    rows = batch.token_ids.shape[0]
+    key = jax.random.key(1)
+    q = jax.random.normal(key, (rows, config.num_q_heads, config.head_dim), config.dtype)
+    kv = jax.random.normal(key, (rows, config.num_kv_heads, config.head_dim), config.dtype)
+    shape = cache_shape(config, engine)
+    state = {"caches": (jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))}
+    device_batch = jax.device_put(batch)
+
+    def layers(q: Any, kv: Any, caches: tuple[Any, Any], batch: StepBatch) -> Any:
+        for _ in range(config.num_layers):
+            caches = write_kv(attention, kv, kv, *caches, batch.slot_mapping)
+            q = paged_attention(attention, q, *caches, batch, scale=config.head_dim ** -0.5)
+        return q, caches
+
+    jitted = jax.jit(layers, donate_argnums=(2,))
+
+    def call() -> Any:
+        out, state["caches"] = jitted(q, kv, state["caches"], device_batch)
+        return out
+
+    return _replay_ms(call, calls)
+
+
+def _reference_check(config: ModelConfig, weights: dict[str, Any],
+                     requests: list[Request], outputs: dict[int, list[int]]
+                     ) -> dict[str, Any] | None:
+    from xla_kernels.serving.reference import dense_greedy, first_divergence
+
+    ref = dense_greedy(config, weights, [r.prompt for r in requests],
+                       [r.max_new_tokens for r in requests])
+    return first_divergence(outputs, {r.id: o for r, o in zip(requests, ref, strict=True)})
+
+
+def serve_bench(options: BenchOptions) -> dict[str, Any]:
+    """Run the benchmark (see the module doc); returns the result dictionary (also written
+    to ``options.json_path``)."""
+    import jax
+
+    entry = preset_entry(options.preset)
+    check_choice("--frontend", options.frontend, FRONTENDS)
+    check_choice("--attention", options.attention, ATTENTIONS)
+    model = entry.model.with_dtype(options.dtype) if options.dtype else entry.model
+    check_dtype = check_choice("--check-dtype", options.check_dtype, DTYPES)
+    device = _device(options.platform)
+    workload = dataclasses.replace(
+        entry.workload,
+        **{k: v for k, v in (("requests", options.requests),
+                             ("prompt_len", options.prompt_len),
+                             ("new_tokens", options.new_tokens),
+                             ("arrival_every", options.arrival_every)) if v is not None})
+    if workload.requests < 1:
+        raise ServingConfigError("--requests must be >= 1. Fix: pass --requests 1 or more.")
+    requests = make_requests(workload, model.vocab_size, options.seed)
+    block_size = options.block_size or entry.block_size
+    max_num_seqs = options.max_num_seqs or entry.max_num_seqs
+    max_model_len = max(len(r.prompt) + r.max_new_tokens for r in requests)
+    blocks_per_request = max(r.blocks_needed(block_size) for r in requests)
+    engine_config = EngineConfig(
+        block_size=block_size,
+        num_blocks=options.num_blocks or min(max_num_seqs, len(requests)) * blocks_per_request,
+        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+        token_budget=options.token_budget or entry.token_budget,
+        min_bucket=min(16, options.token_budget or entry.token_budget))
+
+    from xla_kernels.serving.weights import init_weights
+
+    with jax.default_device(device):
+        weights = init_weights(model, options.seed)
+        runner = make_runner(options.frontend, model, weights, engine_config,
+                             options.attention)
+        start = time.perf_counter()
+        for bucket in engine_config.buckets():
+            runner.step(empty_batch(bucket, max_num_seqs, engine_config.max_blocks_per_seq))
+        compile_s = time.perf_counter() - start
+        compiled = runner.compiled_buckets()
+
+        allocator = BlockAllocator(engine_config.num_blocks,
+                                   shuffle_seed=options.seed if options.shuffle_blocks else None)
+        engine = Engine(runner, engine_config, allocator)
+        progress = Progress(len(requests), enabled=options.progress)
+        start = time.perf_counter()
+        outputs = engine.run(_fresh(requests), on_step=progress.update)
+        wall_s = time.perf_counter() - start
+        if runner.compiled_buckets() != compiled:
+            raise AssertionError("a bucket compiled during the timed run")
+
+        result = _metrics(engine, outputs, wall_s)
+        result.update(compile_s=round(compile_s, 3), compiled_programs=compiled)
+
+        if options.breakdown:
+            result["breakdown"] = _breakdown(runner, engine, model, engine_config,
+                                             options.attention, options.profile_dir)
+        del runner, engine                       # frees the caches before the check
+
+        check: dict[str, Any] = {"dtype": check_dtype, "ran": options.reference}
+        result["matches_reference"] = None
+        if options.reference:
+            if check_dtype == model.dtype:
+                divergence = _reference_check(model, weights, requests, outputs)
+            else:
+                check["model_dtype_divergence"] = _reference_check(model, weights, requests,
+                                                                   outputs)
+                exact = model.with_dtype(check_dtype)
+                exact_weights = {k: v.astype(check_dtype) for k, v in weights.items()}
+                del weights
+                with jax.default_matmul_precision("highest"):
+                    exact_runner = make_runner(options.frontend, exact, exact_weights,
+                                               engine_config, options.attention)
+                    exact_out = Engine(exact_runner, engine_config).run(_fresh(requests))
+                    del exact_runner
+                    divergence = _reference_check(exact, exact_weights, requests, exact_out)
+            check["first_divergence"] = divergence
+            result["matches_reference"] = divergence is None
+        result["reference_check"] = check
+
+    result["config"] = {
+        "preset": options.preset, "frontend": options.frontend,
+        "attention": options.attention, "platform": device.platform,
+        "device": device.device_kind, "dtype": model.dtype, "seed": options.seed,
+        "model": dataclasses.asdict(model), "params": model.num_params(),
+        "workload": dataclasses.asdict(workload),
+        "engine": {**dataclasses.asdict(engine_config), "buckets": engine_config.buckets(),
+                   "shuffle_blocks": options.shuffle_blocks},
+        "jax": jax.__version__,
+    }
+    if options.json_path:
+        path = Path(options.json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        plot = options.plot_path or str(path.with_suffix(".svg"))
+    else:
+        plot = options.plot_path
+    if plot:
+        from xla_kernels.serving.plot import write_step_plot
+
+        write_step_plot(result["steps"], plot,
+                        title=f"{options.preset} {options.frontend} {options.attention} "
+                              f"on {device.device_kind}")
+        result["plot"] = plot
+        if options.json_path:
+            Path(options.json_path).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def _metrics(engine: Engine, outputs: dict[int, list[int]], wall_s: float) -> dict[str, Any]:
+    records = engine.records
+    decode = [r for r in records if r.kind == "decode"]
+    prefill = [r for r in records if r.kind == "prefill"]
+    generated = sum(map(len, outputs.values()))
+
+    def total_ms(rs: list[StepRecord]) -> float:
+        return sum(r.host_ms + r.step_ms for r in rs)
+
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 4) if values else None
+
+    return {
+        "tokens_per_s": round(generated / wall_s, 2),
+        "generated_tokens": generated,
+        "wall_s": round(wall_s, 3),
+        "decode_step_ms": median([r.host_ms + r.step_ms for r in decode]),
+        "decode_tokens_per_s": (round(sum(r.decode_tokens for r in decode)
+                                      / (total_ms(decode) / 1e3), 2) if decode else None),
+        "prefill_tokens_per_s": (round(sum(r.prefill_tokens for r in prefill)
+                                       / (total_ms(prefill) / 1e3), 2) if prefill else None),
+        "prefill_tokens": sum(r.prefill_tokens for r in records),
+        "host_ms_per_step": median([r.host_ms for r in records]),
+        "steps_run": len(records),
+        "requests": len(outputs),
+        "outputs": {str(k): v for k, v in outputs.items()},
+        "steps": [{"num_seqs": r.num_seqs, "bucket": r.bucket,
+                   "prefill_tokens": r.prefill_tokens, "decode_tokens": r.decode_tokens,
+                   "context_tokens": r.context_tokens, "kind": r.kind,
+                   "host_ms": round(r.host_ms, 4), "ms": round(r.host_ms + r.step_ms, 4)}
+                  for r in records],
+    }
+
+
+def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: EngineConfig,
+               attention: str, profile_dir: str | None) -> dict[str, Any] | None:
+    """Replay the largest decode step: device-bound step time and the attention's share."""
+    decode = [r for r in engine.records if r.kind == "decode"]
+    if not decode:
+        return None
+    widest = max(decode, key=lambda r: (r.num_seqs, r.context_tokens))
+    batch = _decode_batch(engine_config, widest.num_seqs,
+                          widest.context_tokens // widest.num_seqs)
+    prepared = runner.prepare(batch)
+    calls = 20
+    step_ms = _replay_ms(lambda: runner.launch(prepared), calls)
+    if profile_dir:
+        import jax
+
+        with jax.profiler.trace(profile_dir):
+            _replay_ms(lambda: runner.launch(prepared), calls, repeats=1)
+    attention_ms = _attention_ms(model, engine_config, attention, batch, calls)
+    wall = statistics.median(r.host_ms + r.step_ms for r in decode
+                             if r.num_seqs == widest.num_seqs)
+    return {
+        "replayed_num_seqs": widest.num_seqs,
+        "replayed_context_per_seq": widest.context_tokens // widest.num_seqs,
+        "decode_step_ms": round(wall, 4),
+        "decode_step_device_ms": round(step_ms, 4),
+        "host_and_dispatch_ms": round(wall - step_ms, 4),
+        "attention_ms": round(attention_ms, 4),
+        "attention_share": round(attention_ms / step_ms, 4) if step_ms > 0 else None,
+        "profile_dir": profile_dir,
+    }
+
+
+def _decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
+    """A decode batch of ``num_seqs`` sequences of ``context`` tokens on disjoint blocks."""
+    batch = empty_batch(cfg.bucket(num_seqs), cfg.max_num_seqs, cfg.max_blocks_per_seq)
+    per_seq = min(math.ceil(context / cfg.block_size), cfg.max_blocks_per_seq,
+                  cfg.num_blocks // max(num_seqs, 1))
+    context = min(context, per_seq * cfg.block_size)
+    for s in range(num_seqs):
+        table = np.arange(s * per_seq, (s + 1) * per_seq, dtype=np.int32)
+        pos = context - 1
+        batch.token_ids[s] = s
+        batch.positions[s] = pos
+        batch.slot_mapping[s] = table[pos // cfg.block_size] * cfg.block_size \
+            + pos % cfg.block_size
+        batch.kv_lens[s] = context
+        batch.block_tables[s, :per_seq] = table
+        batch.cu_q_lens[s + 1] = s + 1
+        batch.logits_indices[s] = s
+    batch.cu_q_lens[num_seqs + 1:] = num_seqs
+    batch.num_seqs[0] = num_seqs
+    return batch
+
+
+__all__ = ["BenchOptions", "Progress", "make_requests", "make_runner", "serve_bench"]

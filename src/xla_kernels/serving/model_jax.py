@@ -1,0 +1,163 @@
+"""The Llama-style decoder in JAX, and the engine's runner for it.
+
+:func:`decoder` is the model once (RMSNorm through the library's ``rms_norm`` op, rotary
+embeddings, GQA attention, SwiGLU MLP); the attention is a function passed in, so the paged
+engine (:func:`paged_step`) and the dense reference (:mod:`xla_kernels.serving.reference`)
+share every other line. :class:`JaxRunner` holds the weights and the per-layer KV caches
+and runs one jitted step per bucket with the caches donated: each step's
+``reshape_and_cache`` updates them in place, nothing is copied.
+
+Example:
+    >>> from xla_kernels.serving.config import EngineConfig, preset
+    >>> from xla_kernels.serving.batch import empty_batch
+    >>> from xla_kernels.serving.weights import init_weights
+    >>> cfg, eng = preset("tiny"), EngineConfig(num_blocks=8, max_num_seqs=2)
+    >>> runner = JaxRunner(cfg, init_weights(cfg), eng, "plain-xla")
+    >>> runner.step(empty_batch(16, 2, eng.max_blocks_per_seq)).shape   # doctest: +SKIP
+    (2,)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from xla_kernels.serving.attention import paged_attention, write_kv
+from xla_kernels.serving.batch import StepBatch
+from xla_kernels.serving.config import EngineConfig, ModelConfig
+
+Weights = dict[str, Any]
+Caches = tuple[tuple[Any, Any], ...]
+AttentionFn = Callable[[int, Any, Any, Any], Any]
+"""``attention(layer, q, k, v) -> out``: q [..., T, q_heads, dim], k/v [..., T, kv_heads,
+dim] of the new tokens (rotary applied); out like q."""
+
+
+def rotary(x: Any, positions: Any, theta: float) -> Any:
+    """Rotary embedding (the half-split "rotate_half" form) of ``x`` [..., T, heads, dim] at
+    integer ``positions`` [..., T], computed in f32."""
+    import jax.numpy as jnp
+
+    dim = x.shape[-1]
+    inv_freq = 1.0 / theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq          # [..., T, dim/2]
+    cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[..., None, :]   # [..., T, 1, dim]
+    sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[..., None, :]
+    x32 = x.astype(jnp.float32)
+    half = dim // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: Any,
+            attention: AttentionFn) -> Any:
+    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]."""
+    import jax
+
+    from xla_kernels.kernels.rms_norm import rms_norm
+
+    def linear(x: Any, name: str) -> Any:      # torch layout: weight [out, in]
+        return x @ weights[name + ".weight"].T
+
+    lead = token_ids.shape
+    hq, hkv, d = config.num_q_heads, config.num_kv_heads, config.head_dim
+    x = weights["embed_tokens.weight"][token_ids]
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        h = rms_norm(x, weights[p + "input_layernorm.weight"], eps=config.rms_eps)
+        q = linear(h, p + "self_attn.q_proj").reshape(*lead, hq, d)
+        k = linear(h, p + "self_attn.k_proj").reshape(*lead, hkv, d)
+        v = linear(h, p + "self_attn.v_proj").reshape(*lead, hkv, d)
+        q = rotary(q, positions, config.rope_theta)
+        k = rotary(k, positions, config.rope_theta)
+        out = attention(i, q, k, v).reshape(*lead, hq * d)
+        x = x + linear(out, p + "self_attn.o_proj")
+        h = rms_norm(x, weights[p + "post_attention_layernorm.weight"], eps=config.rms_eps)
+        gate = jax.nn.silu(linear(h, p + "mlp.gate_proj"))
+        x = x + linear(gate * linear(h, p + "mlp.up_proj"), p + "mlp.down_proj")
+    return rms_norm(x, weights["norm.weight"], eps=config.rms_eps)
+
+
+def greedy(weights: Weights, hidden: Any) -> Any:
+    """The argmax token (int32) of each row of ``hidden`` [..., hidden]; logits in the
+    model's dtype, as the torch model computes them."""
+    import jax.numpy as jnp
+
+    return jnp.argmax(hidden @ weights["lm_head.weight"].T, axis=-1).astype(jnp.int32)
+
+
+def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: ModelConfig,
+               attention: str) -> tuple[Any, Caches]:
+    """One engine step: every layer writes the batch's K/V to its paged cache, then attends
+    with ragged paged attention; returns (next token of each sequence slot [max_num_seqs],
+    the updated caches)."""
+    updated = list(caches)
+    scale = config.head_dim ** -0.5
+
+    def attend(layer: int, q: Any, k: Any, v: Any) -> Any:
+        key_cache, value_cache = write_kv(attention, k, v, *updated[layer], batch.slot_mapping)
+        updated[layer] = (key_cache, value_cache)
+        return paged_attention(attention, q, key_cache, value_cache, batch, scale=scale)
+
+    hidden = decoder(weights, config, batch.token_ids, batch.positions, attend)
+    return greedy(weights, hidden[batch.logits_indices]), tuple(updated)
+
+
+def cache_shape(config: ModelConfig, engine: EngineConfig) -> tuple[int, int, int, int]:
+    """One layer's K (or V) cache in vLLM layout: [num_blocks, block_size, kv_heads, dim]."""
+    return (engine.num_blocks, engine.block_size, config.num_kv_heads, config.head_dim)
+
+
+def zero_caches(config: ModelConfig, engine: EngineConfig) -> Caches:
+    """Zeroed (key, value) caches, one pair per layer, on the default device."""
+    import jax.numpy as jnp
+
+    shape = cache_shape(config, engine)
+    return tuple((jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
+                 for _ in range(config.num_layers))
+
+
+class JaxRunner:
+    """Runs :func:`paged_step` for the engine: ``step(batch)`` returns the sampled tokens
+    [max_num_seqs] as NumPy (the one host sync per step) and keeps the updated caches."""
+
+    frontend = "jax"
+
+    def __init__(self, config: ModelConfig, weights: Weights, engine: EngineConfig,
+                 attention: str):
+        import jax
+
+        self.config, self.weights, self.attention = config, weights, attention
+        self.caches = zero_caches(config, engine)
+        self.jitted = jax.jit(functools.partial(paged_step, config=config, attention=attention),
+                              donate_argnums=(1,))
+
+    def prepare(self, batch: StepBatch) -> StepBatch:
+        """The batch on the device, as :meth:`launch` takes it."""
+        import jax
+
+        return jax.device_put(batch)
+
+    def launch(self, batch: StepBatch) -> Any:
+        """Dispatch one step on a prepared batch; returns the device's tokens (no sync)."""
+        tokens, self.caches = self.jitted(self.weights, self.caches, batch)
+        return tokens
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        return np.asarray(self.launch(self.prepare(batch)))
+
+    def lower(self, batch: StepBatch) -> Any:
+        """The step lowered for ``batch``'s bucket (``.as_text()`` shows the custom calls
+        and the donated caches)."""
+        return self.jitted.lower(self.weights, self.caches, batch)
+
+    def compiled_buckets(self) -> int:
+        """How many programs the step compiled so far (one per bucket used)."""
+        return int(self.jitted._cache_size())
+
+
+__all__ = ["JaxRunner", "cache_shape", "decoder", "greedy", "paged_step", "rotary",
+           "zero_caches"]

@@ -1,0 +1,237 @@
+"""The Llama-style decoder as PyTorch modules, run on XLA through torchax.
+
+The modules are ordinary torch code (``nn.Linear``, ``nn.Embedding``, ``F.silu``) that calls
+the library's ops as torch operators: ``torch.ops.xla_kernels.rms_norm`` and
+``torch.ops.xla_kernels.ragged_paged_attention``, lowered by
+:func:`~xla_kernels.frontends.torchax.register_torchax` to the same custom calls JAX emits.
+
+The KV-cache write is the exception, on purpose. ``reshape_and_cache`` updates its caches
+in place; torchax cannot carry an in-place custom call (a torchax tensor is an immutable JAX
+array: the lowering would have to rebind the torch tensor to the result), so
+``register_torchax`` refuses it. The modules therefore call the JAX op directly on the JAX
+arrays under the torch tensors, with ``torchax.interop.call_jax``, and return the updated
+caches, the way vLLM's TPU backend calls its Pallas kernels (KV-cache update included)
+from torch model code. Under the jitted step, whose cache argument is donated, the custom
+call's output aliases its operand: the cache is updated in place, exactly as in the JAX
+frontend. ``--attention plain-xla`` calls both plain-XLA fallbacks the same way (they are
+JAX functions, not torch operators).
+
+:class:`TorchaxRunner` builds the modules on torch's ``meta`` device (no host memory for a
+1B model) and runs them with ``torch.func.functional_call`` on the weights of
+:mod:`xla_kernels.serving.weights`, viewed as torchax tensors: the very arrays the JAX model
+uses, so both frontends compute the same tokens. The step is jitted with
+``torchax.interop.jax_jit(step, kwargs_for_jax_jit={"donate_argnums": (1,)})``.
+
+Example:
+    >>> from xla_kernels.serving.config import EngineConfig, preset
+    >>> from xla_kernels.serving.batch import empty_batch
+    >>> from xla_kernels.serving.weights import init_weights
+    >>> cfg, eng = preset("tiny"), EngineConfig(num_blocks=8, max_num_seqs=2)
+    >>> runner = TorchaxRunner(cfg, init_weights(cfg), eng, "xla-kernels")  # doctest: +SKIP
+    >>> runner.step(empty_batch(16, 2, eng.max_blocks_per_seq)).shape         # doctest: +SKIP
+    (2,)
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xla_kernels.serving.attention import paged_attention, write_kv
+from xla_kernels.serving.batch import StepBatch
+from xla_kernels.serving.config import EngineConfig, ModelConfig
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+def _interop() -> Any:
+    from xla_kernels.frontends.torchax import import_torchax
+
+    import_torchax()
+    from torchax import interop
+
+    return interop
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding of ``x`` [T, heads, dim] at ``positions`` [T] ("rotate_half"), in
+    f32 (the JAX model's formula)."""
+    dim = x.shape[-1]
+    steps = torch.arange(0, dim, 2, dtype=torch.float32, device=x.device)
+    inv_freq = 1.0 / theta ** (steps / dim)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    cos = torch.cat([torch.cos(angles)] * 2, dim=-1)[:, None, :]
+    sin = torch.cat([torch.sin(angles)] * 2, dim=-1)[:, None, :]
+    x32 = x.to(torch.float32)
+    half = dim // 2
+    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMS normalization through the library's ``rms_norm`` op."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.xla_kernels.rms_norm(x, self.weight, eps=self.eps)
+
+
+class Attention(nn.Module):
+    """GQA self-attention over the paged cache: write the new K/V, then attend."""
+
+    def __init__(self, config: ModelConfig, attention: str):
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_q_heads, self.num_kv_heads, self.head_dim = (
+            config.num_q_heads, config.num_kv_heads, d)
+        self.theta, self.attention, self.scale = config.rope_theta, attention, d ** -0.5
+        self.q_proj = nn.Linear(h, config.num_q_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(config.num_q_heads * d, h, bias=False)
+        # call_jax keys its trace cache on the function: make each one once.
+        self._write = functools.partial(write_kv, attention)
+        self._attend_xla = functools.partial(paged_attention, "plain-xla", scale=self.scale)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                batch: StepBatch) -> tuple[torch.Tensor, KVCache]:
+        interop = _interop()
+        tokens = x.shape[0]
+        q = self.q_proj(x).view(tokens, self.num_q_heads, self.head_dim)
+        k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = rotary(q, positions, self.theta), rotary(k, positions, self.theta)
+        key_cache, value_cache = interop.call_jax(self._write, k, v, *kv_cache,
+                                                  batch.slot_mapping)
+        if self.attention == "xla-kernels":
+            out = torch.ops.xla_kernels.ragged_paged_attention(
+                q, key_cache, value_cache, batch.kv_lens, batch.block_tables,
+                batch.cu_q_lens, batch.num_seqs, scale=self.scale)
+        else:
+            out = interop.call_jax(self._attend_xla, q, key_cache, value_cache, batch)
+        return self.o_proj(out.reshape(tokens, -1)), (key_cache, value_cache)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        h, inter = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(h, inter, bias=False)
+        self.up_proj = nn.Linear(h, inter, bias=False)
+        self.down_proj = nn.Linear(inter, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, attention: str):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
+        self.self_attn = Attention(config, attention)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                batch: StepBatch) -> tuple[torch.Tensor, KVCache]:
+        out, kv_cache = self.self_attn(self.input_layernorm(x), positions, kv_cache, batch)
+        x = x + out
+        return x + self.mlp(self.post_attention_layernorm(x)), kv_cache
+
+
+class LlamaForServing(nn.Module):
+    """The decoder for one engine step: ``forward(caches, batch)`` returns (the greedy next
+    token of each sequence slot, int32 [max_num_seqs]; the updated caches)."""
+
+    def __init__(self, config: ModelConfig, attention: str):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, attention)
+                                    for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, caches: tuple[KVCache, ...], batch: StepBatch
+                ) -> tuple[torch.Tensor, tuple[KVCache, ...]]:
+        x = self.embed_tokens(batch.token_ids)
+        updated = []
+        for layer, kv_cache in zip(self.layers, caches, strict=True):
+            x, kv_cache = layer(x, batch.positions, kv_cache, batch)
+            updated.append(kv_cache)
+        hidden = self.norm(x)[batch.logits_indices]
+        return torch.argmax(self.lm_head(hidden), dim=-1).to(torch.int32), tuple(updated)
+
+
+class TorchaxRunner:
+    """Runs :class:`LlamaForServing` for the engine through torchax (see the module doc):
+    ``step(batch)`` returns the sampled tokens [max_num_seqs] as NumPy and keeps the updated
+    caches (torchax tensors)."""
+
+    frontend = "torchax"
+
+    def __init__(self, config: ModelConfig, weights: dict[str, Any], engine: EngineConfig,
+                 attention: str):
+        import jax
+
+        from xla_kernels.frontends.torchax import register_torchax
+        from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
+        from xla_kernels.kernels.rms_norm import rms_norm
+        from xla_kernels.serving.model_jax import zero_caches
+
+        interop = _interop()
+        register_torchax(rms_norm)
+        register_torchax(ragged_paged_attention)
+        with torch.device("meta"):
+            module = LlamaForServing(config, attention)
+        self.module, self.config, self.attention = module, config, attention
+        self.params = interop.torch_view(weights)
+        self.caches = interop.torch_view(zero_caches(config, engine))
+
+        def step(params: dict[str, torch.Tensor], caches: tuple[KVCache, ...],
+                 batch: StepBatch) -> tuple[torch.Tensor, tuple[KVCache, ...]]:
+            return torch.func.functional_call(module, params, (caches, batch))
+
+        # torchax.interop.jax_jit(step, kwargs_for_jax_jit={"donate_argnums": (1,)}) is
+        # torch_view(jax.jit(jax_view(step), donate_argnums=(1,))); spelled out to keep the
+        # jax.jit object, whose cache size counts the compiled buckets.
+        self._jax_step = jax.jit(interop.jax_view(step), donate_argnums=(1,))
+        self.jitted = interop.torch_view(self._jax_step)
+        self._device_put = jax.device_put
+
+    def prepare(self, batch: StepBatch) -> StepBatch:
+        """The batch on the device as torchax tensors, as :meth:`launch` takes it."""
+        return _interop().torch_view(self._device_put(batch))
+
+    def launch(self, batch: StepBatch) -> torch.Tensor:
+        """Dispatch one step on a prepared batch; returns the tokens (no sync)."""
+        tokens, self.caches = self.jitted(self.params, self.caches, batch)
+        return tokens
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        return np.asarray(_interop().jax_view(self.launch(self.prepare(batch))))
+
+    def lower(self, batch: StepBatch) -> Any:
+        """The step lowered for ``batch``'s bucket (``.as_text()`` shows the custom calls
+        and the donated caches)."""
+        interop = _interop()
+        return self._jax_step.lower(interop.jax_view(self.params),
+                                    interop.jax_view(self.caches), batch)
+
+    def compiled_buckets(self) -> int:
+        """How many programs the step compiled so far (one per bucket used)."""
+        return int(self._jax_step._cache_size())
+
+
+__all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForServing", "RMSNorm", "TorchaxRunner",
+           "rotary"]
