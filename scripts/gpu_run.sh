@@ -2,12 +2,15 @@
 # One call on the GPU machine: install what is missing, build, run the GPU tests and the
 # benchmarks, and write every result under OUT_DIR.
 #
-#   bash scripts/gpu_run.sh OUT_DIR [all|tests|bench] [--quick]
+#   bash scripts/gpu_run.sh OUT_DIR [all|tests|bench|serve] [--quick]
 #
 # "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
-# benchmarks; "all" (default): both (about 12 minutes on an H100: more than one 10-minute
-# device call, hence the split). Expects the torchax wheel in .whl/ (copied from
-# ../shared/wheels and carried along).
+# kernel benchmarks; "serve": the serving loop (serve-bench: tiny on the GPU for both
+# frontends with the reference check, then the 1b preset: JAX with the f32 reference
+# check, torchax, and plain-XLA attention); "all" (default): everything (more than one
+# 10-minute device call: split it). Expects the torchax wheel in .whl/ (copied from
+# ../shared/wheels and carried along) and, for the FlashAttention-3 peer, the
+# flash-attn3-jax wheel.
 set -uo pipefail
 out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench] [--quick]}
 mode=${2:-all}
@@ -62,7 +65,7 @@ if [ "$mode" != bench ]; then
   done
 fi
 
-if [ "$mode" != tests ]; then
+if [ "$mode" = bench ] || [ "$mode" = all ]; then
   step "benchmarks"
   python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1
   python3 benchmarks/eager_dispatch.py --out "$out" 2>&1 | tee "$out/eager_dispatch.txt" \
@@ -71,6 +74,22 @@ if [ "$mode" != tests ]; then
     | tee "$out/ragged_paged_attention.txt" || status=1
   python3 benchmarks/paged_attention.py --out "$out" $quick 2>&1 \
     | tee "$out/paged_attention.txt" || status=1
+fi
+
+if [ "$mode" = serve ] || [ "$mode" = all ]; then
+  step "serving loop"
+  serve() {  # name, seconds, serve-bench options...
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" python3 -m xla_kernels.cli serve-bench --platform gpu --no-progress \
+      --json "$out/serve_$name.json" "$@" 2>&1 | tail -25 | tee "$out/serve_$name.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  }
+  serve tiny_jax 120 --preset tiny --frontend jax
+  serve tiny_torchax 120 --preset tiny --frontend torchax
+  serve 1b_jax 240 --preset 1b --frontend jax --plot "$out/serve_1b_jax.svg"
+  serve 1b_torchax 180 --preset 1b --frontend torchax --no-reference
+  serve 1b_jax_plain_xla 240 --preset 1b --frontend jax --attention plain-xla --no-reference
 fi
 
 exit $status
