@@ -151,7 +151,8 @@ def test_poisoned_output_and_workspace_fully_written(rng, dtype, seq_lens):
     ws = torch.full((n,), float("nan"), dtype=torch.float32, device="cuda")
     fn = load_kernel(paged_attention, "cuda").function
     attrs = {"scale": np.float32(0.1), "softcap": np.float32(0.0),
-             "sliding_window": np.int64(0), "layout": "vllm"}
+             "sliding_window": np.int64(0), "layout": "vllm", "k_scale": np.float32(1.0),
+             "v_scale": np.float32(1.0)}
     call_handler(fn, args=[Buffer.from_array(t) for t in ins],
                  rets=[Buffer.from_array(out), Buffer.from_array(ws)], attrs=attrs,
                  platform="cuda", stream=torch.cuda.current_stream().cuda_stream,

@@ -41,11 +41,15 @@ ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::Any
                                ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                                ffi::Buffer<ffi::S32> slot_mapping,
                                ffi::Result<ffi::AnyBuffer> key_out,
-                               ffi::Result<ffi::AnyBuffer> value_out, std::string_view layout) {
+                               ffi::Result<ffi::AnyBuffer> value_out, std::string_view layout,
+                               float k_scale, float v_scale) {
   Layout l;
   ffi::Error err = Decode(key, value, key_cache, value_cache, slot_mapping, *key_out, *value_out,
-                          layout, &l);
+                          layout, k_scale, v_scale, &l);
   if (err.failure()) return err;
+  if (l.quantize)
+    return Bad("key_cache", "f8e4m3fn caches are not implemented on CUDA yet",
+               "use the CPU kernel or caches of the key's dtype");
   if (l.num_tokens == 0 || l.num_kv_heads == 0 || l.head_dim == 0) return ffi::Error::Success();
   if (l.num_tokens > 0x7fffffff) return Bad("key", "too many tokens for one launch", "split it");
   const size_t elem = ElementSize(key.element_type());

@@ -23,11 +23,16 @@ ffi::Error PagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer query, ffi::An
                               ffi::AnyBuffer value_cache, ffi::Buffer<ffi::S32> block_tables,
                               ffi::Buffer<ffi::S32> seq_lens, ffi::Result<ffi::AnyBuffer> out,
                               ffi::Result<ffi::Buffer<ffi::F32>> workspace, float scale,
-                              float softcap, int64_t sliding_window, std::string_view layout) {
+                              float softcap, int64_t sliding_window, std::string_view layout,
+                              float k_scale, float v_scale) {
   Shape s;
   ffi::Error err = DecodeAndValidate(query, key_cache, value_cache, block_tables, seq_lens, *out,
-                                     scale, softcap, sliding_window, layout, &s);
+                                     scale, softcap, sliding_window, layout, k_scale, v_scale,
+                                     &s);
   if (err.failure()) return err;
+  if (s.cache_dtype == ffi::DataType::F8E4M3FN)
+    return Bad("key_cache", "f8e4m3fn caches are not implemented on CUDA yet",
+               "use the CPU kernel or bf16/f16 caches");
   const int64_t need = WorkspaceElems(s.num_seqs, s.num_q_heads, s.head_dim,
                                       s.max_blocks_per_seq * s.block_size);
   const int64_t have = static_cast<int64_t>(workspace->element_count());
