@@ -30,9 +30,6 @@ ffi::Error PagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer query, ffi::An
                                      scale, softcap, sliding_window, layout, k_scale, v_scale,
                                      &s);
   if (err.failure()) return err;
-  if (s.cache_dtype == ffi::DataType::F8E4M3FN)
-    return Bad("key_cache", "f8e4m3fn caches are not implemented on CUDA yet",
-               "use the CPU kernel or bf16/f16 caches");
   const int64_t need = WorkspaceElems(s.num_seqs, s.num_q_heads, s.head_dim,
                                       s.max_blocks_per_seq * s.block_size);
   const int64_t have = static_cast<int64_t>(workspace->element_count());
@@ -45,6 +42,9 @@ ffi::Error PagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer query, ffi::An
   p.dtype = s.dtype == ffi::DataType::BF16  ? DType::kBF16
             : s.dtype == ffi::DataType::F16 ? DType::kF16
                                             : DType::kF32;
+  p.fp8_cache = s.cache_dtype == ffi::DataType::F8E4M3FN;
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
   p.query = query.untyped_data();
   p.key_cache = key_cache.untyped_data();
   p.value_cache = value_cache.untyped_data();
