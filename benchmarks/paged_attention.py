@@ -182,7 +182,7 @@ def events_ms(data: dict[str, Any], k: Any, v: Any, scale: float, layout: str,
                      device=out.device)
     stream = torch.cuda.current_stream()
     attrs = {"scale": np.float32(scale), "softcap": np.float32(0), "sliding_window": np.int64(0),
-             "layout": layout}
+             "layout": layout, "k_scale": np.float32(1), "v_scale": np.float32(1)}
     fixed = [Buffer.from_array(t) for t in (tk, tv)]
 
     def call(i: int) -> None:

@@ -31,6 +31,15 @@ def main() -> None:
         cache = jnp.zeros((4, 16, 2, dim), dtype)
         slots = jnp.array([0, 63, -1, 64, 5, 17, 30, 31, 2], jnp.int32)
         jax.block_until_ready(reshape_and_cache(key, key, cache, cache, slots))
+    # fp8 caches: quantized writes from every key dtype, both layouts.
+    for dim, dtype, layout in ((128, jnp.bfloat16, "vllm"), (40, jnp.float32, "pallas"),
+                               (3, jnp.float16, "vllm")):
+        key = jnp.asarray(rng.standard_normal((9, 2, dim)) * 100, dtype)
+        shape = (4, 16, 2, dim) if layout == "vllm" else (2, 4, 16, dim)
+        cache = jnp.zeros(shape, jnp.float8_e4m3fn)
+        slots = jnp.array([0, 63, -1, 64, 5, 17, 30, 31, 2], jnp.int32)
+        jax.block_until_ready(reshape_and_cache(key, key, cache, cache, slots, layout=layout,
+                                                k_scale=0.05, v_scale=0.5))
     from xla_kernels.kernels.rms_norm import rms_norm
 
     cases = (((3, 129), jnp.float32), ((2, 4, 64), jnp.bfloat16), ((1, 7), jnp.float16))

@@ -133,3 +133,135 @@ def test_bad_inputs_name_the_argument_and_the_fix(rng, bad, match):
         slots = slots[:5]
     with pytest.raises(xk.OpInputError, match="xla_kernels.reshape_and_cache: " + match):
         reshape_and_cache(key, value, kc, vc, slots, layout=bad.get("layout", "vllm"))
+
+
+# ------------------------------------------------------------------ fp8 caches
+
+FP8 = "f8e4m3fn"
+EDGES = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 448.0, 464.0, 465.0,
+                  -470.0, 2.0**-9, 2.0**-10, 3 * 2.0**-11, 1e-12, 0.3, -2.75, 1.0625],
+                 np.float32)
+
+
+def make_fp8(rng, *, dtype="bf16", scales=(0.05, 0.02), **kw):
+    """make() with fp8 caches (NaN-filled: untouched slots must stay NaN, bit for bit), rows
+    scaled so they span the e4m3 range after division by the scale, and the edge values
+    (+-inf, NaN, beyond 448, subnormals, ties) among the key's elements."""
+    key, value, kc, vc, slots = make(rng, dtype="f32", **kw)
+    key = key * np.float32(rng.choice([0.01, 1.0, 30.0], size=key.shape))
+    flat = key.reshape(-1)
+    flat[:EDGES.size] = EDGES[:flat.size] * np.float32(scales[0])
+    np_dtype, fp8 = dtypes.to_numpy(dtype), dtypes.to_numpy(FP8)
+    with np.errstate(over="ignore"):  # 1e30 is inf in f16: one more edge
+        key = key.astype(np_dtype)
+    return (key, value.astype(np_dtype), kc.astype(fp8), vc.astype(fp8),
+            slots), dict(k_scale=scales[0], v_scale=scales[1])
+
+
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("dim", [64, 40, 3])
+def test_fp8_cache_writes_quantized_rows_bit_for_bit(rng, layout, dtype, dim):
+    args, scales = make_fp8(rng, layout=layout, dtype=dtype, dim=dim)
+    want = reshape_and_cache_numpy(*args, layout=layout, **scales)
+    got = jax.jit(lambda *a: reshape_and_cache(*a, layout=layout, **scales))(*args)
+    assert got[0].dtype == np.dtype(dtypes.to_numpy(FP8))
+    assert same(got[0], want[0]) and same(got[1], want[1])
+
+
+def test_fp8_quantization_rounds_to_nearest_even_and_saturates(rng):
+    """The oracle's own rule, spelled out: x / scale, ties to even, +-448 for anything
+    beyond (infinities too), NaN stays NaN, below half the smallest subnormal is 0."""
+    key = np.array([[[448.0, 500.0, np.inf, -np.inf, np.nan, 2.0**-10, 2.0**-11, 17.0]]],
+                   np.float32) * np.float32(0.5)
+    cache = np.full((1, 16, 1, 8), np.nan, dtypes.to_numpy(FP8))
+    kc, _ = reshape_and_cache(key, key, cache, cache, np.array([3], np.int32), k_scale=0.5,
+                              v_scale=0.5)
+    row = np.asarray(kc)[0, 3, 0].astype(np.float32)
+    np.testing.assert_array_equal(row[[0, 1, 2, 3, 5, 6, 7]],
+                                  [448, 448, 448, -448, 0, 0, 16])  # 17 ties to 16
+    assert np.isnan(row[4])
+
+
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+def test_fp8_plain_xla_fallback_matches_the_oracle(rng, layout):
+    args, scales = make_fp8(rng, layout=layout)
+    want = reshape_and_cache_numpy(*args, layout=layout, **scales)
+    got = jax.jit(lambda *a: reshape_and_cache_xla(*a, layout=layout, **scales))(*args)
+    assert same(got[0], want[0]) and same(got[1], want[1])
+
+
+def test_fp8_torch_mutates_float8_caches(rng):
+    (key, value, kc, vc, slots), scales = make_fp8(rng, dtype="f16", layout="pallas")
+    want = reshape_and_cache_numpy(key, value, kc, vc, slots, layout="pallas", **scales)
+    caches = [torch.from_numpy(c.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+              for c in (kc, vc)]
+    torch_op(reshape_and_cache)(torch.from_numpy(key), torch.from_numpy(value), *caches,
+                                torch.from_numpy(slots), layout="pallas", **scales)
+    for tensor, expected in zip(caches, want, strict=True):
+        assert tensor.view(torch.uint8).numpy().tobytes() == np.asarray(expected).tobytes()
+
+
+def test_fp8_written_cache_feeds_paged_attention(rng):
+    """reshape_and_cache into fp8 caches, then paged_attention over them: the float64
+    attention over the dequantized cache, to the bf16 tolerance."""
+    from xla_kernels.kernels.paged_attention import paged_attention, paged_attention_numpy_f64
+    from xla_kernels.kernels.paged_attention.testing import TOLERANCES, rel_error
+
+    heads, dim, block_size, blocks, tokens = 2, 64, 16, 6, 70
+    key = rng.standard_normal((tokens, heads, dim)).astype(dtypes.to_numpy("bf16"))
+    value = rng.standard_normal((tokens, heads, dim)).astype(dtypes.to_numpy("bf16"))
+    cache = np.full((blocks, block_size, heads, dim), np.nan, dtypes.to_numpy(FP8))
+    table = rng.permutation(blocks)[:5].astype(np.int32)
+    slots = (table[np.arange(tokens) // block_size] * block_size
+             + np.arange(tokens) % block_size).astype(np.int32)
+    scales = dict(k_scale=0.01, v_scale=0.02)
+    kc, vc = reshape_and_cache(key, value, cache, cache, slots, **scales)
+    query = rng.standard_normal((1, 8, dim)).astype(dtypes.to_numpy("bf16"))
+    args = (query, kc, vc, table[None], np.array([tokens], np.int32))
+    out = paged_attention(*args, scale=0.125, **scales)
+    ref = paged_attention_numpy_f64(*args, scale=0.125, **scales)
+    assert rel_error(out, ref) <= TOLERANCES["bf16"]
+    plain = reshape_and_cache_numpy(key, value, *(np.zeros(cache.shape, key.dtype),) * 2, slots)
+    exact = paged_attention_numpy_f64(query, *plain, *args[3:], scale=0.125)
+    assert rel_error(out, exact) < 0.1  # e4m3 keeps ~2 significant digits
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(key=FP8), r"argument 'key': dtype f8e4m3fn is not supported. Fix: pass one of "
+                    r"bf16, f16, f32"),
+    (dict(value_cache="bf16"), r"argument 'value_cache': dtype bf16 differs from key_cache's "
+                               r"f8e4m3fn. Fix: store both caches in one dtype"),
+    (dict(key_cache="f16", value_cache="f16"),
+     r"argument 'key_cache': dtype f16 differs from key's bf16. Fix: cast key, value and the "
+     r"caches to one dtype, or use f8e4m3fn caches"),
+    (dict(k_scale=0.0), r"argument 'k_scale': must be finite and > 0, got 0.0"),
+    (dict(v_scale=-1.0), r"argument 'v_scale': must be finite and > 0, got -1.0"),
+    (dict(k_scale=float("inf")), r"argument 'k_scale': must be finite and > 0, got inf"),
+    (dict(v_scale=float("nan")), r"argument 'v_scale': must be finite and > 0, got nan"),
+    (dict(key_cache="bf16", value_cache="bf16", k_scale=2.0),
+     r"argument 'k_scale': is 2.0, but the caches are bf16: scales apply to f8e4m3fn caches "
+     r"only. Fix: pass k_scale=1.0, or f8e4m3fn caches"),
+])
+def test_fp8_bad_inputs_name_the_argument_and_the_fix(rng, bad, match):
+    (key, value, kc, vc, slots), scales = make_fp8(rng)
+    arrays = dict(key=key, value=value, key_cache=kc, value_cache=vc)
+    for name in arrays:
+        if name in bad:
+            arrays[name] = arrays[name].astype(dtypes.to_numpy(bad[name]))
+    scales.update({k: v for k, v in bad.items() if k.endswith("_scale")})
+    with pytest.raises(xk.OpInputError, match="xla_kernels.reshape_and_cache: " + match):
+        reshape_and_cache(*arrays.values(), slots, **scales)
+
+
+def test_fp8_handler_validates_scales_itself(rng):
+    from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
+    from xla_kernels.runtime.library import load_kernel
+
+    (key, value, kc, vc, slots), _ = make_fp8(rng)
+    fn = load_kernel(reshape_and_cache, "cpu").function
+    bufs = [Buffer.from_array(a) for a in (key, value, kc, vc, slots)]
+    with pytest.raises(KernelError, match="argument 'v_scale': must be finite and > 0"):
+        call_handler(fn, args=bufs, rets=bufs[2:4], op_name=reshape_and_cache.name,
+                     attrs={"layout": "vllm", "k_scale": np.float32(1.0),
+                            "v_scale": np.float32(0.0)})

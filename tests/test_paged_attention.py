@@ -30,9 +30,10 @@ ARGS = ("query", "key_cache", "value_cache", "block_tables", "seq_lens")
 
 
 def _attrs(scale: float, softcap: float = 0.0, sliding_window: int = 0,
-           layout: str = "vllm") -> dict:
+           layout: str = "vllm", k_scale: float = 1.0, v_scale: float = 1.0) -> dict:
     return {"scale": np.float32(scale), "softcap": np.float32(softcap),
-            "sliding_window": np.int64(sliding_window), "layout": layout}
+            "sliding_window": np.int64(sliding_window), "layout": layout,
+            "k_scale": np.float32(k_scale), "v_scale": np.float32(v_scale)}
 
 
 def run_cpu_kernel(x: dict, **attrs) -> np.ndarray:
@@ -255,3 +256,157 @@ def test_workspace_formula_is_the_one_in_limits_h():
                 for context in (0, 16, 64, 65, 2048, 32768, 10**6):
                     assert workspace_size(seqs, heads, dim, context) == elems(
                         seqs, heads, dim, context), (seqs, heads, dim, context)
+
+
+# ------------------------------------------------------------------ fp8 KV cache
+
+FP8 = "f8e4m3fn"
+# Every query dtype x head_dim x block_size once with fp8 caches; layouts and GQA ratios
+# rotate through them.
+FP8_MATRIX = [
+    (dtype, d, b, ("vllm", "pallas")[i % 2], HEADS[(i // 2) % 3])
+    for i, (dtype, d, b) in enumerate(itertools.product(("bf16", "f16"), (64, 128, 256),
+                                                        (16, 32, 64)))
+]
+
+
+def fp8_problem(rng, *, dtype, head_dim=64, block_size=16, layout="vllm", heads=(8, 2),
+                num_seqs=5, max_context=150, scales=None, **kw):
+    """Random fp8 caches (NaN in every slot that must not be read) and random scales; the
+    attrs to call with."""
+    k_scale, v_scale = scales or (float(rng.uniform(0.005, 0.1)), float(rng.uniform(0.005, 0.1)))
+    x = make_inputs(rng, num_seqs=num_seqs, num_q_heads=heads[0], num_kv_heads=heads[1],
+                    head_dim=head_dim, block_size=block_size, dtype=dtype, layout=layout,
+                    max_context=max_context, cache_dtype=FP8, kv_scales=(k_scale, v_scale),
+                    **kw)
+    scale = float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim)
+    return x, dict(scale=scale, layout=layout, k_scale=k_scale, v_scale=v_scale)
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads", FP8_MATRIX)
+def test_fp8_cache_cpu_kernel_matches_float64_of_the_dequantized_cache(
+        rng, dtype, head_dim, block_size, layout, heads):
+    x, attrs = fp8_problem(rng, dtype=dtype, head_dim=head_dim, block_size=block_size,
+                           layout=layout, heads=heads)
+    assert x["key_cache"].dtype.name == "float8_e4m3fn"
+    out = run_cpu_kernel(x, **attrs)
+    assert out.dtype == x["query"].dtype
+    check(out, reference(x, **attrs), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+def test_fp8_error_is_no_worse_than_the_same_kernel_on_the_dequantized_cache(rng, dtype,
+                                                                           layout):
+    """Power-of-two scales make the dequantized cache exact in bf16/f16: the fp8 kernel's
+    error against float64 is then held to the bf16/f16 kernel's on the same values."""
+    x, attrs = fp8_problem(rng, dtype=dtype, layout=layout, heads=(8, 2), head_dim=128,
+                           scales=(2.0**-5, 2.0**-6), max_context=300)
+    ref = reference(x, **attrs)
+    fp8_err = rel_error(run_cpu_kernel(x, **attrs), ref)
+    np_dtype = x["query"].dtype
+    deq = dict(x, key_cache=(x["key_cache"].astype(np.float32) * attrs["k_scale"]).astype(
+        np_dtype), value_cache=(x["value_cache"].astype(np.float32) * attrs["v_scale"]).astype(
+        np_dtype))
+    plain = {k: v for k, v in attrs.items() if k not in ("k_scale", "v_scale")}
+    same_err = rel_error(run_cpu_kernel(deq, **plain), ref)
+    assert fp8_err <= same_err * 1.01 + 1e-7, (fp8_err, same_err)
+    assert fp8_err <= TOLERANCES[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+@pytest.mark.parametrize("softcap,window", [(0.0, 0), (7.0, 23)])
+def test_fp8_cache_jit_op_and_xla_fallback(rng, dtype, layout, softcap, window):
+    x, attrs = fp8_problem(rng, dtype=dtype, layout=layout, heads=(6, 3), head_dim=64,
+                           block_size=32, sliding_window=window, max_context=170)
+    attrs.update(softcap=softcap, sliding_window=window)
+    ref = reference(x, **attrs)
+    args = [jax.device_put(x[k], CPU) for k in ARGS]
+    out = jax.jit(lambda *a: paged_attention(*a, **attrs))(*args)
+    assert out.dtype == x["query"].dtype
+    check(out, ref, dtype)
+    xla = jax.jit(paged_attention_xla, static_argnames=tuple(attrs))(*args, **attrs)
+    check(xla, ref, dtype)
+
+
+def test_fp8_cache_empty_rows_and_out_of_range_ids(rng):
+    x, attrs = fp8_problem(rng, dtype="bf16", seq_lens=[0, -2, 40, 64, 10**6], max_context=64)
+    x["block_tables"][2, 1] = -1
+    x["block_tables"][3, :] = 2**31 - 1
+    out = run_cpu_kernel(x, **attrs)
+    assert np.all(out[[0, 1, 3]].astype(np.float32) == 0)
+    check(out, reference(x, **attrs), "bf16")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_fp8_cache_in_torch_eager(rng, dtype):
+    torch = pytest.importorskip("torch")
+    from xla_kernels.frontends.torch import torch_op
+
+    x, attrs = fp8_problem(rng, dtype=dtype, layout="pallas", heads=(4, 4))
+    tdtype = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+
+    def tensor(a):
+        if a.dtype.name == "float8_e4m3fn":
+            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+
+    out = torch_op(paged_attention)(*(tensor(x[k]) for k in ARGS), **attrs)
+    assert out.dtype == tdtype
+    check(out.float().numpy(), reference(x, **attrs), dtype)
+
+
+FP8_BAD_CALLS = [
+    ("f32 query", _specs(dtype="f32", kdtype=FP8), {}, "query",
+     "dtype f32 is not supported with f8e4m3fn caches. Fix: pass bf16 or f16 query"),
+    ("one fp8 cache", [*_specs(kdtype=FP8)[:2], xk.Spec((10, 16, 2, 128), "bf16"),
+                       *_specs()[3:]], {}, "value_cache",
+     "dtype bf16 differs from the other cache's f8e4m3fn. Fix: store both caches in "
+     "f8e4m3fn"),
+    ("fp8 key, query's value", [*_specs(kdtype="bf16")[:2], xk.Spec((10, 16, 2, 128), FP8),
+                                *_specs()[3:]], {}, "key_cache",
+     "dtype bf16 differs from the other cache's f8e4m3fn"),
+    ("zero k_scale", _specs(kdtype=FP8), {"k_scale": 0.0}, "k_scale", "must be finite and > 0"),
+    ("negative v_scale", _specs(kdtype=FP8), {"v_scale": -0.5}, "v_scale",
+     "must be finite and > 0"),
+    ("nan k_scale", _specs(kdtype=FP8), {"k_scale": float("nan")}, "k_scale",
+     "must be finite and > 0"),
+    ("inf v_scale", _specs(kdtype=FP8), {"v_scale": float("inf")}, "v_scale",
+     "must be finite and > 0"),
+    ("scale without fp8", _specs(), {"k_scale": 0.5}, "k_scale",
+     "the caches are bf16: scales apply to f8e4m3fn caches only. Fix: pass k_scale=1.0"),
+]
+
+
+@pytest.mark.parametrize("name,specs,attrs,arg,words", FP8_BAD_CALLS,
+                         ids=[c[0] for c in FP8_BAD_CALLS])
+def test_fp8_bad_calls_name_argument_and_fix(name, specs, attrs, arg, words):
+    with pytest.raises(xk.OpInputError) as e:
+        paged_attention.bind(specs, {"scale": 0.1, **attrs})
+    msg = str(e.value)
+    assert msg.startswith("xla_kernels.paged_attention: ") and f"argument '{arg}'" in msg, msg
+    assert words in msg, msg
+
+
+def test_fp8_query_is_refused_by_dtype():
+    with pytest.raises(xk.OpTypeError, match=r"argument 'query': dtype f8e4m3fn is not "
+                                             r"supported. Fix: pass one of bf16, f16, f32"):
+        paged_attention.bind(_specs(dtype=FP8), {"scale": 0.1})
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(dtype=np.float32), "dtype f32 is not supported with f8e4m3fn caches"),
+    (dict(k_scale=0.0), "argument 'k_scale': must be finite and > 0"),
+    (dict(v_scale=float("nan")), "argument 'v_scale': must be finite and > 0"),
+])
+def test_fp8_handler_validates_itself(rng, change, words):
+    """The C++ handler re-checks dtypes and scales (a hand-written call skips Python)."""
+    x, attrs = fp8_problem(rng, dtype="bf16")
+    if "dtype" in change:
+        x["query"] = x["query"].astype(change.pop("dtype"))
+    attrs.update(change)
+    with pytest.raises(KernelError, match=words):
+        run_cpu_kernel(x, **attrs)

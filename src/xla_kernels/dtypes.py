@@ -1,7 +1,7 @@
 """One vocabulary of element types for every frontend.
 
-A dtype can be named by a short string (``"f32"``, ``"bf16"``), a NumPy dtype, or a
-framework dtype (JAX's are NumPy's; torch dtypes are accepted too). Internally every
+A dtype can be named by a short string (``"f32"``, ``"bf16"``, ``"f8e4m3fn"``), a NumPy
+dtype, or a framework dtype (JAX's are NumPy's; torch dtypes are accepted too). Internally every
 dtype is a canonical short name; this module converts to NumPy, torch and the
 XLA FFI ``DataType`` enum.
 
@@ -36,13 +36,14 @@ _TABLE: dict[str, tuple[np.dtype, int]] = {
     "c64": (np.dtype(np.complex64), 15),
     "bf16": (np.dtype(ml_dtypes.bfloat16), 16),
     "c128": (np.dtype(np.complex128), 18),
+    "f8e4m3fn": (np.dtype(ml_dtypes.float8_e4m3fn), 20),
 }
 _BY_NUMPY = {dt: name for name, (dt, _) in _TABLE.items()}
 _ALIASES = {
     "float16": "f16", "half": "f16", "float32": "f32", "float": "f32", "float64": "f64",
     "double": "f64", "bfloat16": "bf16", "int8": "i8", "int16": "i16", "int32": "i32",
     "int64": "i64", "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
-    "bool_": "bool", "complex64": "c64", "complex128": "c128",
+    "bool_": "bool", "complex64": "c64", "complex128": "c128", "float8_e4m3fn": "f8e4m3fn",
 }
 
 ALL: tuple[str, ...] = tuple(_TABLE)
@@ -109,5 +110,5 @@ def to_torch(dtype: Any) -> Any:
     names = {"bool": "bool", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
              "u8": "uint8", "u16": "uint16", "u32": "uint32", "u64": "uint64", "f16": "float16",
              "f32": "float32", "f64": "float64", "c64": "complex64", "bf16": "bfloat16",
-             "c128": "complex128"}
+             "c128": "complex128", "f8e4m3fn": "float8_e4m3fn"}
     return getattr(torch, names[name])

@@ -14,12 +14,21 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
+
+from xla_kernels import dtypes
 from xla_kernels.op import Invalid, Spec
 
 LAYOUTS = ("vllm", "pallas")
 """The cache layouts every paged op accepts."""
+
+FP8 = "f8e4m3fn"
+"""The fp8 cache dtype (vLLM's ``kv_cache_dtype="fp8"``): stored values times a per-tensor
+f32 scale (``k_scale``, ``v_scale``) are the keys and values."""
 
 
 def cache_dims(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:
@@ -42,6 +51,18 @@ def cache_factors(layout: str) -> str:
     return "b t k d" if layout == "vllm" else "k b t d"
 
 
+def quantize_fp8(x: Any, scale: float) -> np.ndarray:
+    """``x / scale`` (in f32) as ``float8_e4m3fn`` in NumPy: round to nearest even, saturated
+    to +-448 (infinities too), NaN kept: what ``reshape_and_cache`` stores in an fp8 cache.
+
+    Example:
+        >>> quantize_fp8(np.array([1.0, 1000.0, -np.inf, 0.3]), 0.5).astype(np.float32)
+        array([   2.   ,  448.   , -448.   ,    0.625], dtype=float32)
+    """
+    y = np.asarray(x).astype(np.float32) / np.float32(scale)
+    return np.clip(y, -448.0, 448.0).astype(dtypes.to_numpy(FP8))
+
+
 def check_layout(layout: str) -> None:
     """Raise :class:`~xla_kernels.Invalid` for a layout no paged op knows."""
     if layout not in LAYOUTS:
@@ -50,16 +71,62 @@ def check_layout(layout: str) -> None:
                       '"pallas" ([num_kv_heads, num_blocks, block_size, head_dim])')
 
 
+def check_fp8_caches(query_arg: str, query: Spec, key_cache: Spec, value_cache: Spec, *,
+                     query_dtypes: Sequence[str]) -> bool:
+    """Whether the caches are fp8 (:data:`FP8`); raises :class:`~xla_kernels.Invalid` when
+    only one is, or when fp8 caches come with a query dtype outside ``query_dtypes``.
+
+    Example:
+        >>> q, c = Spec((1, 8, 64), "bf16"), Spec((4, 16, 2, 64), FP8)
+        >>> check_fp8_caches("query", q, c, c, query_dtypes=("bf16", "f16"))
+        True
+    """
+    fp8 = (key_cache.dtype == FP8, value_cache.dtype == FP8)
+    if not any(fp8):
+        return False
+    if not all(fp8):
+        bad, other = (("value_cache", value_cache) if fp8[0] else ("key_cache", key_cache))
+        raise Invalid(bad, f"dtype {other.dtype} differs from the other cache's {FP8}",
+                      f"store both caches in {FP8} (with k_scale and v_scale) or neither")
+    if query.dtype not in query_dtypes:
+        raise Invalid(query_arg, f"dtype {query.dtype} is not supported with {FP8} caches",
+                      f"pass {' or '.join(query_dtypes)} {query_arg} (the output has their "
+                      "dtype)")
+    return True
+
+
+def check_kv_scales(k_scale: float, v_scale: float, *, cache_dtype: str) -> None:
+    """Raise :class:`~xla_kernels.Invalid` for a scale that is not finite and > 0, or that is
+    not 1.0 while the caches are not fp8 (a scale there would be ignored silently).
+
+    Example:
+        >>> check_kv_scales(0.02, 0.5, cache_dtype=FP8)
+        >>> check_kv_scales(1.0, 1.0, cache_dtype="bf16")
+    """
+    for name, value in (("k_scale", float(k_scale)), ("v_scale", float(v_scale))):
+        if not math.isfinite(value) or value <= 0:
+            raise Invalid(name, f"must be finite and > 0, got {value}",
+                          f"pass the fp8 cache's per-tensor scale (dequantized value = stored "
+                          f"x {name}), or 1.0")
+        if cache_dtype != FP8 and value != 1.0:
+            raise Invalid(name, f"is {value}, but the caches are {cache_dtype}: scales apply "
+                          f"to {FP8} caches only", f"pass {name}=1.0, or {FP8} caches")
+
+
 def check_attention_caches(query_arg: str, query: Spec, key_cache: Spec, value_cache: Spec, *,
-                           layout: str, head_dims: Sequence[int],
-                           block_sizes: Sequence[int]) -> tuple[int, int, int, int]:
+                           layout: str, head_dims: Sequence[int], block_sizes: Sequence[int],
+                           fp8_query_dtypes: Sequence[str] = ()) -> tuple[int, int, int, int]:
     """Validate the caches an attention op reads against its queries ([tokens, q_heads,
     head_dim], named ``query_arg``); returns :func:`cache_dims`. Raises
-    :class:`~xla_kernels.Invalid` naming the argument and the fix."""
+    :class:`~xla_kernels.Invalid` naming the argument and the fix. The caches share the
+    queries' dtype, or, for an op that passes ``fp8_query_dtypes``, are both :data:`FP8`
+    with queries of one of those dtypes."""
     check_layout(layout)
     owner = f"the {query_arg}'" + ("" if query_arg.endswith("s") else "s")
     num_q_heads, head_dim = query.shape[1], query.shape[2]
-    if key_cache.dtype != query.dtype or value_cache.dtype != query.dtype:
+    fp8 = bool(fp8_query_dtypes) and check_fp8_caches(query_arg, query, key_cache, value_cache,
+                                                       query_dtypes=fp8_query_dtypes)
+    if not fp8 and (key_cache.dtype != query.dtype or value_cache.dtype != query.dtype):
         bad = "key_cache" if key_cache.dtype != query.dtype else "value_cache"
         other = key_cache if bad == "key_cache" else value_cache
         raise Invalid(bad, f"dtype {other.dtype} differs from {owner} {query.dtype}",

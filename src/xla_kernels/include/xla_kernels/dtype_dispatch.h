@@ -25,6 +25,7 @@ inline std::string DtypeName(ffi::DataType dtype) {
     case ffi::DataType::F32: return "f32";
     case ffi::DataType::F64: return "f64";
     case ffi::DataType::BF16: return "bf16";
+    case ffi::DataType::F8E4M3FN: return "f8e4m3fn";
     default: return "dtype#" + std::to_string(static_cast<int>(dtype));
   }
 }

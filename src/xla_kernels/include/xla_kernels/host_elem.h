@@ -1,6 +1,6 @@
 // HostElem<dtype>: the storage type of an FFI float dtype on the host, and loads/stores
 // through its accumulation type (f32, or f64 for f64), so one templated CPU kernel serves
-// f64, f32, bf16 and f16.
+// f64, f32, bf16, f16 and f8e4m3fn (whose Store saturates to +-448, see half.h).
 //
 //   template <ffi::DataType DT> void Scale(const void* x, void* y, int64_t n) {
 //     using E = xla_kernels::HostElem<DT>;
@@ -49,6 +49,14 @@ struct HostElem<xla::ffi::DataType::F16> {
   using Acc = float;
   static Acc Load(T x) { return F16ToF32(x); }
   static T Store(Acc x) { return F32ToF16(x); }
+};
+
+template <>
+struct HostElem<xla::ffi::DataType::F8E4M3FN> {
+  using T = uint8_t;
+  using Acc = float;
+  static Acc Load(T x) { return E4m3ToF32(x); }
+  static T Store(Acc x) { return F32ToE4m3Sat(x); }
 };
 
 }  // namespace xla_kernels

@@ -3,7 +3,8 @@
 ::
 
     key_cache, value_cache = reshape_and_cache(key, value, key_cache, value_cache,
-                                               slot_mapping, *, layout="vllm")
+                                               slot_mapping, *, layout="vllm",
+                                               k_scale=1.0, v_scale=1.0)
 
 * ``key``/``value`` [num_tokens, num_kv_heads, head_dim]; the caches as in
   :mod:`xla_kernels.kernels.paged_attention` (``layout="vllm"`` [num_blocks, block_size,
@@ -11,7 +12,12 @@
   ``slot_mapping`` int32 [num_tokens], slot = block_id * block_size + offset.
 * Token ``t`` is written to slot ``slot_mapping[t]``; a slot below 0 (padding) or at or
   beyond ``num_blocks * block_size`` is skipped, never written out of bounds. Every other
-  cache entry keeps its value. bf16, f16 and f32.
+  cache entry keeps its value. bf16, f16 and f32, the caches in the key's dtype.
+* fp8 caches (vLLM's ``kv_cache_dtype="fp8"``): both caches ``f8e4m3fn``, key/value bf16,
+  f16 or f32; each element is quantized on write: ``x / k_scale`` (``v_scale`` for values)
+  computed in f32, rounded to nearest even e4m3, saturated to +-448 (+-inf too); NaN stays
+  NaN. The scales are per tensor, finite and > 0 (1.0 for other caches), the ones
+  ``paged_attention`` later multiplies back.
 * The caches are updated **in place**: in JAX the op returns them, aliased to the operands
   (under ``jax.jit(..., donate_argnums=...)`` nothing is copied; without donation XLA copies
   the caches first); the torch operator mutates them and returns nothing, like vLLM's
@@ -34,20 +40,27 @@ from __future__ import annotations
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor, updated
 
-from ..paged_cache import LAYOUTS, cache_factors, check_layout
+from ..paged_cache import FP8, LAYOUTS, cache_factors, check_kv_scales, check_layout
 from .reference import reshape_and_cache_numpy, reshape_and_cache_xla
 
 DTYPES = ("bf16", "f16", "f32")
+CACHE_DTYPES = (*DTYPES, FP8)
 
 
 def _output_rule(key: Spec, value: Spec, key_cache: Spec, value_cache: Spec,
-                 slot_mapping: Spec, *, layout: str) -> list[Spec]:
+                 slot_mapping: Spec, *, layout: str, k_scale: float,
+                 v_scale: float) -> list[Spec]:
     check_layout(layout)
-    for name, spec in (("value", value), ("key_cache", key_cache),
-                       ("value_cache", value_cache)):
-        if spec.dtype != key.dtype:
-            raise Invalid(name, f"dtype {spec.dtype} differs from key's {key.dtype}",
-                          "cast key, value and the caches to one dtype")
+    if value.dtype != key.dtype:
+        raise Invalid("value", f"dtype {value.dtype} differs from key's {key.dtype}",
+                      "cast key, value and the caches to one dtype")
+    if value_cache.dtype != key_cache.dtype:
+        raise Invalid("value_cache", f"dtype {value_cache.dtype} differs from key_cache's "
+                      f"{key_cache.dtype}", "store both caches in one dtype")
+    if key_cache.dtype not in (key.dtype, FP8):
+        raise Invalid("key_cache", f"dtype {key_cache.dtype} differs from key's {key.dtype}",
+                      f"cast key, value and the caches to one dtype, or use {FP8} caches")
+    check_kv_scales(k_scale, v_scale, cache_dtype=key_cache.dtype)
     if value.shape != key.shape:
         raise Invalid("value", f"shape {value.shape} differs from key's {key.shape}",
                       "pass key and value of one shape")
@@ -79,11 +92,15 @@ reshape_and_cache = Op(
     inputs=[
         Tensor("key", dtypes=DTYPES, rank=3, doc="[num_tokens, num_kv_heads, head_dim]"),
         Tensor("value", dtypes=DTYPES, rank=3, doc="key's shape"),
-        Tensor("key_cache", dtypes=DTYPES, rank=4, in_place=True, doc="paged keys, `layout`"),
-        Tensor("value_cache", dtypes=DTYPES, rank=4, in_place=True, doc="paged values"),
+        Tensor("key_cache", dtypes=CACHE_DTYPES, rank=4, in_place=True,
+               doc="paged keys, `layout`"),
+        Tensor("value_cache", dtypes=CACHE_DTYPES, rank=4, in_place=True, doc="paged values"),
         Tensor("slot_mapping", dtypes=("i32",), rank=1, doc="[num_tokens] slots"),
     ],
-    attrs=[Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout')],
+    attrs=[Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
+           Attr("k_scale", float, default=1.0, doc="fp8 caches: stored key = key / k_scale"),
+           Attr("v_scale", float, default=1.0,
+                doc="fp8 caches: stored value = value / v_scale")],
     outputs=_output_rule,
     output_names=("key_cache", "value_cache"),
     sharding_rule=_sharding_rule,
@@ -92,5 +109,5 @@ reshape_and_cache = Op(
     doc=__doc__ or "",
 )
 
-__all__ = ["DTYPES", "LAYOUTS", "reshape_and_cache", "reshape_and_cache_numpy",
-           "reshape_and_cache_xla"]
+__all__ = ["CACHE_DTYPES", "DTYPES", "FP8", "LAYOUTS", "reshape_and_cache",
+           "reshape_and_cache_numpy", "reshape_and_cache_xla"]

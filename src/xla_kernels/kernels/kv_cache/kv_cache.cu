@@ -2,8 +2,14 @@
 // num_kv_heads rows of key and value into the slot, 16 bytes per thread and step where rows
 // allow it (head_dim * element size a multiple of 16, buffers 16-byte aligned), else one
 // element at a time.
-// Bandwidth-bound: it reads and writes each new row once. Handler XkReshapeAndCacheCuda,
+// Bandwidth-bound: it reads and writes each new row once. Into fp8 (f8e4m3fn) caches each
+// element is quantized: x / scale in f32, cvt.rn.satfinite to e4m3 (round to nearest even,
+// +-448 for anything larger, infinities too; NaN stays NaN), one element per thread and step
+// (consecutive threads write consecutive bytes). Handler XkReshapeAndCacheCuda,
 // command-buffer compatible (it only enqueues a kernel).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -37,14 +43,51 @@ __global__ void CopyRowsKernel(Layout l, const int32_t* __restrict__ slots,
   }
 }
 
+__device__ __forceinline__ float ToFloat(float x) { return x; }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
+
+template <typename Src>
+__global__ void QuantizeRowsKernel(Layout l, const int32_t* __restrict__ slots,
+                                   const Src* __restrict__ key, const Src* __restrict__ value,
+                                   __nv_fp8_storage_t* __restrict__ key_cache,
+                                   __nv_fp8_storage_t* __restrict__ value_cache, float k_scale,
+                                   float v_scale) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slots[t];
+  if (slot < 0 || slot >= l.capacity()) return;  // padding or out of range: skipped
+  const int64_t n = l.num_kv_heads * l.head_dim;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t h = i / l.head_dim, d = i % l.head_dim;
+    const int64_t dst = l.RowOffset(slot, h) + d;
+    key_cache[dst] = __nv_cvt_float_to_fp8(ToFloat(key[t * n + i]) / k_scale, __NV_SATFINITE,
+                                           __NV_E4M3);
+    value_cache[dst] = __nv_cvt_float_to_fp8(ToFloat(value[t * n + i]) / v_scale,
+                                             __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+template <typename Src>
+void LaunchQuantize(cudaStream_t stream, dim3 grid, dim3 block, const Layout& l,
+                    const int32_t* slots, const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
+                    ffi::AnyBuffer& key_out, ffi::AnyBuffer& value_out, float k_scale,
+                    float v_scale) {
+  QuantizeRowsKernel<Src><<<grid, block, 0, stream>>>(
+      l, slots, static_cast<const Src*>(key.untyped_data()),
+      static_cast<const Src*>(value.untyped_data()),
+      static_cast<__nv_fp8_storage_t*>(key_out.untyped_data()),
+      static_cast<__nv_fp8_storage_t*>(value_out.untyped_data()), k_scale, v_scale);
+}
+
 ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::AnyBuffer value,
                                ffi::AnyBuffer key_cache, ffi::AnyBuffer value_cache,
                                ffi::Buffer<ffi::S32> slot_mapping,
                                ffi::Result<ffi::AnyBuffer> key_out,
-                               ffi::Result<ffi::AnyBuffer> value_out, std::string_view layout) {
+                               ffi::Result<ffi::AnyBuffer> value_out, std::string_view layout,
+                               float k_scale, float v_scale) {
   Layout l;
   ffi::Error err = Decode(key, value, key_cache, value_cache, slot_mapping, *key_out, *value_out,
-                          layout, &l);
+                          layout, k_scale, v_scale, &l);
   if (err.failure()) return err;
   if (l.num_tokens == 0 || l.num_kv_heads == 0 || l.head_dim == 0) return ffi::Error::Success();
   if (l.num_tokens > 0x7fffffff) return Bad("key", "too many tokens for one launch", "split it");
@@ -56,7 +99,21 @@ ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::Any
                          reinterpret_cast<uintptr_t>(value.untyped_data()) |
                          reinterpret_cast<uintptr_t>(key_out->untyped_data()) |
                          reinterpret_cast<uintptr_t>(value_out->untyped_data())) % 16) == 0;
-  if (row_bytes % 16 == 0 && aligned) {
+  if (l.quantize) {
+    switch (key.element_type()) {
+      case ffi::DataType::BF16:
+        LaunchQuantize<__nv_bfloat16>(stream, grid, block, l, slots, key, value, *key_out,
+                                      *value_out, k_scale, v_scale);
+        break;
+      case ffi::DataType::F16:
+        LaunchQuantize<__half>(stream, grid, block, l, slots, key, value, *key_out, *value_out,
+                               k_scale, v_scale);
+        break;
+      default:
+        LaunchQuantize<float>(stream, grid, block, l, slots, key, value, *key_out, *value_out,
+                              k_scale, v_scale);
+    }
+  } else if (row_bytes % 16 == 0 && aligned) {
     CopyRowsKernel<uint4><<<grid, block, 0, stream>>>(
         l, slots, static_cast<const uint4*>(key.untyped_data()),
         static_cast<const uint4*>(value.untyped_data()), static_cast<uint4*>(key_out->untyped_data()),

@@ -1,11 +1,13 @@
-// reshape_and_cache on the host: each token's key and value rows are copied to its slot.
-// Handler XkReshapeAndCacheCpu (see kv_cache_ffi.h for the binding).
+// reshape_and_cache on the host: each token's key and value rows are copied to its slot, or,
+// into fp8 caches, quantized (x / scale in f32, round to nearest even, saturated; see
+// xla_kernels/half.h). Handler XkReshapeAndCacheCpu (see kv_cache_ffi.h for the binding).
 #include <cstdint>
 #include <cstring>
 #include <string_view>
 
 #include "kv_cache_ffi.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla_kernels/host_elem.h"
 
 namespace ffi = xla::ffi;
 
@@ -23,14 +25,48 @@ void CopyRows(const Layout& l, const int32_t* slots, const char* src, char* cach
   }
 }
 
+template <ffi::DataType DT>
+void QuantizeRows(const Layout& l, const int32_t* slots, const void* src_raw, uint8_t* cache,
+                  float scale) {
+  using E = HostElem<DT>;
+  const auto* src = static_cast<const typename E::T*>(src_raw);
+  for (int64_t t = 0; t < l.num_tokens; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0 || slot >= l.capacity()) continue;
+    for (int64_t h = 0; h < l.num_kv_heads; ++h) {
+      const auto* row = src + (t * l.num_kv_heads + h) * l.head_dim;
+      uint8_t* dst = cache + l.RowOffset(slot, h);
+      for (int64_t d = 0; d < l.head_dim; ++d) dst[d] = F32ToE4m3Sat(E::Load(row[d]) / scale);
+    }
+  }
+}
+
+void Quantize(ffi::DataType dt, const Layout& l, const int32_t* slots, const void* src,
+              void* cache, float scale) {
+  uint8_t* dst = static_cast<uint8_t*>(cache);
+  switch (dt) {
+    case ffi::DataType::BF16: return QuantizeRows<ffi::DataType::BF16>(l, slots, src, dst, scale);
+    case ffi::DataType::F16: return QuantizeRows<ffi::DataType::F16>(l, slots, src, dst, scale);
+    default: return QuantizeRows<ffi::DataType::F32>(l, slots, src, dst, scale);
+  }
+}
+
 ffi::Error ReshapeAndCacheCpu(ffi::AnyBuffer key, ffi::AnyBuffer value, ffi::AnyBuffer key_cache,
                               ffi::AnyBuffer value_cache, ffi::Buffer<ffi::S32> slot_mapping,
                               ffi::Result<ffi::AnyBuffer> key_out,
-                              ffi::Result<ffi::AnyBuffer> value_out, std::string_view layout) {
+                              ffi::Result<ffi::AnyBuffer> value_out, std::string_view layout,
+                              float k_scale, float v_scale) {
   Layout l;
   ffi::Error err = Decode(key, value, key_cache, value_cache, slot_mapping, *key_out, *value_out,
-                          layout, &l);
+                          layout, k_scale, v_scale, &l);
   if (err.failure()) return err;
+  if (l.quantize) {
+    const int32_t* slots = slot_mapping.typed_data();
+    Quantize(key.element_type(), l, slots, key.untyped_data(), key_out->untyped_data(), k_scale);
+    Quantize(key.element_type(), l, slots, value.untyped_data(), value_out->untyped_data(),
+             v_scale);
+    return ffi::Error::Success();
+  }
   const size_t elem = ElementSize(key.element_type());
   const int32_t* slots = slot_mapping.typed_data();
   CopyRows(l, slots, static_cast<const char*>(key.untyped_data()),

@@ -3,12 +3,14 @@
 // Plain C++ (no CUDA).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
 
 #include "xla/ffi/api/ffi.h"
+#include "xla_kernels/dtype_dispatch.h"
 #include "xla_kernels/errors.h"
 #include "xla_kernels/host_device.h"
 
@@ -21,6 +23,7 @@ namespace ffi = xla::ffi;
 struct Layout {
   int64_t num_tokens, num_kv_heads, head_dim, num_blocks, block_size;
   bool pallas;  // [kv_heads, blocks, block_size, d] instead of vLLM's [blocks, block_size, kv_heads, d]
+  bool quantize;  // fp8 caches: rows are quantized on write, not copied
 
   XK_HOST_DEVICE int64_t capacity() const { return num_blocks * block_size; }
   XK_HOST_DEVICE int64_t RowOffset(int64_t slot, int64_t h) const {
@@ -36,7 +39,8 @@ inline ffi::Error Bad(const std::string& arg, const std::string& problem, const 
 inline ffi::Error Decode(const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
                          const ffi::AnyBuffer& key_cache, const ffi::AnyBuffer& value_cache,
                          const ffi::Buffer<ffi::S32>& slot_mapping, const ffi::AnyBuffer& key_out,
-                         const ffi::AnyBuffer& value_out, std::string_view layout, Layout* l) {
+                         const ffi::AnyBuffer& value_out, std::string_view layout,
+                         float k_scale, float v_scale, Layout* l) {
   const auto kd = key.dimensions();
   const auto cd = key_cache.dimensions();
   if (layout != "vllm" && layout != "pallas")
@@ -46,10 +50,22 @@ inline ffi::Error Decode(const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
     return Bad("key", "expected key [num_tokens, num_kv_heads, head_dim] and a rank-4 cache",
                "pass arrays of those ranks");
   const ffi::DataType dt = key.element_type();
-  if (value.element_type() != dt || key_cache.element_type() != dt ||
-      value_cache.element_type() != dt || key_out.element_type() != dt ||
-      value_out.element_type() != dt)
-    return Bad("value", "key, value and both caches must share one dtype", "cast them");
+  const ffi::DataType ct = key_cache.element_type();
+  const bool fp8 = ct == ffi::DataType::F8E4M3FN;
+  if (dt != ffi::DataType::F32 && dt != ffi::DataType::BF16 && dt != ffi::DataType::F16)
+    return Bad("key", "dtype " + DtypeName(dt) + " is not supported", "pass bf16, f16 or f32");
+  if (value.element_type() != dt || value_cache.element_type() != ct ||
+      key_out.element_type() != ct || value_out.element_type() != ct || (ct != dt && !fp8))
+    return Bad("value", "key and value must share one dtype, and both caches the key's "
+               "dtype or f8e4m3fn", "cast them");
+  for (const auto& [name, value] : {std::pair<const char*, float>{"k_scale", k_scale},
+                                    std::pair<const char*, float>{"v_scale", v_scale}}) {
+    if (!std::isfinite(value) || !(value > 0.f))
+      return Bad(name, "must be finite and > 0", "pass the fp8 cache's per-tensor scale, or 1.0");
+    if (!fp8 && value != 1.f)
+      return Bad(name, "scales apply to f8e4m3fn caches only", "pass 1.0, or fp8 caches");
+  }
+  l->quantize = fp8;
   l->pallas = layout == "pallas";
   l->num_tokens = kd[0];
   l->num_kv_heads = kd[1];
@@ -85,7 +101,9 @@ auto BindOperands(Binding binding) {
       .template Arg<ffi::Buffer<ffi::S32>>()     // slot_mapping
       .template Ret<ffi::AnyBuffer>()            // key_cache, updated
       .template Ret<ffi::AnyBuffer>()            // value_cache, updated
-      .template Attr<std::string_view>("layout");
+      .template Attr<std::string_view>("layout")
+      .template Attr<float>("k_scale")
+      .template Attr<float>("v_scale");
 }
 
 }  // namespace xla_kernels::kv_cache

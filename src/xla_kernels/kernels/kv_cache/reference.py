@@ -6,7 +6,9 @@
 * :func:`reshape_and_cache_numpy`: NumPy, written as a loop over tokens, for tests.
 
 Token ``t`` goes to slot ``slot_mapping[t]`` (``block * block_size + offset``); a slot below 0
-(padding) or at or beyond ``num_blocks * block_size`` is skipped.
+(padding) or at or beyond ``num_blocks * block_size`` is skipped. Into fp8 (``f8e4m3fn``)
+caches the rows are quantized: ``x / scale`` in f32, round to nearest even, saturated to
++-448, NaN kept.
 
 Example:
     >>> import numpy as np
@@ -23,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from xla_kernels.kernels.paged_cache import cache_dims
+from xla_kernels import dtypes
+from xla_kernels.kernels.paged_cache import FP8, cache_dims, quantize_fp8
 
 
 def _blocks(cache_shape: tuple[int, ...], layout: str) -> tuple[int, int]:
@@ -31,16 +34,19 @@ def _blocks(cache_shape: tuple[int, ...], layout: str) -> tuple[int, int]:
 
 
 def reshape_and_cache_numpy(key: Any, value: Any, key_cache: Any, value_cache: Any,
-                            slot_mapping: Any, *, layout: str = "vllm"
-                            ) -> tuple[np.ndarray, np.ndarray]:
+                            slot_mapping: Any, *, layout: str = "vllm", k_scale: float = 1.0,
+                            v_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """Copies of the caches with each token's rows written to its slot (NumPy, a loop)."""
     caches = [np.array(key_cache, copy=True), np.array(value_cache, copy=True)]
+    sources = [np.asarray(key), np.asarray(value)]
+    if caches[0].dtype == dtypes.to_numpy(FP8):
+        sources = [quantize_fp8(sources[0], k_scale), quantize_fp8(sources[1], v_scale)]
     num_blocks, block_size = _blocks(caches[0].shape, layout)
     for t, slot in enumerate(np.asarray(slot_mapping).tolist()):
         if not 0 <= slot < num_blocks * block_size:
             continue
         block, offset = divmod(slot, block_size)
-        for cache, rows in zip(caches, (np.asarray(key), np.asarray(value)), strict=True):
+        for cache, rows in zip(caches, sources, strict=True):
             for h in range(rows.shape[1]):
                 if layout == "vllm":
                     cache[block, offset, h] = rows[t, h]
@@ -50,9 +56,14 @@ def reshape_and_cache_numpy(key: Any, value: Any, key_cache: Any, value_cache: A
 
 
 def reshape_and_cache_xla(key: Any, value: Any, key_cache: Any, value_cache: Any,
-                          slot_mapping: Any, *, layout: str = "vllm") -> tuple[Any, Any]:
+                          slot_mapping: Any, *, layout: str = "vllm", k_scale: float = 1.0,
+                          v_scale: float = 1.0) -> tuple[Any, Any]:
     """``reshape_and_cache`` in plain jax.numpy: one scatter per cache, jit-compatible."""
     import jax.numpy as jnp
+
+    if np.dtype(key_cache.dtype) == dtypes.to_numpy(FP8):
+        key, value = (jnp.clip(jnp.asarray(x, jnp.float32) / jnp.float32(s), -448.0, 448.0)
+                      for x, s in ((key, k_scale), (value, v_scale)))
 
     num_blocks, block_size = _blocks(tuple(key_cache.shape), layout)
     capacity = num_blocks * block_size

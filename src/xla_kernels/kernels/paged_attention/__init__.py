@@ -4,7 +4,8 @@ One query token per sequence attends to its cached keys/values, which live in fi
 blocks scattered over a shared cache and are found through a block table::
 
     paged_attention(query, key_cache, value_cache, block_tables, seq_lens,
-                    *, scale, softcap=0.0, sliding_window=0, layout="vllm") -> out
+                    *, scale, softcap=0.0, sliding_window=0, layout="vllm",
+                    k_scale=1.0, v_scale=1.0) -> out
 
 * ``query`` [num_seqs, num_q_heads, head_dim]; ``out`` has its shape and dtype.
 * ``key_cache``/``value_cache``: ``layout="vllm"`` [num_blocks, block_size, num_kv_heads,
@@ -15,6 +16,10 @@ blocks scattered over a shared cache and are found through a block table::
 * ``seq_lens`` int32 [num_seqs]: ragged context lengths.
 * dtypes bf16, f16, f32 (query, caches and output share one); head_dim 64, 128, 256;
   block_size 16, 32, 64; any GQA/MQA ratio (num_q_heads % num_kv_heads == 0).
+* fp8 KV cache (vLLM's ``kv_cache_dtype="fp8"``): both caches ``f8e4m3fn`` with bf16 or f16
+  queries (and output); the keys and values are the stored values times the per-tensor
+  ``k_scale`` / ``v_scale`` (finite, > 0; they must stay 1.0 for other caches). The kernels
+  fold ``k_scale`` into the logit scale and ``v_scale`` into the output.
 * ``scale`` multiplies q.k; ``softcap > 0`` gives ``softcap * tanh(logit / softcap)``
   (after the scale); ``sliding_window > 0`` attends only positions
   ``t >= seq_len - sliding_window``.
@@ -50,23 +55,34 @@ import math
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
-from ..paged_cache import LAYOUTS, cache_dims, cache_factors, check_attention_caches
+from ..paged_cache import (
+    FP8,
+    LAYOUTS,
+    cache_dims,
+    cache_factors,
+    check_attention_caches,
+    check_kv_scales,
+)
 from .reference import paged_attention_numpy_f64, paged_attention_xla
 from .workspace import LIMITS, max_partitions, workspace_size
 
 DTYPES = ("bf16", "f16", "f32")
+CACHE_DTYPES = (*DTYPES, FP8)
+FP8_QUERY_DTYPES = ("bf16", "f16")
+"""Query (and output) dtypes allowed with an fp8 cache."""
 HEAD_DIMS: tuple[int, ...] = LIMITS["kHeadDims"]  # type: ignore[assignment]
 BLOCK_SIZES: tuple[int, ...] = LIMITS["kBlockSizes"]  # type: ignore[assignment]
 
 
 def _output_rule(query: Spec, key_cache: Spec, value_cache: Spec, block_tables: Spec,
                  seq_lens: Spec, *, scale: float, softcap: float, sliding_window: int,
-                 layout: str) -> list[Spec]:
+                 layout: str, k_scale: float, v_scale: float) -> list[Spec]:
     """Validate a call; returns [out, workspace]."""
     num_seqs, num_q_heads, head_dim = query.shape
     _, block_size, _, _ = check_attention_caches(
         "query", query, key_cache, value_cache, layout=layout, head_dims=HEAD_DIMS,
-        block_sizes=BLOCK_SIZES)
+        block_sizes=BLOCK_SIZES, fp8_query_dtypes=FP8_QUERY_DTYPES)
+    check_kv_scales(k_scale, v_scale, cache_dtype=key_cache.dtype)
     if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs:
         raise Invalid("block_tables", f"expected shape ({num_seqs}, max_blocks_per_seq), "
                       f"got {block_tables.shape}", "pass one row of block ids per sequence")
@@ -101,8 +117,9 @@ paged_attention = Op(
     "xla_kernels.paged_attention",
     inputs=[
         Tensor("query", dtypes=DTYPES, rank=3, doc="[num_seqs, num_q_heads, head_dim]"),
-        Tensor("key_cache", dtypes=DTYPES, rank=4, doc="paged keys, in `layout`"),
-        Tensor("value_cache", dtypes=DTYPES, rank=4, doc="paged values, key_cache's shape"),
+        Tensor("key_cache", dtypes=CACHE_DTYPES, rank=4, doc="paged keys, in `layout`"),
+        Tensor("value_cache", dtypes=CACHE_DTYPES, rank=4,
+               doc="paged values, key_cache's shape and dtype"),
         Tensor("block_tables", dtypes=("i32",), rank=2, doc="[num_seqs, max_blocks_per_seq]"),
         Tensor("seq_lens", dtypes=("i32",), rank=1, doc="[num_seqs]"),
     ],
@@ -111,6 +128,8 @@ paged_attention = Op(
         Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
         Attr("sliding_window", int, default=0, doc="> 0: attend the last this many tokens"),
         Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
+        Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
+        Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
     ],
     outputs=_output_rule,
     output_names=("out",),
@@ -123,7 +142,6 @@ paged_attention = Op(
 )
 
 
-
 def sanitize_cases(platform: str = "gpu") -> None:
     """Small kernel runs for compute-sanitizer (see :func:`.testing.sanitize_cases`)."""
     from .testing import sanitize_cases as run
@@ -132,6 +150,7 @@ def sanitize_cases(platform: str = "gpu") -> None:
 
 
 __all__ = [
-    "BLOCK_SIZES", "DTYPES", "HEAD_DIMS", "LAYOUTS", "max_partitions", "paged_attention",
-    "paged_attention_numpy_f64", "paged_attention_xla", "sanitize_cases", "workspace_size",
+    "BLOCK_SIZES", "CACHE_DTYPES", "DTYPES", "FP8", "FP8_QUERY_DTYPES", "HEAD_DIMS", "LAYOUTS",
+    "max_partitions", "paged_attention", "paged_attention_numpy_f64", "paged_attention_xla",
+    "sanitize_cases", "workspace_size",
 ]

@@ -23,10 +23,12 @@ ffi::Error PagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer query, ffi::An
                               ffi::AnyBuffer value_cache, ffi::Buffer<ffi::S32> block_tables,
                               ffi::Buffer<ffi::S32> seq_lens, ffi::Result<ffi::AnyBuffer> out,
                               ffi::Result<ffi::Buffer<ffi::F32>> workspace, float scale,
-                              float softcap, int64_t sliding_window, std::string_view layout) {
+                              float softcap, int64_t sliding_window, std::string_view layout,
+                              float k_scale, float v_scale) {
   Shape s;
   ffi::Error err = DecodeAndValidate(query, key_cache, value_cache, block_tables, seq_lens, *out,
-                                     scale, softcap, sliding_window, layout, &s);
+                                     scale, softcap, sliding_window, layout, k_scale, v_scale,
+                                     &s);
   if (err.failure()) return err;
   const int64_t need = WorkspaceElems(s.num_seqs, s.num_q_heads, s.head_dim,
                                       s.max_blocks_per_seq * s.block_size);
@@ -40,6 +42,9 @@ ffi::Error PagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer query, ffi::An
   p.dtype = s.dtype == ffi::DataType::BF16  ? DType::kBF16
             : s.dtype == ffi::DataType::F16 ? DType::kF16
                                             : DType::kF32;
+  p.fp8_cache = s.cache_dtype == ffi::DataType::F8E4M3FN;
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
   p.query = query.untyped_data();
   p.key_cache = key_cache.untyped_data();
   p.value_cache = value_cache.untyped_data();

@@ -30,10 +30,21 @@
 //    (FlashAttention-2 register layout). f32 uses CUDA cores (exact f32 FMAs).
 //  * Online softmax in base 2 with f32 statistics; the 4 warps of a CTA each keep their own
 //    (m, l, O) and are merged through shared memory at the end.
+//  * fp8 caches (f8e4m3fn, bf16/f16 queries; Fp8MmaCore): the same pipeline with 32-token
+//    tiles (the bytes of a 16-token bf16 tile, so as many bytes stay in flight), staged as
+//    e4m3 in shared memory with an XOR swizzle of the 16-byte chunks instead of padding.
+//    Lanes read their K and V bytes straight into registers (K: 16-byte loads, the head
+//    dimension permuted so one lane's 4 values per k-step are adjacent, Q permuted alike;
+//    V: 4-byte loads of 4 dims of 4 tokens, byte-permuted into (token, token+1) pairs) and
+//    convert them with cvt e4m3x2 -> f16x2 (bf16 through f32; every e4m3 value is exact in
+//    both) for the same m16n8k16 MMAs. k_scale is folded into the logit scale and v_scale
+//    into the final normalization, so the math is that of the bf16/f16 kernel on the
+//    dequantized cache.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -57,7 +68,8 @@ enum class DType { kF32, kF16, kBF16 };
 //   vllm   [num_blocks, block_size, num_kv_heads, head_dim]
 //   pallas [num_kv_heads, num_blocks, block_size, head_dim]
 struct Params {
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;          // query and output
+  bool fp8_cache = false;             // caches are f8e4m3fn (dtype is kBF16 or kF16)
   const void* query = nullptr;        // [num_seqs, num_q_heads, head_dim]
   const void* key_cache = nullptr;    // layout above
   const void* value_cache = nullptr;  // same shape and layout as key_cache
@@ -71,6 +83,7 @@ struct Params {
   int64_t stride_block = 0, stride_slot = 0, stride_head = 0;  // elements
   float scale = 1.f, softcap = 0.f;
   int64_t sliding_window = 0;
+  float k_scale = 1.f, v_scale = 1.f;  // fp8 caches: key = stored * k_scale, value likewise
 };
 
 // Launches the kernels on `stream`; returns "" on success, else an error message.
@@ -105,6 +118,7 @@ struct KernelArgs {
   int64_t sb, ss, sh;    // element strides: block, slot, kv head
   float qk_scale;        // scale*log2e, or scale/softcap with a softcap
   float cap_mul;         // softcap*log2e, or 0 without a softcap
+  float out_scale;       // fp8 caches: v_scale, applied with the final 1/l
 };
 
 struct SeqPart {
@@ -223,10 +237,21 @@ __device__ __forceinline__ int lookup_block(const KernelArgs& a, const int32_t* 
   return (lane < NW && pos < p_hi) ? __ldg(bt_row + (pos >> a.log2_bs)) : -1;
 }
 
+// Swizzled tiles (fp8): 16-byte chunk q of row r (kCpr chunks per row) is stored at chunk
+// swz_chunk(q, r). XOR of the low 3 chunk bits with the row (and, for 16 chunks, the upper
+// half): a bijection per row that keeps Fp8MmaCore's K and V reads free of bank conflicts
+// for head_dim 128 and 256 (head_dim 64 V reads: 2-way).
+template <int kCpr>
+__device__ __forceinline__ int swz_chunk(int q, int r) {
+  constexpr int kMask = kCpr < 8 ? kCpr - 1 : 7;
+  return q ^ ((r ^ ((q >> 3) << 1)) & kMask);
+}
+
 // Streams tokens [pos0, pos0 + NW) of one kv head into shared memory: rows of D elements with
-// RS elements between rows; `blk` comes from lookup_block. Returns the warp-uniform mask of
-// the rows that hold a token; the other rows are zero-filled and never read from memory.
-template <typename T, int D, int NW, int RS>
+// RS elements between rows (chunks swizzled by swz_chunk with kSwizzle); `blk` comes from
+// lookup_block. Returns the warp-uniform mask of the rows that hold a token; the other rows
+// are zero-filled and never read from memory.
+template <typename T, int D, int NW, int RS, bool kSwizzle = false>
 __device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a, int blk,
                                               int pos0, int kvh, int lane) {
   constexpr int kVec = 16 / static_cast<int>(sizeof(T));
@@ -250,8 +275,10 @@ __device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a,
     const int row = c / kCpr;
     const int col = (c % kCpr) * kVec;
     const int64_t roff = __shfl_sync(kFull, off, row);
-    T* kd = ks + row * RS + col;
-    T* vd = vs + row * RS + col;
+    int scol = col;
+    if constexpr (kSwizzle) scol = swz_chunk<kCpr>(c % kCpr, row) * kVec;
+    T* kd = ks + row * RS + scol;
+    T* vd = vs + row * RS + scol;
     if ((mask >> row) & 1u) {
       cp_async16(kd, kc + roff + col);
       cp_async16(vd, vc + roff + col);
@@ -263,11 +290,64 @@ __device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a,
   return mask;
 }
 
+// ------------------------------------------------------------------ tensor-core softmax
+
+// S (NT n-tiles of 8 tokens, m16n8 accumulator layout: rows g0 = lane/4 and g0 + 8) ->
+// scale / softcap / mask, then the online softmax: S becomes P, (m, l) are updated and the
+// O accumulators (DT n-tiles) rescaled. Shared by the bf16/f16 and the fp8 core.
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax(float (&sc)[NT][4], uint32_t mask, float (&m)[2],
+                                               float (&l)[2], float (&o)[DT][4], int tig,
+                                               const KernelArgs& a) {
+  logits<NT * 4>(&sc[0][0], a);
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const int t = i * 8 + tig * 2;
+    const bool v0 = (mask >> t) & 1u, v1 = (mask >> (t + 1)) & 1u;
+    if (!v0) sc[i][0] = sc[i][2] = -INFINITY;
+    if (!v1) sc[i][1] = sc[i][3] = -INFINITY;
+    mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
+    mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
+  const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+  const float b0 = safe_max(mn0), b1 = safe_max(mn1);
+  const float al0 = exp2f(m[0] - b0), al1 = exp2f(m[1] - b1);
+  m[0] = mn0;
+  m[1] = mn1;
+  float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    sc[i][0] = exp2f(sc[i][0] - b0);
+    sc[i][1] = exp2f(sc[i][1] - b0);
+    sc[i][2] = exp2f(sc[i][2] - b1);
+    sc[i][3] = exp2f(sc[i][3] - b1);
+    rs0 += sc[i][0] + sc[i][1];
+    rs1 += sc[i][2] + sc[i][3];
+  }
+  l[0] = l[0] * al0 + rs0;
+  l[1] = l[1] * al1 + rs1;
+  if (__any_sync(kFull, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+      o[i][0] *= al0;
+      o[i][1] *= al0;
+      o[i][2] *= al1;
+      o[i][3] *= al1;
+    }
+  }
+}
+
 // ------------------------------------------------------------------ tensor-core core
 
 // bf16/f16: mma.sync m16n8k16; up to 16 q heads per CTA (rows of the MMA).
 template <typename T, int D>
 struct MmaCore {
+  using Cache = T;                             // staging (cache) element type
   static constexpr int GC = 16;                // q heads per CTA
   static constexpr int NW = 16;                // tokens per warp tile
   static constexpr int kStages = 3;
@@ -343,48 +423,7 @@ struct MmaCore {
         mma16816<T>(sc[2 * j + 1], af, b[2], b[3]);
       }
     }
-    // Scale / softcap / mask, then the online softmax for rows g0 = lane/4 and g0 + 8.
-    logits<NT * 4>(&sc[0][0], a);
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      const int t = i * 8 + tig * 2;
-      const bool v0 = (mask >> t) & 1u, v1 = (mask >> (t + 1)) & 1u;
-      if (!v0) sc[i][0] = sc[i][2] = -INFINITY;
-      if (!v1) sc[i][1] = sc[i][3] = -INFINITY;
-      mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
-      mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
-    }
-    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
-    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
-    const float b0 = safe_max(mn0), b1 = safe_max(mn1);
-    const float al0 = exp2f(m[0] - b0), al1 = exp2f(m[1] - b1);
-    m[0] = mn0;
-    m[1] = mn1;
-    float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      sc[i][0] = exp2f(sc[i][0] - b0);
-      sc[i][1] = exp2f(sc[i][1] - b0);
-      sc[i][2] = exp2f(sc[i][2] - b1);
-      sc[i][3] = exp2f(sc[i][3] - b1);
-      rs0 += sc[i][0] + sc[i][1];
-      rs1 += sc[i][2] + sc[i][3];
-    }
-    l[0] = l[0] * al0 + rs0;
-    l[1] = l[1] * al1 + rs1;
-    if (__any_sync(kFull, al0 != 1.f || al1 != 1.f)) {
-#pragma unroll
-      for (int i = 0; i < DT; ++i) {
-        o[i][0] *= al0;
-        o[i][1] *= al0;
-        o[i][2] *= al1;
-        o[i][3] *= al1;
-      }
-    }
+    online_softmax(sc, mask, m, l, o, tig, a);
     // O += P V: P (A operand) comes from the S accumulators, V via ldmatrix.trans.
 #pragma unroll
     for (int j = 0; j < NW / 16; ++j) {
@@ -430,11 +469,197 @@ struct MmaCore {
   }
 };
 
+// ------------------------------------------------------------------ fp8 tensor-core core
+
+// Two e4m3 values (low byte first) -> the MMA operand register of T (f16x2 or bf16x2). Exact:
+// every e4m3fn value is a normal f16 (or zero, or NaN) and fits bf16's 8 significant bits.
+template <typename T>
+__device__ __forceinline__ uint32_t e4m3x2_to(uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
+  } else {
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(__half2(h)));
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// f8e4m3fn caches, bf16/f16 queries: mma.sync m16n8k16 on K/V converted in registers. Tiles of
+// 32 tokens; rows of D bytes, chunks swizzled (swz_chunk), no padding.
+//  * S = Q K^T: the k index (head dim) is permuted so that lane (r8 = lane/4, tig = lane%4)
+//    finds the 4 values of its B fragment (k = 2tig, 2tig+1, 2tig+8, 2tig+9) of k-step kk at
+//    bytes tig*D/4 + 4kk .. +3 of its K row: 16-byte loads, one cvt per register. Q is
+//    staged in the same permutation, fragment-ordered ([kk][head][tig][4]).
+//  * O += P V: output column n of n-tile i is head dim (i/4)*32 + 4n + i%4, so a lane's
+//    B fragments of 4 n-tiles are 4 adjacent bytes of each of its 4 token rows; a byte
+//    permute pairs tokens (2tig, 2tig+1) and (2tig+8, 2tig+9). The epilogue un-permutes.
+template <typename T, int D>
+struct Fp8MmaCore {
+  using Cache = uint8_t;
+  static constexpr bool kSwizzle = true;
+  static constexpr int GC = 16;
+  static constexpr int NW = 32;
+  static constexpr int kStages = 3;
+  static constexpr int RS = D;                 // bytes per staged row
+  static constexpr int kCpr = D / 16;          // 16-byte chunks per row
+  static constexpr bool kQRegs = D <= 128;
+  static constexpr int KT = D / 16;
+  static constexpr int NT = NW / 8;
+  static constexpr int DT = D / 8;
+  static constexpr int kSeg = D / 4;           // bytes of a K row one lane reads
+  static constexpr int kExtraBytes = GC * D * static_cast<int>(sizeof(T));
+
+  uint32_t qf[kQRegs ? KT : 1][4];
+  float o[DT][4];
+  float m[2], l[2];
+  const T* qsm;
+  int lane;
+
+  __device__ __forceinline__ static void stage_q(const T* qg, int nh, unsigned char* extra,
+                                                 int tid) {
+    T* q = reinterpret_cast<T*>(extra);
+    for (int c = tid; c < GC * D / 4; c += kThreads) {
+      const int r = c / (D / 4), col = (c % (D / 4)) * 4;
+      const int tig = col / kSeg, kk = (col % kSeg) / 4;
+      uint2 v = make_uint2(0, 0);
+      if (r < nh) v = *reinterpret_cast<const uint2*>(qg + static_cast<int64_t>(r) * D + col);
+      *reinterpret_cast<uint2*>(q + ((kk * GC + r) * 4 + tig) * 4) = v;
+    }
+  }
+
+  __device__ __forceinline__ void q_frag(uint32_t (&af)[4], int kk) const {
+    const int g0 = lane >> 2, tig = lane & 3;
+    const uint2 lo = *reinterpret_cast<const uint2*>(qsm + ((kk * GC + g0) * 4 + tig) * 4);
+    const uint2 hi = *reinterpret_cast<const uint2*>(qsm + ((kk * GC + g0 + 8) * 4 + tig) * 4);
+    af[0] = lo.x;
+    af[1] = hi.x;
+    af[2] = lo.y;
+    af[3] = hi.y;
+  }
+
+  __device__ __forceinline__ void init(unsigned char* extra, int warp, int lane_) {
+    (void)warp;
+    qsm = reinterpret_cast<const T*>(extra);
+    lane = lane_;
+    if constexpr (kQRegs) {
+#pragma unroll
+      for (int kk = 0; kk < KT; ++kk) q_frag(qf[kk], kk);
+    }
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  }
+
+  __device__ __forceinline__ void step(const uint8_t* ks, const uint8_t* vs, uint32_t mask,
+                                       const KernelArgs& a) {
+    const int r8 = lane >> 2, tig = lane & 3;
+    float sc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+    // S = Q K^T, one 16-byte chunk (4 k-steps) of every n-tile's K row at a time.
+#pragma unroll
+    for (int c = 0; c < kSeg / 16; ++c) {
+      uint4 kw[NT];
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int row = i * 8 + r8;
+        kw[i] = *reinterpret_cast<const uint4*>(
+            ks + row * RS + swz_chunk<kCpr>(tig * (kSeg / 16) + c, row) * 16);
+      }
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int kk = c * 4 + w;
+        uint32_t af[4];
+        if constexpr (kQRegs) {
+          af[0] = qf[kk][0];
+          af[1] = qf[kk][1];
+          af[2] = qf[kk][2];
+          af[3] = qf[kk][3];
+        } else {
+          q_frag(af, kk);
+        }
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+          const uint32_t word = w == 0 ? kw[i].x : w == 1 ? kw[i].y : w == 2 ? kw[i].z : kw[i].w;
+          mma16816<T>(sc[i], af, e4m3x2_to<T>(word), e4m3x2_to<T>(word >> 16));
+        }
+      }
+    }
+    online_softmax(sc, mask, m, l, o, tig, a);
+    // O += P V.
+#pragma unroll
+    for (int j = 0; j < NW / 16; ++j) {
+      uint32_t pa[4];
+      pa[0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
+      pa[1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
+      pa[2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
+      pa[3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+      const int row0 = j * 16 + 2 * tig;
+      const int rows[4] = {row0, row0 + 1, row0 + 8, row0 + 9};
+#pragma unroll
+      for (int i4 = 0; i4 < DT / 4; ++i4) {
+        const int q = 2 * i4 + (r8 >> 2), within = (r8 & 3) * 4;
+        uint32_t w[4];
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          w[x] = *reinterpret_cast<const uint32_t*>(
+              vs + rows[x] * RS + swz_chunk<kCpr>(q, rows[x]) * 16 + within);
+        }
+        const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
+        const uint32_t lo8 = __byte_perm(w[2], w[3], 0x5140), hi8 = __byte_perm(w[2], w[3], 0x7362);
+        mma16816<T>(o[4 * i4], pa, e4m3x2_to<T>(lo0), e4m3x2_to<T>(lo8));
+        mma16816<T>(o[4 * i4 + 1], pa, e4m3x2_to<T>(lo0 >> 16), e4m3x2_to<T>(lo8 >> 16));
+        mma16816<T>(o[4 * i4 + 2], pa, e4m3x2_to<T>(hi0), e4m3x2_to<T>(hi8));
+        mma16816<T>(o[4 * i4 + 3], pa, e4m3x2_to<T>(hi0 >> 16), e4m3x2_to<T>(hi8 >> 16));
+      }
+    }
+  }
+
+  // As MmaCore::store, undoing the output-column permutation.
+  __device__ __forceinline__ void store(float* ow, float* ml, int nh) const {
+    float l0 = l[0], l1 = l[1];
+    l0 += __shfl_xor_sync(kFull, l0, 1);
+    l0 += __shfl_xor_sync(kFull, l0, 2);
+    l1 += __shfl_xor_sync(kFull, l1, 1);
+    l1 += __shfl_xor_sync(kFull, l1, 2);
+    const int g0 = lane >> 2, g1 = g0 + 8, tig = lane & 3;
+    if (tig == 0) {
+      if (g0 < nh) {
+        ml[g0 * 2] = m[0];
+        ml[g0 * 2 + 1] = l0;
+      }
+      if (g1 < nh) {
+        ml[g1 * 2] = m[1];
+        ml[g1 * 2 + 1] = l1;
+      }
+    }
+#pragma unroll
+    for (int i4 = 0; i4 < DT / 4; ++i4) {
+      const int d = i4 * 32 + 8 * tig;  // columns 2tig (d .. d+3) and 2tig+1 (d+4 .. d+7)
+      const float(&x)[4] = o[4 * i4];
+      const float(&y)[4] = o[4 * i4 + 1];
+      const float(&z)[4] = o[4 * i4 + 2];
+      const float(&u)[4] = o[4 * i4 + 3];
+      if (g0 < nh) {
+        *reinterpret_cast<float4*>(ow + g0 * D + d) = make_float4(x[0], y[0], z[0], u[0]);
+        *reinterpret_cast<float4*>(ow + g0 * D + d + 4) = make_float4(x[1], y[1], z[1], u[1]);
+      }
+      if (g1 < nh) {
+        *reinterpret_cast<float4*>(ow + g1 * D + d) = make_float4(x[2], y[2], z[2], u[2]);
+        *reinterpret_cast<float4*>(ow + g1 * D + d + 4) = make_float4(x[3], y[3], z[3], u[3]);
+      }
+    }
+  }
+};
+
 // ------------------------------------------------------------------ CUDA-core core
 
 // Any T (used for f32): exact f32 FMAs. GC q heads per CTA.
 template <typename T, int D, int GC_>
 struct SimtCore {
+  using Cache = T;
   static constexpr int GC = GC_;
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   static constexpr int kRowBytes = D * static_cast<int>(sizeof(T));
@@ -592,9 +817,9 @@ struct SimtCore {
 // Shared-memory layout of the main kernel (bytes).
 template <typename T, int D, class Core>
 struct Smem {
-  static constexpr int kTileElems = Core::NW * Core::RS;
+  static constexpr int kTileElems = Core::NW * Core::RS;  // of Core::Cache
   static constexpr int kStaging =
-      kWarps * Core::kStages * 2 * kTileElems * static_cast<int>(sizeof(T));
+      kWarps * Core::kStages * 2 * kTileElems * static_cast<int>(sizeof(typename Core::Cache));
   static constexpr int kEpilogue = kWarps * Core::GC * D * 4;  // reuses the staging area
   static constexpr int kMain = kStaging > kEpilogue ? kStaging : kEpilogue;
   static constexpr int kExtraOff = kMain;
@@ -607,6 +832,8 @@ template <typename T, int D, class Core>
 __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   using L = Smem<T, D, Core>;
+  using C = typename Core::Cache;  // T, or uint8_t (e4m3) for fp8 caches
+  constexpr bool kFp8 = !std::is_same_v<C, T>;
   constexpr int NW = Core::NW, RS = Core::RS, kStages = Core::kStages, GC = Core::GC;
 
   const int HC = a.Hkv * a.chunks;
@@ -630,7 +857,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
   const int p_lo = sp.lo + part * sp.P;
   const int p_hi = min(sp.hi, p_lo + sp.P);
 
-  T* staging = reinterpret_cast<T*>(smem) + warp * kStages * 2 * L::kTileElems;
+  C* staging = reinterpret_cast<C*>(smem) + warp * kStages * 2 * L::kTileElems;
   uint32_t* masks = reinterpret_cast<uint32_t*>(smem + L::kMaskOff) + warp * kStages;
   const int32_t* bt_row = a.bt + static_cast<int64_t>(s) * a.max_blocks;
   const int ntile = (p_hi - p_lo + NW - 1) / NW;
@@ -640,10 +867,10 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < my_n) {
-      T* kb = staging + (2 * st) * L::kTileElems;
+      C* kb = staging + (2 * st) * L::kTileElems;
       const int blk = lookup_block<NW>(a, bt_row, tile_pos(st), p_hi, lane);
-      const uint32_t mk =
-          load_tile<T, D, NW, RS>(kb, kb + L::kTileElems, a, blk, tile_pos(st), kvh, lane);
+      const uint32_t mk = load_tile<C, D, NW, RS, kFp8>(kb, kb + L::kTileElems, a, blk,
+                                                        tile_pos(st), kvh, lane);
       if (lane == 0) masks[st] = mk;
     }
     cp_async_commit();
@@ -660,9 +887,9 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
     const int nx = it + kStages - 1;
     if (nx < my_n) {
       const int st = nx % kStages;
-      T* kb = staging + (2 * st) * L::kTileElems;
-      const uint32_t mk =
-          load_tile<T, D, NW, RS>(kb, kb + L::kTileElems, a, blk_next, tile_pos(nx), kvh, lane);
+      C* kb = staging + (2 * st) * L::kTileElems;
+      const uint32_t mk = load_tile<C, D, NW, RS, kFp8>(kb, kb + L::kTileElems, a, blk_next,
+                                                        tile_pos(nx), kvh, lane);
       if (lane == 0) masks[st] = mk;
       blk_next = lookup_block<NW>(a, bt_row, tile_pos(nx + 1), p_hi, lane);  // prefetch
     }
@@ -670,7 +897,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
     cp_async_wait<kStages - 1>();
     __syncwarp();
     const int st = it % kStages;
-    const T* kb = staging + (2 * st) * L::kTileElems;
+    const C* kb = staging + (2 * st) * L::kTileElems;
     core.step(kb, kb + L::kTileElems, masks[st], a);
     __syncwarp();
   }
@@ -709,7 +936,8 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
       acc.w = fmaf(c, x.w, acc.w);
     }
     if (single) {
-      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      if constexpr (kFp8) inv *= a.out_scale;
       T* o = out + g * D + d;
       o[0] = from_float<T>(acc.x * inv);
       o[1] = from_float<T>(acc.y * inv);
@@ -732,7 +960,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
 constexpr int kReduceHeads = 2;  // warps (q heads) per CTA of the reduce kernel
 static_assert(kMaxParts <= 64, "the reduce kernel holds two partitions per lane");
 
-template <typename T, int D>
+template <typename T, int D, bool kScaled = false>
 __global__ void __launch_bounds__(32 * kReduceHeads) paged_attention_reduce(const KernelArgs a) {
   constexpr int kDpl = D / 32;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -784,7 +1012,8 @@ __global__ void __launch_bounds__(32 * kReduceHeads) paged_attention_reduce(cons
       }
     }
   }
-  const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+  float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+  if constexpr (kScaled) inv *= a.out_scale;  // fp8 caches: v_scale
   T* o = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h) * D + lane * kDpl;
 #pragma unroll
   for (int e = 0; e < kDpl; ++e) o[e] = from_float<T>(acc[e] * inv);
@@ -862,7 +1091,7 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
   if (parts > 1) {
     const int64_t rgrid = p.num_seqs * ((p.num_q_heads + kReduceHeads - 1) / kReduceHeads);
     if (rgrid > INT_MAX) return "paged_attention: problem too large for one launch";
-    paged_attention_reduce<T, D>
+    paged_attention_reduce<T, D, !std::is_same_v<typename Core::Cache, T>>
         <<<static_cast<unsigned>(rgrid), 32 * kReduceHeads, 0, stream>>>(a);
     e = cudaGetLastError();
     if (e != cudaSuccess) return cuda_error("launching the reduce kernel", e);
@@ -872,6 +1101,16 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
 
 template <int D>
 inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const KernelArgs& a) {
+  if (p.fp8_cache) {
+    switch (p.dtype) {
+      case DType::kBF16:
+        return launch_typed<__nv_bfloat16, D, Fp8MmaCore<__nv_bfloat16, D>>(stream, p, a);
+      case DType::kF16:
+        return launch_typed<__half, D, Fp8MmaCore<__half, D>>(stream, p, a);
+      case DType::kF32:
+        return "paged_attention: f8e4m3fn caches need bf16 or f16 queries";
+    }
+  }
   switch (p.dtype) {
     case DType::kBF16:
       return launch_typed<__nv_bfloat16, D, MmaCore<__nv_bfloat16, D>>(stream, p, a);
@@ -918,13 +1157,15 @@ inline std::string launch_paged_attention(cudaStream_t stream, const Params& p) 
   a.sb = p.stride_block;
   a.ss = p.stride_slot;
   a.sh = p.stride_head;
+  const float scale = p.scale * p.k_scale;  // k_scale: 1 unless the caches are fp8
   if (p.softcap > 0.f) {
-    a.qk_scale = p.scale / p.softcap;
+    a.qk_scale = scale / p.softcap;
     a.cap_mul = p.softcap * detail::kLog2e;
   } else {
-    a.qk_scale = p.scale * detail::kLog2e;
+    a.qk_scale = scale * detail::kLog2e;
     a.cap_mul = 0.f;
   }
+  a.out_scale = p.v_scale;
   switch (p.head_dim) {
     case 64: return detail::launch_head_dim<64>(stream, p, a);
     case 128: return detail::launch_head_dim<128>(stream, p, a);

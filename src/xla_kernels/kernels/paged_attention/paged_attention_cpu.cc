@@ -1,6 +1,8 @@
 // paged_attention on the CPU: same semantics as the CUDA kernel (see paged_attention.cuh),
 // computed plainly in f32. Per (sequence, kv head) the valid tokens are gathered once; each K
-// and V row is converted to f32 once and serves every query head of the group.
+// and V row is converted to f32 once and serves every query head of the group. fp8 caches
+// are read as stored (exact in f32); k_scale multiplies the logit scale and v_scale the
+// output, which equals attention over the dequantized cache.
 //
 // Handler XkPagedAttentionCpu. The workspace output is accepted and left untouched.
 #include <algorithm>
@@ -24,15 +26,18 @@ namespace {
 template <ffi::DataType DT>
 using Elem = HostElem<DT>;
 
-template <ffi::DataType DT>
+// DT: query and output; CT: caches (DT, or F8E4M3FN).
+template <ffi::DataType DT, ffi::DataType CT>
 void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw,
          const int32_t* block_tables, const int32_t* seq_lens, void* out_raw, float scale,
-         float softcap, int64_t window) {
+         float softcap, int64_t window, float v_scale) {
   using E = Elem<DT>;
+  using EC = Elem<CT>;
   using T = typename E::T;
+  using C = typename EC::T;
   const T* q = static_cast<const T*>(q_raw);
-  const T* kc = static_cast<const T*>(k_raw);
-  const T* vc = static_cast<const T*>(v_raw);
+  const C* kc = static_cast<const C*>(k_raw);
+  const C* vc = static_cast<const C*>(v_raw);
   T* out = static_cast<T*>(out_raw);
   const int64_t D = s.head_dim, G = s.num_q_heads / s.num_kv_heads;
   const int64_t capacity = s.max_blocks_per_seq * s.block_size;
@@ -60,8 +65,8 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
       for (int64_t e = 0; e < G * D; ++e) qf[e] = E::Load(q[(seq * s.num_q_heads + h0) * D + e]);
       std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
       for (int64_t i = 0; i < n; ++i) {  // logits
-        const T* kr = kc + rows[i] + kvh * s.stride_head;
-        for (int64_t d = 0; d < D; ++d) row[d] = E::Load(kr[d]);
+        const C* kr = kc + rows[i] + kvh * s.stride_head;
+        for (int64_t d = 0; d < D; ++d) row[d] = EC::Load(kr[d]);
         for (int64_t g = 0; g < G; ++g) {
           const float* qg = qf.data() + g * D;
           float dot = 0.f;
@@ -83,8 +88,8 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t i = 0; i < n; ++i) {  // weighted values
-        const T* vr = vc + rows[i] + kvh * s.stride_head;
-        for (int64_t d = 0; d < D; ++d) row[d] = E::Load(vr[d]);
+        const C* vr = vc + rows[i] + kvh * s.stride_head;
+        for (int64_t d = 0; d < D; ++d) row[d] = EC::Load(vr[d]);
         for (int64_t g = 0; g < G; ++g) {
           const float p = logits[g * n + i];
           float* a = acc.data() + g * D;
@@ -92,7 +97,7 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
         }
       }
       for (int64_t g = 0; g < G; ++g) {
-        const float inv = 1.f / sum[g];
+        const float inv = v_scale / sum[g];
         for (int64_t d = 0; d < D; ++d) o[g * D + d] = E::Store(acc[g * D + d] * inv);
       }
     }
@@ -103,11 +108,13 @@ ffi::Error PagedAttentionCpu(ffi::AnyBuffer query, ffi::AnyBuffer key_cache,
                              ffi::AnyBuffer value_cache, ffi::Buffer<ffi::S32> block_tables,
                              ffi::Buffer<ffi::S32> seq_lens, ffi::Result<ffi::AnyBuffer> out,
                              ffi::Result<ffi::Buffer<ffi::F32>> workspace, float scale,
-                             float softcap, int64_t sliding_window, std::string_view layout) {
+                             float softcap, int64_t sliding_window, std::string_view layout,
+                             float k_scale, float v_scale) {
   (void)workspace;
   Shape s;
   ffi::Error err = DecodeAndValidate(query, key_cache, value_cache, block_tables, seq_lens, *out,
-                                     scale, softcap, sliding_window, layout, &s);
+                                     scale, softcap, sliding_window, layout, k_scale, v_scale,
+                                     &s);
   if (err.failure()) return err;
   if (s.num_seqs == 0 || s.num_q_heads == 0) return ffi::Error::Success();
   const void* q = query.untyped_data();
@@ -116,15 +123,26 @@ ffi::Error PagedAttentionCpu(ffi::AnyBuffer query, ffi::AnyBuffer key_cache,
   const int32_t* bt = block_tables.typed_data();
   const int32_t* sl = seq_lens.typed_data();
   void* o = out->untyped_data();
+  const float qk = scale * k_scale;
+  using DT = ffi::DataType;
+  const bool fp8 = s.cache_dtype == DT::F8E4M3FN;
   switch (s.dtype) {
-    case ffi::DataType::F32:
-      Run<ffi::DataType::F32>(s, q, k, v, bt, sl, o, scale, softcap, sliding_window);
+    case DT::F32:
+      Run<DT::F32, DT::F32>(s, q, k, v, bt, sl, o, qk, softcap, sliding_window, v_scale);
       break;
-    case ffi::DataType::BF16:
-      Run<ffi::DataType::BF16>(s, q, k, v, bt, sl, o, scale, softcap, sliding_window);
+    case DT::BF16:
+      if (fp8) {
+        Run<DT::BF16, DT::F8E4M3FN>(s, q, k, v, bt, sl, o, qk, softcap, sliding_window, v_scale);
+      } else {
+        Run<DT::BF16, DT::BF16>(s, q, k, v, bt, sl, o, qk, softcap, sliding_window, v_scale);
+      }
       break;
-    case ffi::DataType::F16:
-      Run<ffi::DataType::F16>(s, q, k, v, bt, sl, o, scale, softcap, sliding_window);
+    case DT::F16:
+      if (fp8) {
+        Run<DT::F16, DT::F8E4M3FN>(s, q, k, v, bt, sl, o, qk, softcap, sliding_window, v_scale);
+      } else {
+        Run<DT::F16, DT::F16>(s, q, k, v, bt, sl, o, qk, softcap, sliding_window, v_scale);
+      }
       break;
     default:
       return Bad("query", "unsupported dtype", "pass bf16, f16 or f32");

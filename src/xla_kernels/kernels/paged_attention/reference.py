@@ -6,7 +6,9 @@
   elements per cache), so it needs far more memory and bandwidth than the kernel.
 * :func:`paged_attention_numpy_f64`: float64 NumPy, for tests.
 
-Both have the kernel's semantics (see ``xla_kernels.kernels.paged_attention``): ``scale``
+Both have the kernel's semantics (see ``xla_kernels.kernels.paged_attention``); with fp8
+(``f8e4m3fn``) caches they attend over the dequantized cache (stored x ``k_scale`` /
+``v_scale``). ``scale``
 multiplies q.k, ``softcap > 0`` applies ``softcap * tanh(x / softcap)`` after it, a
 ``sliding_window > 0`` keeps positions ``t >= seq_len - sliding_window``, ``seq_len`` is
 clamped to the capacity ``max_blocks_per_seq * block_size``, block ids outside
@@ -31,7 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from xla_kernels.kernels.paged_cache import LAYOUTS, cache_dims
+from xla_kernels import dtypes
+from xla_kernels.kernels.paged_cache import FP8, LAYOUTS, cache_dims
+
+
+def _is_fp8(cache: Any) -> bool:
+    return np.dtype(cache.dtype) == dtypes.to_numpy(FP8)
 
 
 def paged_attention_xla(
@@ -45,6 +52,8 @@ def paged_attention_xla(
     softcap: float = 0.0,
     sliding_window: int = 0,
     layout: str = "vllm",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> Any:
     """Decode paged attention in plain jax.numpy (XLA gather + einsum), jit-compatible.
 
@@ -54,7 +63,7 @@ def paged_attention_xla(
             or ``"pallas"`` [num_kv_heads, num_blocks, block_size, head_dim].
         block_tables: int32 [num_seqs, max_blocks_per_seq].
         seq_lens: int32 [num_seqs].
-        scale, softcap, sliding_window, layout: as in the op.
+        scale, softcap, sliding_window, layout, k_scale, v_scale: as in the op.
 
     Returns:
         [num_seqs, num_q_heads, head_dim] in the query's dtype; logits, softmax and the
@@ -97,6 +106,9 @@ def paged_attention_xla(
         v = jnp.asarray(value_cache)[:, idx].reshape(num_kv_heads, num_seqs, capacity, head_dim)
         spec_k, spec_v = "skgd,kstd->skgt", "skgt,kstd->skgd"
         vmask = mask[None, :, :, None]
+    if _is_fp8(key_cache):  # attend over the dequantized cache, in f32
+        k = k.astype(jnp.float32) * jnp.float32(k_scale)
+        v = v.astype(jnp.float32) * jnp.float32(v_scale)
     logits = jnp.einsum(spec_k, q, k, preferred_element_type=jnp.float32) * scale
     if softcap > 0:
         logits = softcap * jnp.tanh(logits / softcap)
@@ -124,12 +136,15 @@ def paged_attention_numpy_f64(
     softcap: float = 0.0,
     sliding_window: int = 0,
     layout: str = "vllm",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> np.ndarray:
     """Decode paged attention in float64 NumPy, token by token: the test oracle.
 
     Inputs may be NumPy or JAX arrays of any floating dtype; the result is float64
     [num_seqs, num_q_heads, head_dim]. Cache slots that are not attended are never read,
-    so they may hold NaN.
+    so they may hold NaN. The keys are ``key_cache * k_scale`` and the values
+    ``value_cache * v_scale`` (in float64: the dequantized fp8 cache).
 
     Example:
         >>> q = np.ones((1, 1, 64)); kc = np.ones((2, 16, 1, 64))
@@ -158,11 +173,11 @@ def paged_attention_numpy_f64(
             continue
         slot = t % block_size
         if layout == "vllm":  # [T, Hkv, D]
-            k = kc[blk, slot].astype(np.float64)
-            v = vc[blk, slot].astype(np.float64)
+            k = kc[blk, slot].astype(np.float64) * float(k_scale)
+            v = vc[blk, slot].astype(np.float64) * float(v_scale)
         else:
-            k = kc[:, blk, slot].astype(np.float64).transpose(1, 0, 2)
-            v = vc[:, blk, slot].astype(np.float64).transpose(1, 0, 2)
+            k = kc[:, blk, slot].astype(np.float64).transpose(1, 0, 2) * float(k_scale)
+            v = vc[:, blk, slot].astype(np.float64).transpose(1, 0, 2) * float(v_scale)
         qs = q[s].reshape(num_kv_heads, group, head_dim)
         logits = np.einsum("kgd,tkd->kgt", qs, k) * scale
         if softcap > 0:

@@ -22,9 +22,12 @@ from typing import Any
 import numpy as np
 
 from xla_kernels import dtypes
+from xla_kernels.kernels.paged_cache import quantize_fp8
 
 TOLERANCES = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
-"""Relative Frobenius error allowed against the float64 reference, per dtype."""
+"""Relative Frobenius error allowed against the float64 reference, per query dtype (with fp8
+caches too: the reference then reads the dequantized cache, so the cache's own rounding is
+not an error of the kernel, and the kernel is held to the bf16/f16 kernel's bound)."""
 
 
 def rel_error(out: Any, ref: np.ndarray) -> float:
@@ -69,15 +72,20 @@ def make_inputs(
     extra_blocks: int = 3,
     sliding_window: int = 0,
     poison: bool = True,
+    cache_dtype: str | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> dict[str, np.ndarray]:
     """A random problem as NumPy arrays (keys: query, key_cache, value_cache, block_tables,
     seq_lens).
 
     ``seq_lens`` default to :func:`random_seq_lens`; ``max_context`` (default: the longest
     length) sets ``max_blocks_per_seq``. Lengths may exceed the capacity or be <= 0 (to
-    test clamping); only in-capacity tokens get blocks.
+    test clamping); only in-capacity tokens get blocks. ``cache_dtype="f8e4m3fn"`` stores
+    standard-normal keys and values quantized with ``kv_scales`` (stored = x / scale,
+    saturated), as ``reshape_and_cache`` would; the caches default to ``dtype``.
     """
     np_dtype = dtypes.to_numpy(dtype)
+    cache_np_dtype = dtypes.to_numpy(cache_dtype or dtype)
     if seq_lens is None:
         seq_lens = random_seq_lens(rng, num_seqs, max_context or 256)
     lens = np.asarray(seq_lens, np.int64)
@@ -98,12 +106,15 @@ def make_inputs(
         tables[s, :n] = perm[at:at + n]
         at += n
 
-    def cache() -> np.ndarray:
+    def cache(scale: float) -> np.ndarray:
         shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "vllm"
                  else (num_kv_heads, num_blocks, block_size, head_dim))
-        return rng.standard_normal(shape, np.float32).astype(np_dtype)
+        x = rng.standard_normal(shape, np.float32)
+        if cache_np_dtype == np_dtype:
+            return x.astype(np_dtype)
+        return quantize_fp8(x, scale)
 
-    key_cache, value_cache = cache(), cache()
+    key_cache, value_cache = cache(kv_scales[0]), cache(kv_scales[1])
     if poison:
         attended = np.zeros((num_blocks, block_size), bool)
         for s in range(num_seqs):
@@ -143,16 +154,23 @@ def sanitize_cases(platform: str = "gpu") -> None:
     cases = [(dtype, d, layout, heads) for dtype in ("bf16", "f16", "f32") for d in (64, 128, 256)
              for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
     cases += [("bf16", 128, "vllm", (32, 1)), ("f32", 64, "pallas", (16, 1))]
-    for dtype, d, layout, (hq, hkv) in cases:
+    cases = [(dtype, None, *rest) for dtype, *rest in cases]
+    # fp8 caches: both query dtypes, every head_dim, both layouts, MQA.
+    cases += [(dtype, "f8e4m3fn", d, layout, heads) for dtype in ("bf16", "f16")
+              for d in (64, 128, 256) for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
+    cases += [("bf16", "f8e4m3fn", 128, "vllm", (32, 1))]
+    for dtype, cache_dtype, d, layout, (hq, hkv) in cases:
+        scales = (0.05, 0.02) if cache_dtype else (1.0, 1.0)
         x = make_inputs(rng, num_seqs=3, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                         block_size=16, dtype=dtype, layout=layout, seq_lens=[0, 37, 1200],
-                        max_context=1300)
+                        max_context=1300, cache_dtype=cache_dtype, kv_scales=scales)
         x["block_tables"][2, 3] = -5
+        attrs = dict(scale=0.1, layout=layout, k_scale=scales[0], v_scale=scales[1])
         args = [jax.device_put(x[k], device) for k in names]
-        out = paged_attention(*args, scale=0.1, layout=layout)
-        ref = paged_attention_numpy_f64(*(x[k] for k in names), scale=0.1, layout=layout)
+        out = paged_attention(*args, **attrs)
+        ref = paged_attention_numpy_f64(*(x[k] for k in names), **attrs)
         err = rel_error(out, ref)
-        assert err <= TOLERANCES[dtype], (dtype, d, layout, hq, hkv, err)
+        assert err <= TOLERANCES[dtype], (dtype, cache_dtype, d, layout, hq, hkv, err)
 
 
 __all__ = ["TOLERANCES", "make_inputs", "random_seq_lens", "rel_error", "sanitize_cases"]
