@@ -6,8 +6,8 @@
 #
 # "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
 # kernel benchmarks; "serve": the serving loop (serve-bench: tiny on the GPU for both
-# frontends with the reference check, then the 1b preset: JAX with the f32 reference
-# check, torchax, and plain-XLA attention); "all" (default): everything (more than one
+# frontends with the reference check; the 1b preset timed with JAX, torchax and plain-XLA
+# attention, then once more with the f32 token-for-token check); "all" (default): everything (more than one
 # 10-minute device call: split it). Expects the torchax wheel in .whl/ (copied from
 # ../shared/wheels and carried along) and, for the FlashAttention-3 peer, the
 # flash-attn3-jax wheel.
@@ -87,9 +87,10 @@ if [ "$mode" = serve ] || [ "$mode" = all ]; then
   }
   serve tiny_jax 120 --preset tiny --frontend jax
   serve tiny_torchax 120 --preset tiny --frontend torchax
-  serve 1b_jax 240 --preset 1b --frontend jax --plot "$out/serve_1b_jax.svg"
-  serve 1b_torchax 180 --preset 1b --frontend torchax --no-reference
-  serve 1b_jax_plain_xla 240 --preset 1b --frontend jax --attention plain-xla --no-reference
+  serve 1b_jax 150 --preset 1b --frontend jax --no-reference --plot "$out/serve_1b_jax.svg"
+  serve 1b_torchax 150 --preset 1b --frontend torchax --no-reference
+  serve 1b_jax_plain_xla 150 --preset 1b --frontend jax --attention plain-xla --no-reference
+  serve 1b_jax_checked 240 --preset 1b --frontend jax --no-breakdown  # the f32 token check
 fi
 
 exit $status
