@@ -43,7 +43,7 @@ for name in ("jax", "jaxlib", "torch", "torchax", "triton"):
 PY
 } 2>&1 | tee "$out/env.txt"
 
-if [ "$mode" != bench ]; then
+if [ "$mode" = tests ] || [ "$mode" = all ]; then
   step "demo"
   python3 -m xla_kernels.demo --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
 
