@@ -22,9 +22,11 @@ from xla_kernels.kernels.rms_norm import (
 TOL = {"f32": 2e-6, "bf16": 2e-2, "f16": 3e-3}
 
 
-def rel(a, b) -> float:
+def rel(a, b, scale: float | None = None) -> float:
+    """||a - b|| relative to ||b||, or to ``scale`` when given."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    ref = np.linalg.norm(b) if scale is None else scale
+    return float(np.linalg.norm(a - b) / max(ref, 1e-30))
 
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
