@@ -251,6 +251,23 @@ PyObject* ToPython(const c10::IValue& v) {
   return nullptr;
 }
 
+// The keyword-only arguments of a call (the op's attributes) as a new dict, or null
+// with a Python error set.
+PyObject* KeywordOnlyArgs(const std::vector<c10::Argument>& arguments,
+                          c10::ArrayRef<c10::IValue> args) {
+  PyObject* kwargs = PyDict_New();
+  for (size_t i = 0; i < args.size() && kwargs != nullptr; ++i) {
+    if (!arguments[i].kwarg_only()) continue;
+    PyObject* value = ToPython(args[i]);
+    if (value == nullptr ||
+        PyDict_SetItemString(kwargs, arguments[i].name().c_str(), value) != 0) {
+      Py_CLEAR(kwargs);
+    }
+    Py_XDECREF(value);
+  }
+  return kwargs;
+}
+
 // ---------------------------------------------------------------- cache keys
 
 void Put(std::string& key, const void* data, size_t n) {
@@ -439,7 +456,7 @@ class Kernel final : public c10::OperatorKernel {
     const auto& arguments = op.schema().arguments();
     Gil gil;
     PyObject* py_tensors = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
-    PyObject* kwargs = PyDict_New();
+    PyObject* kwargs = KeywordOnlyArgs(arguments, args);
     if (py_tensors == nullptr || kwargs == nullptr) {
       Py_XDECREF(py_tensors);
       Py_XDECREF(kwargs);
@@ -450,13 +467,6 @@ class Kernel final : public c10::OperatorKernel {
       PyObject* t = THPVariable_Wrap(tensors[i]);
       ok = t != nullptr;
       if (ok) PyTuple_SET_ITEM(py_tensors, i, t);
-    }
-    for (size_t i = 0; i < args.size() && ok; ++i) {
-      if (!arguments[i].kwarg_only()) continue;
-      PyObject* value = ToPython(args[i]);
-      ok = value != nullptr &&
-           PyDict_SetItemString(kwargs, arguments[i].name().c_str(), value) == 0;
-      Py_XDECREF(value);
     }
     PyObject* result =
         ok ? PyObject_CallFunctionObjArgs(planner_, py_tensors, kwargs, nullptr) : nullptr;
@@ -581,18 +591,13 @@ class AutogradGate final : public c10::OperatorKernel {
     size_t npositional = 0;
     for (const auto& a : arguments) npositional += a.kwarg_only() ? 0 : 1;
     PyObject* positional = PyTuple_New(static_cast<Py_ssize_t>(npositional));
-    PyObject* kwargs = PyDict_New();
+    PyObject* kwargs = KeywordOnlyArgs(arguments, args);
     bool ok = positional != nullptr && kwargs != nullptr;
     for (size_t i = 0, p = 0; i < nargs && ok; ++i) {
+      if (arguments[i].kwarg_only()) continue;
       PyObject* value = ToPython(args[i]);
       ok = value != nullptr;
-      if (!ok) break;
-      if (arguments[i].kwarg_only()) {
-        ok = PyDict_SetItemString(kwargs, arguments[i].name().c_str(), value) == 0;
-        Py_DECREF(value);
-      } else {
-        PyTuple_SET_ITEM(positional, static_cast<Py_ssize_t>(p++), value);
-      }
+      if (ok) PyTuple_SET_ITEM(positional, static_cast<Py_ssize_t>(p++), value);
     }
     PyObject* result = ok ? PyObject_Call(differentiable_, positional, kwargs) : nullptr;
     Py_XDECREF(positional);
