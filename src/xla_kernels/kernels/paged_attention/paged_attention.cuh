@@ -344,6 +344,28 @@ __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], uint32_t mask
 
 // ------------------------------------------------------------------ tensor-core core
 
+// An MMA warp's (m, l) of its accumulator rows g0 = lane / 4 and g1 = g0 + 8 (rows < nh)
+// -> ml: l summed over the row's quad first.
+__device__ __forceinline__ void store_row_stats(const float (&m)[2], const float (&l)[2],
+                                                float* ml, int nh, int lane) {
+  float l0 = l[0], l1 = l[1];
+  l0 += __shfl_xor_sync(kFull, l0, 1);
+  l0 += __shfl_xor_sync(kFull, l0, 2);
+  l1 += __shfl_xor_sync(kFull, l1, 1);
+  l1 += __shfl_xor_sync(kFull, l1, 2);
+  const int g0 = lane >> 2, g1 = g0 + 8;
+  if ((lane & 3) == 0) {
+    if (g0 < nh) {
+      ml[g0 * 2] = m[0];
+      ml[g0 * 2 + 1] = l0;
+    }
+    if (g1 < nh) {
+      ml[g1 * 2] = m[1];
+      ml[g1 * 2 + 1] = l1;
+    }
+  }
+}
+
 // bf16/f16: mma.sync m16n8k16; up to 16 q heads per CTA (rows of the MMA).
 template <typename T, int D>
 struct MmaCore {
@@ -444,22 +466,8 @@ struct MmaCore {
 
   // This warp's unnormalized O rows, m and l (rows < nh) -> shared memory.
   __device__ __forceinline__ void store(float* ow, float* ml, int nh) const {
-    float l0 = l[0], l1 = l[1];
-    l0 += __shfl_xor_sync(kFull, l0, 1);
-    l0 += __shfl_xor_sync(kFull, l0, 2);
-    l1 += __shfl_xor_sync(kFull, l1, 1);
-    l1 += __shfl_xor_sync(kFull, l1, 2);
+    store_row_stats(m, l, ml, nh, lane);
     const int g0 = lane >> 2, g1 = g0 + 8, tig = lane & 3;
-    if (tig == 0) {
-      if (g0 < nh) {
-        ml[g0 * 2] = m[0];
-        ml[g0 * 2 + 1] = l0;
-      }
-      if (g1 < nh) {
-        ml[g1 * 2] = m[1];
-        ml[g1 * 2 + 1] = l1;
-      }
-    }
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
       const int d = i * 8 + tig * 2;
@@ -619,22 +627,8 @@ struct Fp8MmaCore {
 
   // As MmaCore::store, undoing the output-column permutation.
   __device__ __forceinline__ void store(float* ow, float* ml, int nh) const {
-    float l0 = l[0], l1 = l[1];
-    l0 += __shfl_xor_sync(kFull, l0, 1);
-    l0 += __shfl_xor_sync(kFull, l0, 2);
-    l1 += __shfl_xor_sync(kFull, l1, 1);
-    l1 += __shfl_xor_sync(kFull, l1, 2);
+    store_row_stats(m, l, ml, nh, lane);
     const int g0 = lane >> 2, g1 = g0 + 8, tig = lane & 3;
-    if (tig == 0) {
-      if (g0 < nh) {
-        ml[g0 * 2] = m[0];
-        ml[g0 * 2 + 1] = l0;
-      }
-      if (g1 < nh) {
-        ml[g1 * 2] = m[1];
-        ml[g1 * 2 + 1] = l1;
-      }
-    }
 #pragma unroll
     for (int i4 = 0; i4 < DT / 4; ++i4) {
       const int d = i4 * 32 + 8 * tig;  // columns 2tig (d .. d+3) and 2tig+1 (d+4 .. d+7)
