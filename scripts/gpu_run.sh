@@ -5,10 +5,12 @@
 #   bash scripts/gpu_run.sh OUT_DIR [all|tests|bench|serve] [--quick]
 #
 # "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
-# kernel benchmarks; "serve": the serving loop (serve-bench: tiny on the GPU for both
-# frontends with the reference check; the 1b preset timed with JAX, torchax and plain-XLA
-# attention, then once more with the f32 token-for-token check); "all" (default): everything (more than one
-# 10-minute device call: split it). Expects the torchax wheel in .whl/ (copied from
+# kernel benchmarks; "serve": the serving loop (serve-bench: the 1b preset timed with JAX,
+# plain-XLA attention and torchax, once more with the f32 token-for-token check, then tiny
+# on the GPU for both frontends); "all" (default): everything (more than one 10-minute
+# device call: split it). Environment variables narrow a mode down to fit one call:
+# GPU_TESTS (pytest paths, default tests/), SERVE_STEPS (names of the serve runs below, in
+# order). Expects the torchax wheel in .whl/ (copied from
 # ../shared/wheels and carried along) and, for the FlashAttention-3 peer, the
 # flash-attn3-jax wheel.
 set -uo pipefail
@@ -48,7 +50,7 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
   python3 -m xla_kernels.demo --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
 
   step "GPU tests"
-  python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 tests/ 2>&1 | tee "$out/gpu_tests.txt" \
+  python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${GPU_TESTS:-tests/} 2>&1 | tee "$out/gpu_tests.txt" \
     || status=1
   step "GPU torch tests through the Python eager kernels (the native kernel's fallback)"
   XLA_KERNELS_TORCH_NATIVE=0 python3 -m pytest -q -m gpu -p no:cacheprovider \
@@ -85,12 +87,20 @@ if [ "$mode" = serve ] || [ "$mode" = all ]; then
       --json "$out/serve_$name.json" "$@" 2>&1 | tail -25 | tee "$out/serve_$name.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   }
-  serve tiny_jax 120 --preset tiny --frontend jax
-  serve tiny_torchax 120 --preset tiny --frontend torchax
-  serve 1b_jax 150 --preset 1b --frontend jax --no-reference --plot "$out/serve_1b_jax.svg"
-  serve 1b_torchax 150 --preset 1b --frontend torchax --no-reference
-  serve 1b_jax_plain_xla 150 --preset 1b --frontend jax --attention plain-xla --no-reference
-  serve 1b_jax_checked 240 --preset 1b --frontend jax --no-breakdown  # the f32 token check
+  # SERVE_STEPS picks and orders the runs (default: all, the 1b targets first).
+  for name in ${SERVE_STEPS:-1b_jax 1b_jax_plain_xla 1b_torchax 1b_jax_checked tiny_jax tiny_torchax}; do
+    case $name in
+      1b_jax) serve 1b_jax 240 --preset 1b --frontend jax --no-reference \
+                --plot "$out/serve_1b_jax.svg" ;;
+      1b_jax_plain_xla) serve 1b_jax_plain_xla 240 --preset 1b --frontend jax \
+                          --attention plain-xla --no-reference ;;
+      1b_torchax) serve 1b_torchax 240 --preset 1b --frontend torchax --no-reference ;;
+      1b_jax_checked) serve 1b_jax_checked 400 --preset 1b --frontend jax --no-breakdown ;;
+      tiny_jax) serve tiny_jax 120 --preset tiny --frontend jax ;;
+      tiny_torchax) serve tiny_torchax 120 --preset tiny --frontend torchax ;;
+      *) echo "unknown serve step $name"; status=1 ;;
+    esac
+  done
 fi
 
 exit $status

@@ -17,7 +17,12 @@ from xla_kernels.serving.bench import make_requests, make_runner
 from xla_kernels.serving.blocks import BlockAllocator
 from xla_kernels.serving.config import EngineConfig, ServingConfigError, Workload, preset
 from xla_kernels.serving.engine import Engine, Request
-from xla_kernels.serving.reference import dense_greedy, first_divergence
+from xla_kernels.serving.reference import (
+    dense_greedy,
+    dense_outputs,
+    divergence_report,
+    first_divergence,
+)
 from xla_kernels.serving.weights import init_weights
 
 TINY = preset("tiny")
@@ -116,6 +121,28 @@ def test_engine_waits_for_blocks_and_still_matches(cpu, weights, requests, refer
     assert any(blocked)                      # a request waited for blocks, not for a slot
     assert first_divergence(outputs, reference) is None
     assert engine.allocator.num_free == 5
+
+
+def test_divergence_report_names_the_runner_up_and_its_margin(cpu, weights, requests, reference):
+    ref = dense_outputs(TINY, weights, [r.prompt for r in requests],
+                        [r.max_new_tokens for r in requests])
+    assert ref.tokens == [reference[r.id] for r in requests]
+    margins = np.concatenate([np.asarray(m) for m in ref.margins])
+    assert (margins >= 0).all() and margins.max() > 0
+    assert all(t != u for ts, us in zip(ref.tokens, ref.runner_ups, strict=True)
+               for t, u in zip(ts, us, strict=True))
+    ids = [r.id for r in requests]
+    assert divergence_report(reference, ids, ref) is None
+    # Swap in the runner-up at the reference's closest call: the report says so.
+    row, index = min(((i, j) for i, m in enumerate(ref.margins) for j in range(len(m))),
+                     key=lambda ij: ref.margins[ij[0]][ij[1]])
+    engine = {rid: list(reference[rid]) for rid in ids}
+    engine[ids[row]][index] = ref.runner_ups[row][index]
+    report = divergence_report(engine, ids, ref)
+    assert report["request"] == ids[row] and report["index"] == index
+    assert report["engine_took_runner_up"] and report["diverged_requests"] == 1
+    assert report["reference_margin"] == pytest.approx(margins.min())
+    assert report["margin_quantile"] == pytest.approx(np.mean(margins <= margins.min()))
 
 
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])

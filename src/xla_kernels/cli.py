@@ -345,6 +345,9 @@ def serve_bench(args: argparse.Namespace) -> int:
             ("decode step", f"{result['decode_step_ms']} ms"),
             ("prefill", f"{result['prefill_tokens_per_s']} tokens/s"),
             ("matches_reference", str(result["matches_reference"]))]
+    divergence = result["reference_check"].get("first_divergence")
+    if divergence:
+        rows.append(("first divergence", _divergence_line(divergence)))
     breakdown = result.get("breakdown")
     if breakdown:
         rows.append(("breakdown", f"device step {breakdown['decode_step_device_ms']} ms, "
@@ -357,6 +360,26 @@ def serve_bench(args: argparse.Namespace) -> int:
         rows.append(("json", args.json_path))
     _print_table("serve-bench:", rows)
     return 0
+
+
+def _divergence_line(divergence: dict[str, Any]) -> str:
+    """One line for serve-bench's first divergence from the reference.
+
+    Example:
+        >>> print(_divergence_line({"request": 3, "index": 9, "engine": 5, "reference": 7,
+        ...                         "diverged_requests": 1, "engine_took_runner_up": True,
+        ...                         "reference_margin": 2e-06, "margin_quantile": 0.0001}))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        request 3, token 9: 5 instead of 7 (the runner-up, by a margin of 2e-06, smaller than
+        99.99% of margins); 1 request(s) differ
+    """
+    line = (f"request {divergence['request']}, token {divergence['index']}: "
+            f"{divergence['engine']} instead of {divergence['reference']}")
+    if "reference_margin" in divergence:
+        which = "the runner-up" if divergence["engine_took_runner_up"] else "not the runner-up"
+        line += (f" ({which}, by a margin of {divergence['reference_margin']:.3g}, smaller than "
+                 f"{1 - divergence['margin_quantile']:.2%} of margins)")
+    return line + f"; {divergence['diverged_requests']} request(s) differ"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -222,11 +222,11 @@ def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
 def _reference_check(config: ModelConfig, weights: dict[str, Any],
                      requests: list[Request], outputs: dict[int, list[int]]
                      ) -> dict[str, Any] | None:
-    from xla_kernels.serving.reference import dense_greedy, first_divergence
+    from xla_kernels.serving.reference import dense_outputs, divergence_report
 
-    ref = dense_greedy(config, weights, [r.prompt for r in requests],
-                       [r.max_new_tokens for r in requests])
-    return first_divergence(outputs, {r.id: o for r, o in zip(requests, ref, strict=True)})
+    ref = dense_outputs(config, weights, [r.prompt for r in requests],
+                        [r.max_new_tokens for r in requests])
+    return divergence_report(outputs, [r.id for r in requests], ref)
 
 
 def serve_bench(options: BenchOptions) -> dict[str, Any]:
