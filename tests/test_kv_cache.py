@@ -109,6 +109,21 @@ def test_torch_mutates_the_caches_and_returns_nothing(rng, layout):
         assert tensor.view(torch.uint16).numpy().tobytes() == np.asarray(expected).tobytes()
 
 
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+def test_torchax_mutates_the_caches_bit_for_bit(rng, layout):
+    from xla_kernels.frontends.torchax import import_torchax, register_torchax
+
+    register_torchax(reshape_and_cache)
+    env = import_torchax().default_env()
+    key, value, kc, vc, slots = make(rng, layout=layout)
+    want = reshape_and_cache_numpy(key, value, kc, vc, slots, layout=layout)
+    with env:
+        t = [torch.from_numpy(a).to("jax") for a in (key, value, kc, vc, slots)]
+        assert torch.ops.xla_kernels.reshape_and_cache(*t, layout=layout) is None
+        for tensor, expected in zip(t[2:4], want, strict=True):
+            assert same(tensor.to("cpu").numpy(), expected)
+
+
 def test_torch_op_passes_opcheck(rng):
     key, value, kc, vc, slots = make(rng)
     args = [torch.from_numpy(a) for a in (key, value, np.nan_to_num(kc), np.nan_to_num(vc),

@@ -155,12 +155,41 @@ def test_an_in_place_input_must_be_returned():
         op.bind([xk.Spec((2,), "f32")], {})
 
 
-def test_torchax_refuses_an_in_place_op_with_the_way_out():
-    from xla_kernels.frontends.torchax import register_torchax
+def torchax_env():
+    from xla_kernels.frontends.torchax import import_torchax, register_torchax
 
-    with pytest.raises(xk.RegistrationError, match=r"xk_tests.scale_in_place: updates input "
-                                                   r"'x' in place"):
-        register_torchax(scale_in_place)
+    register_torchax(scale_in_place)
+    return import_torchax().default_env()
+
+
+def test_torchax_updates_the_tensor_and_a_view_in_place_and_returns_nothing():
+    env = torchax_env()
+    with env:
+        t = torch.arange(4.0).to("jax")
+        assert torch_op(scale_in_place)(t, factor=2.0) is None
+        assert t.to("cpu").tolist() == [0.0, 2.0, 4.0, 6.0]
+        base = torch.arange(8.0).reshape(2, 4).to("jax")
+        torch_op(scale_in_place)(base[1], factor=3.0)        # a view writes through
+        assert base.to("cpu").tolist() == [[0, 1, 2, 3], [12, 15, 18, 21]]
+
+
+def test_torchax_under_donation_aliases_the_operand_and_copies_nothing():
+    from torchax import interop
+
+    torchax_env()
+
+    def f(t):
+        torch_op(scale_in_place)(t, factor=2.0)
+        return t
+
+    donated = jax.jit(interop.jax_view(f), donate_argnums=0)
+    compiled = donated.lower(jnp.ones(3)).compile().as_text()
+    assert "input_output_alias" in compiled
+    assert " copy(" not in compiled and "copy-start" not in compiled
+    np.testing.assert_array_equal(donated(jnp.arange(3.0)), [0, 2, 4])
+    x = jnp.arange(3.0)
+    np.testing.assert_array_equal(jax.jit(interop.jax_view(f))(x), [0, 2, 4])
+    np.testing.assert_array_equal(x, [0, 1, 2])           # no donation: XLA copied it
 
 
 # ------------------------------------------------------------------ gradients

@@ -7,6 +7,16 @@ frontend, so on torchax tensors the op becomes the same typed-FFI ``custom-call`
 JAX emits: eagerly, under ``torchax.interop.jax_jit`` and under ``jax.jit`` of a
 ``jax_view``-ed function.
 
+**Inputs updated in place** (``xk.Tensor(..., in_place=True)``, e.g. the caches of
+``reshape_and_cache``): a torchax tensor holds an immutable JAX array, so the lowering calls
+the op (whose custom call aliases the operand, as in JAX) and rebinds each updated torch
+tensor to the result, the way torchax's own ``copy_`` does; a torchax view writes through
+to its base. The torch call returns nothing for them, as on CPU/CUDA tensors. Under
+``jax.jit(jax_view(f), donate_argnums=...)`` (or ``interop.jax_jit`` with those
+``kwargs_for_jax_jit``) with the updated tensors donated and returned by ``f``, the
+compiled program aliases them: no copy. Without donation XLA copies the buffer first, and
+the caller's old array stays valid.
+
 Example:
     >>> import torch
     >>> from xla_kernels.kernels.simple_add import simple_add
@@ -35,7 +45,7 @@ from xla_kernels.errors import RegistrationError
 from xla_kernels.op import Op
 from xla_kernels.torch_operator import attrs_from_torch, define
 
-__all__ = ["import_torchax", "jax_impl", "register_torchax"]
+__all__ = ["import_torchax", "in_place_impl", "jax_impl", "register_torchax"]
 
 # Named-tensor overloads ("prod.dim_Dimname", "std.names_dim", ...) that torchax 0.0.13
 # names at import time and that newer torch releases no longer have.
@@ -155,10 +165,47 @@ def jax_impl(op: Op) -> Callable[..., Any]:
         current = record.op
         return current(*arrays, **attrs_from_torch(current, attrs))
 
+    return _named(impl, op)
+
+
+def in_place_impl(op: Op) -> Callable[..., Any]:
+    """The torchax implementation of an op that updates inputs in place (see the module
+    doc): it takes torchax tensors or views and the environment, calls the op on their JAX
+    arrays, writes each updated input back with ``copy_`` (a rebinding, or a write through
+    a view) and returns the op's other outputs as torchax tensors (``None`` if none).
+
+    Example:
+        >>> from xla_kernels.kernels.kv_cache import reshape_and_cache
+        >>> in_place_impl(reshape_and_cache).__name__
+        'reshape_and_cache_torchax'
+    """
+    record = op.record
+
+    def impl(*tensors: Any, env: Any, **attrs: Any) -> Any:
+        current = record.op
+        attrs = attrs_from_torch(current, attrs)
+        arrays = env.t2j_iso(env.v2t_iso(tensors))
+        visible = current.bind(arrays, attrs).visible_outputs
+        out = current(*arrays, **attrs)
+        results = (out,) if len(visible) == 1 else tuple(out or ())
+        position = {spec.name: i for i, spec in enumerate(current.inputs)}
+        returned = []
+        for spec, value in zip(visible, results, strict=True):
+            if spec.updates:
+                tensors[position[spec.updates]].copy_(env.j2t_iso(value))
+            else:
+                returned.append(env.j2t_iso(value))
+        if not returned:
+            return None
+        return returned[0] if len(returned) == 1 else tuple(returned)
+
+    return _named(impl, op)
+
+
+def _named(impl: Callable[..., Any], op: Op) -> Callable[..., Any]:
     impl.__name__ = impl.__qualname__ = f"{op.name.rpartition('.')[2]}_torchax"
     impl.__doc__ = op.doc
     return impl
-
 
 _lock = threading.Lock()
 
@@ -196,13 +243,6 @@ def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> No
         >>> register_torchax(simple_add)
         >>> register_torchax(simple_add)   # a second call changes nothing
     """
-    updated = [t.name for t in op.inputs if t.in_place]
-    if updated:
-        raise RegistrationError(
-            f"{op.name}: updates input '{updated[0]}' in place, which the torchax lowering "
-            "does not carry (torchax would have to write the result back into the torch "
-            "tensor). Fix: call the op on JAX arrays (jax_view the tensors): it returns the "
-            "updated array, aliased to the operand under donate_argnums.")
     torchax = import_torchax()
     from torchax.ops import ops_registry
 
@@ -211,8 +251,14 @@ def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> No
     record = op.record
     with _lock:
         if overload not in record.torchax_overloads:
-            ops_registry.register_torch_dispatch_op(
-                overload, jax_impl(op), is_jax_function=True, is_user_defined=True)
+            if any(t.in_place for t in op.inputs):
+                # Views arrive as views (is_view_op), so an update writes through them.
+                ops_registry.register_torch_dispatch_op(
+                    overload, in_place_impl(op), is_jax_function=False, is_user_defined=True,
+                    needs_env=True, is_view_op=True)
+            else:
+                ops_registry.register_torch_dispatch_op(
+                    overload, jax_impl(op), is_jax_function=True, is_user_defined=True)
             record.torchax_overloads.add(overload)
         operator = ops_registry.all_aten_ops[overload]
         envs = [e for e in (getattr(torchax, "_env", None), env) if e is not None]

@@ -1,20 +1,17 @@
 """The Llama-style decoder as PyTorch modules, run on XLA through torchax.
 
 The modules are ordinary torch code (``nn.Linear``, ``nn.Embedding``, ``F.silu``) that calls
-the library's ops as torch operators: ``torch.ops.xla_kernels.rms_norm`` and
+the library's ops as torch operators: ``torch.ops.xla_kernels.rms_norm``,
+``torch.ops.xla_kernels.reshape_and_cache`` (which updates the layer's caches in place and
+returns nothing, like vLLM's ``reshape_and_cache_flash``) and
 ``torch.ops.xla_kernels.ragged_paged_attention``, lowered by
 :func:`~xla_kernels.frontends.torchax.register_torchax` to the same custom calls JAX emits.
-
-The KV-cache write is the exception, on purpose. ``reshape_and_cache`` updates its caches
-in place; torchax cannot carry an in-place custom call (a torchax tensor is an immutable JAX
-array: the lowering would have to rebind the torch tensor to the result), so
-``register_torchax`` refuses it. The modules therefore call the JAX op directly on the JAX
-arrays under the torch tensors, with ``torchax.interop.call_jax``, and return the updated
-caches, the way vLLM's TPU backend calls its Pallas kernels (KV-cache update included)
-from torch model code. Under the jitted step, whose cache argument is donated, the custom
-call's output aliases its operand: the cache is updated in place, exactly as in the JAX
-frontend. ``--attention plain-xla`` calls both plain-XLA fallbacks the same way (they are
-JAX functions, not torch operators).
+The torchax lowering of the cache write rebinds the cache tensors to the custom call's
+results; under the jitted step, whose cache argument is donated, the custom call's output
+aliases its operand: the cache is updated in place, exactly as in the JAX frontend.
+``--attention plain-xla`` calls both plain-XLA fallbacks with ``torchax.interop.call_jax``
+(they are JAX functions, not torch operators), the way vLLM's TPU backend calls its Pallas
+kernels from torch model code.
 
 :class:`TorchaxRunner` builds the modules on torch's ``meta`` device (no host memory for a
 1B model) and runs them with ``torch.func.functional_call`` on the weights of
@@ -99,7 +96,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
         self.o_proj = nn.Linear(config.num_q_heads * d, h, bias=False)
         # call_jax keys its trace cache on the function: make each one once.
-        self._write = functools.partial(write_kv, attention)
+        self._write_xla = functools.partial(write_kv, "plain-xla")
         self._attend_xla = functools.partial(paged_attention, "plain-xla", scale=self.scale)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
@@ -110,13 +107,16 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         q, k = rotary(q, positions, self.theta), rotary(k, positions, self.theta)
-        key_cache, value_cache = interop.call_jax(self._write, k, v, *kv_cache,
-                                                  batch.slot_mapping)
+        key_cache, value_cache = kv_cache
         if self.attention == "xla-kernels":
+            torch.ops.xla_kernels.reshape_and_cache(k, v, key_cache, value_cache,
+                                                    batch.slot_mapping)
             out = torch.ops.xla_kernels.ragged_paged_attention(
                 q, key_cache, value_cache, batch.kv_lens, batch.block_tables,
                 batch.cu_q_lens, batch.num_seqs, scale=self.scale)
         else:
+            key_cache, value_cache = interop.call_jax(self._write_xla, k, v, key_cache,
+                                                      value_cache, batch.slot_mapping)
             out = interop.call_jax(self._attend_xla, q, key_cache, value_cache, batch)
         return self.o_proj(out.reshape(tokens, -1)), (key_cache, value_cache)
 
@@ -185,12 +185,14 @@ class TorchaxRunner:
         import jax
 
         from xla_kernels.frontends.torchax import register_torchax
+        from xla_kernels.kernels.kv_cache import reshape_and_cache
         from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
         from xla_kernels.kernels.rms_norm import rms_norm
         from xla_kernels.serving.model_jax import zero_caches
 
         interop = _interop()
         register_torchax(rms_norm)
+        register_torchax(reshape_and_cache)
         register_torchax(ragged_paged_attention)
         with torch.device("meta"):
             module = LlamaForServing(config, attention)
