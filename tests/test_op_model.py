@@ -192,6 +192,39 @@ def test_torchax_under_donation_aliases_the_operand_and_copies_nothing():
     np.testing.assert_array_equal(x, [0, 1, 2])           # no donation: XLA copied it
 
 
+def functionalize_kernel_checks() -> None:
+    """The Functionalize kernel register_torch_xla gives in-place ops, on CPU tensors."""
+    from xla_kernels.frontends.torch_xla import _functionalize_kernel
+
+    op = xk.Op("xk_tests.scale_in_place_functionalized",
+               inputs=[xk.Tensor("x", ("f32",), in_place=True)],
+               attrs=[xk.Attr("factor", float)], outputs=lambda x, *, factor: xk.updated(x),
+               kernels={"cpu": xk.Kernel([SOURCE], "XkTestScaleInPlace")})
+    packet = torch_op(op)
+
+    def on_xla(*args, **kwargs):
+        raise AssertionError("CPU tensors must not take the XLA branch")
+
+    torch.library.impl(packet.default._schema.name, "Functionalize",
+                       _functionalize_kernel(packet, on_xla))
+
+    def f(t):
+        packet(t, factor=3.0)
+        return t + 1
+
+    t = torch.arange(3.0)
+    out = torch.func.functionalize(f)(t)
+    assert t.tolist() == [0.0, 3.0, 6.0] and out.tolist() == [1.0, 4.0, 7.0]
+    t = torch.arange(3.0)
+    assert packet(t, factor=2.0) is None and t.tolist() == [0.0, 2.0, 4.0]   # eager
+
+
+def test_the_torch_xla_functionalize_kernel_updates_cpu_tensors_like_functionalization():
+    from test_torch_frontend import in_fresh_python
+
+    in_fresh_python("functionalize_kernel_checks", module="test_op_model")
+
+
 # ------------------------------------------------------------------ gradients
 
 def test_a_torch_gradient_through_an_op_without_backward_raises():

@@ -283,3 +283,78 @@ def test_a_redeclaration_before_torch_xla_ran_the_op_runs_its_own_kernel():
     _times("xk_tests.torch_xla_replaced", "XkTestTimesThree")
     x = torch.tensor([1.0, 2.0], device=_dev())
     assert packet(x).cpu().tolist() == [3.0, 6.0]
+
+
+# --------------------------------------------------------------------------- in place
+
+def _cache_inputs():
+    from xla_kernels.kernels.kv_cache import reshape_and_cache_numpy
+
+    rng = np.random.default_rng(7)
+    key = rng.standard_normal((6, 2, 8)).astype(np.float32)
+    cache = np.full((3, 16, 2, 8), np.nan, np.float32)     # untouched slots stay NaN
+    slots = np.array([0, 17, -1, 47, 48, 5], np.int32)     # padding and out of range
+    return key, cache, slots, reshape_and_cache_numpy(key, 2 * key, cache, cache, slots)
+
+
+def _same(tensor, expected) -> bool:
+    return tensor.cpu().numpy().tobytes() == np.asarray(expected).tobytes()
+
+
+def test_an_in_place_op_updates_the_xla_tensors_through_an_aliased_custom_call():
+    from xla_kernels.kernels.kv_cache import reshape_and_cache
+
+    key, cache, slots, want = _cache_inputs()
+    k, v, kc, vc, s = (torch.from_numpy(a.copy()).to(_dev())
+                       for a in (key, 2 * key, cache, cache, slots))
+    assert xt.call(reshape_and_cache, k, v, kc, vc, s) is None
+    (call,) = _custom_calls(xt.hlo_text([kc, vc]))
+    assert "output_to_operand_aliasing={{0}: (2, {}), {1}: (3, {})}" in call["rest"]
+    assert _same(kc, want[0]) and _same(vc, want[1])
+
+
+def test_the_torch_operator_of_an_in_place_op_mutates_xla_tensors():
+    from xla_kernels.kernels.kv_cache import reshape_and_cache
+
+    op = xt.register_torch_xla(reshape_and_cache)
+    key, cache, slots, want = _cache_inputs()
+    k, v, kc, vc, s = (torch.from_numpy(a.copy()).to(_dev())
+                       for a in (key, 2 * key, cache, cache, slots))
+    assert op(k, v, kc, vc, s) is None
+    torch_xla.sync()
+    assert _same(kc, want[0]) and _same(vc, want[1])
+
+
+DONATION_SCRIPT = """
+import numpy as np, torch, torch_xla
+from xla_kernels.frontends import torch_xla as xt
+from xla_kernels.kernels.kv_cache import reshape_and_cache
+dev = torch_xla.device()
+key = torch.ones(4, 2, 8, device=dev)
+caches = [torch.zeros(3, 16, 2, 8, device=dev) for _ in range(2)]
+slots = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=dev)
+torch_xla.sync()
+xt.register_torch_xla(reshape_and_cache)(key, key, *caches, slots)
+torch_xla.sync()
+assert float(caches[0].cpu().sum()) == 64.0
+"""
+
+
+def test_at_sync_the_updated_caches_are_donated_and_not_copied(tmp_path):
+    import os
+    import sys
+
+    import xla_kernels
+
+    src = str(Path(xla_kernels.__file__).parents[1])
+    env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={tmp_path}", "PJRT_DEVICE": "CPU",
+           "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", DONATION_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (optimized,) = [p for p in tmp_path.glob("*after_optimizations.txt")
+                    if "reshape_and_cache" in p.read_text()]
+    header, text = optimized.read_text().split("\n", 1)
+    aliases = re.search(r"input_output_alias=\{ (.*?) \}", header)
+    assert aliases and aliases[1].count("may-alias") == 2       # both caches, donated
+    assert " copy(" not in text

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from xla_kernels.attrs import mlir_dict
 from xla_kernels.errors import OpInputError, OpTypeError
+from xla_kernels.runtime.hlo_proto import add_operand_aliasing
 from xla_kernels.torch_operator import attrs_from_torch, define
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ def custom_call(
     attrs: Mapping[str, Any] | str,
     *,
     has_side_effect: bool = False,
+    aliases: Mapping[int, int] | None = None,
 ) -> list[torch.Tensor]:
     """Add one typed-FFI custom call of ``target`` to torch_xla's lazy graph.
 
@@ -89,6 +91,10 @@ def custom_call(
             scalars, 1-D NumPy arrays, str), or a call plan's ``mlir_dict()`` text; the
             handler binds them by name.
         has_side_effect: keep the call even when its results are unused.
+        aliases: ``{input index: output index}``: that output *is* that input, updated in
+            place (``output_to_operand_aliasing`` on the custom call; the handler writes
+            into the operand's buffer, so only what it writes changes). XLA copies the
+            operand first unless the buffer may be reused: see :func:`call`.
 
     Returns one lazy XLA tensor per entry of ``outputs``.
 
@@ -132,14 +138,20 @@ def custom_call(
         if any(d < 0 for d in shapes[-1]):
             raise OpInputError(target, f"outputs[{i}]", f"negative dimension in {shapes[-1]}")
     config = attrs if isinstance(attrs, str) else mlir_dict(dict(attrs))
+    alias_pairs = tuple(sorted((aliases or {}).items()))
+    for arg, out in alias_pairs:
+        if not (0 <= arg < len(tensors) and 0 <= out < len(shapes)) or (
+                list(tensors[arg].shape), tensors[arg].dtype) != (shapes[out], out_dtypes[out]):
+            raise OpInputError(target, "aliases", f"input {arg} cannot be output {out}: an "
+                               "updated input must be an output of its shape and dtype")
     key = (target, tuple((tuple(t.shape), t.dtype) for t in tensors),
            tuple((tuple(sh), dt) for sh, dt in zip(shapes, out_dtypes, strict=True)),
-           config, bool(has_side_effect))
+           config, bool(has_side_effect), alias_pairs)
     with _lock:
         built = _computations.get(key)
     if built is None:
         built = _build_computation(target, tensors, shapes, out_dtypes, config,
-                                   bool(has_side_effect))
+                                   bool(has_side_effect), alias_pairs)
         with _lock:
             built = _computations.setdefault(key, built)
     computation, param_of_input, n_params = built
@@ -155,8 +167,9 @@ def _computation_name(target: str) -> str:
 
 
 def _build_computation(target: str, tensors: Sequence[torch.Tensor], shapes: list[list[int]],
-                       out_dtypes: list[torch.dtype], config: str,
-                       has_side_effect: bool) -> tuple[Any, list[int], int]:
+                       out_dtypes: list[torch.dtype], config: str, has_side_effect: bool,
+                       aliases: tuple[tuple[int, int], ...] = ()
+                       ) -> tuple[Any, list[int], int]:
     """Trace the custom call on placeholders into its own XLA computation.
 
     torch_xla 2.9 hashes a ``CustomCall`` IR node by its target and operands only (not
@@ -178,8 +191,12 @@ def _build_computation(target: str, tensors: Sequence[torch.Tensor], shapes: lis
     if sorted(param_of_input) != list(range(n_params)):
         raise OpInputError(target, "inputs", f"internal: parameters {param_of_input} of the "
                            f"traced call do not match its {n_params} inputs")
+    module = ctx.hlo()
+    if aliases:  # _xla_custom_call cannot declare them: add them to the module proto
+        module = add_operand_aliasing(module, target, dict(aliases),
+                                      tuple_output=len(shapes) > 1)
     computation = xb.computation_from_module_proto(f"xla::{_computation_name(target)}",
-                                                   ctx.hlo())
+                                                   module)
     return computation, param_of_input, n_params
 
 
@@ -219,21 +236,27 @@ def call(op: Op, *inputs: torch.Tensor, **attrs: Any) -> torch.Tensor | tuple[to
 
     Returns one tensor for a single visible output, else a tuple (workspaces left out).
 
+    An input declared ``in_place`` is updated in place, as in eager torch: the custom call
+    aliases its output to the operand, the tensor takes the result (``copy_``, a lazy-graph
+    rebinding), and the call returns the op's other outputs (``None`` if none). At
+    ``torch_xla.sync()`` torch_xla donates the buffer of a device tensor updated this way
+    (``XLA_ENABLE_PARAM_ALIASING``, on by default), so the compiled graph aliases it and
+    copies nothing; where the buffer cannot be donated (the tensor is still needed, or
+    aliasing is off), XLA copies the operand first.
+
     Example:
         >>> from xla_kernels.kernels.simple_add import simple_add       # doctest: +SKIP
         >>> call(simple_add, x, y).cpu()                                 # doctest: +SKIP
         tensor([5., 7., 9.])
     """
     plan = op.bind(inputs, attrs)
-    if plan.aliases:
-        raise OpInputError(op.name, op.inputs[next(iter(plan.aliases))].name,
-                           "is updated in place, which the torch_xla lowering does not carry",
-                           "call the op through JAX, which returns the updated array")
     op.check_platform("cpu", plan.inputs)
     register_op(op, "cpu")
     outs = custom_call(op.target, inputs, [(o.shape, o.dtype) for o in plan.outputs],
-                       plan.mlir_dict())
-    return plan.results(outs)
+                       plan.mlir_dict(), aliases=plan.aliases)
+    for arg, out in plan.aliases.items():
+        inputs[arg].copy_(outs[out])
+    return plan.results(outs, with_updated=False)
 
 
 def register_torch_xla(op: Op) -> Any:
@@ -261,5 +284,46 @@ def register_torch_xla(op: Op) -> Any:
 
             xla_impl.__name__ = xla_impl.__qualname__ = f"{op.name.rpartition('.')[2]}_xla"
             torch.library.impl(operator.qualname, "XLA", xla_impl)
+            if any(t.in_place for t in op.inputs):
+                torch.library.impl(operator.qualname, "Functionalize",
+                                   _functionalize_kernel(operator.packet, xla_impl))
             record.torch_xla_dispatch = True
     return operator.packet
+
+
+def _functionalize_kernel(packet: Any, xla_impl: Any) -> Any:
+    """The ``Functionalize`` kernel of an op that updates inputs in place.
+
+    torch_xla runs every XLA tensor through torch's functionalization, whose generic
+    fallback refuses an operator with mutable arguments. On XLA tensors this kernel runs
+    :func:`call` on the functional tensors themselves (the custom call aliases the operand;
+    ``copy_`` records the update in the functional graph). On other tensors (e.g.
+    ``torch.func.functionalize`` or ``torch.compile`` on CPU tensors in a process that
+    also uses torch_xla) it runs the op below functionalization on copies of the updated
+    inputs and makes the copies their new values: right for ``torch.func.functionalize``.
+    ``torch.compile`` of such an op on CPU/CUDA tensors is not supported in a process that
+    registered the op with torch_xla: AOT autograd auto-functionalizes only operators
+    without a ``Functionalize`` kernel, and finds this one's graph not functional.
+    """
+    import torch
+
+    def functionalize(*tensors: torch.Tensor, **kwargs: Any) -> Any:
+        if any(isinstance(t, torch.Tensor) and t.device.type == "xla" for t in tensors):
+            return xla_impl(*tensors, **kwargs)
+        mutable = {i for i, a in enumerate(packet.default._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.is_write}
+        inner = []
+        for i, t in enumerate(tensors):
+            if isinstance(t, torch.Tensor) and torch._is_functional_tensor(t):
+                torch._sync(t)
+                t = torch._from_functional_tensor(t)
+            inner.append(t.clone() if i in mutable else t)
+        functionalize_key = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+        with torch._C._ExcludeDispatchKeyGuard(functionalize_key):
+            out = packet(*inner, **kwargs)
+        for i in sorted(mutable):
+            torch._functionalize_replace(tensors[i], inner[i])
+            torch._functionalize_commit_update(tensors[i])
+        return torch.utils._pytree.tree_map_only(torch.Tensor, torch._to_functional_tensor, out)
+
+    return functionalize
