@@ -11,8 +11,8 @@
 # device call: split it). Environment variables narrow a mode down to fit one call:
 # GPU_TESTS (pytest paths, default tests/), SERVE_STEPS (names of the serve runs below, in
 # order). Expects the torchax wheel in .whl/ (copied from
-# ../shared/wheels and carried along) and, for the FlashAttention-3 peer, the
-# flash-attn3-jax wheel.
+# ../shared/wheels and carried along), for the FlashAttention-3 peer the flash-attn3-jax
+# wheel, and for the FlashInfer peer its two wheels in .whl-fi/.
 set -uo pipefail
 out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench] [--quick]}
 mode=${2:-all}
@@ -25,9 +25,12 @@ status=0
 step() { echo; echo "=== $1"; }
 
 step "install what is missing"
-if ! python3 -c "import torchax" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+# Carried wheels: .whl/ (torchax, flash-attn3-jax), .whl-fi/ (FlashInfer and apache-tvm-ffi,
+# the peers of benchmarks/flashinfer_decode.py); each wheel once, by file name.
+wheels=$(ls .whl/*.whl .whl-fi/*.whl 2>/dev/null | awk -F/ '!seen[$NF]++')
+if [ -n "$wheels" ] && ! python3 -c "import torchax" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site PATH=$PATH:/tmp/site/bin
 fi
 
 step "environment"
@@ -76,6 +79,10 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
     | tee "$out/ragged_paged_attention.txt" || status=1
   python3 benchmarks/paged_attention.py --out "$out" $quick 2>&1 \
     | tee "$out/paged_attention.txt" || status=1
+  python3 benchmarks/command_buffers.py --out "$out" 2>&1 | tee "$out/command_buffers.txt" \
+    || status=1
+  python3 benchmarks/flashinfer_decode.py --out "$out" $quick 2>&1 \
+    | tee "$out/flashinfer_decode.txt" || status=1
 fi
 
 if [ "$mode" = serve ] || [ "$mode" = all ]; then
