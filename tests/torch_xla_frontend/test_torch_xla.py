@@ -358,3 +358,13 @@ def test_at_sync_the_updated_caches_are_donated_and_not_copied(tmp_path):
     aliases = re.search(r"input_output_alias=\{ (.*?) \}", header)
     assert aliases and aliases[1].count("may-alias") == 2       # both caches, donated
     assert " copy(" not in text
+
+
+def test_an_alias_must_pair_an_input_with_an_output_of_its_shape_and_dtype():
+    x = torch.zeros(3, device=_dev())
+    for aliases in ({0: 1}, {1: 0}, {0: 0}):
+        outputs = [((3,), torch.float32)] if aliases != {0: 0} else [((4,), torch.float32)]
+        with pytest.raises(OpInputError, match=r"xk_test.alias: argument 'aliases': input "
+                                               r"\d cannot be output \d: an updated input "
+                                               r"must be an output of its shape and dtype"):
+            xt.custom_call("xk_test.alias", [x], outputs, {}, aliases=aliases)

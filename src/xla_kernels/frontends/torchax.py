@@ -207,6 +207,7 @@ def _named(impl: Callable[..., Any], op: Op) -> Callable[..., Any]:
     impl.__doc__ = op.doc
     return impl
 
+
 _lock = threading.Lock()
 
 
