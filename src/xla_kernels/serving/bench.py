@@ -57,6 +57,7 @@ from xla_kernels.serving.config import (
     preset_entry,
 )
 from xla_kernels.serving.engine import Engine, Request, StepRecord
+from xla_kernels.serving.tp import check_tp
 
 
 @dataclasses.dataclass
@@ -85,6 +86,7 @@ class BenchOptions:
     json_path: str | None = None
     plot_path: str | None = None         # None: next to the JSON, .svg
     profile_dir: str | None = None
+    tp: int = 1                          # tensor parallel degree (kv heads split)
 
 
 def make_requests(workload: Workload, vocab_size: int, seed: int) -> list[Request]:
@@ -114,14 +116,16 @@ def _fresh(requests: list[Request]) -> list[Request]:
     return [Request(r.id, list(r.prompt), r.max_new_tokens, r.arrival) for r in requests]
 
 
-def _device(platform: str | None) -> Any:
+def _devices(platform: str | None) -> list[Any]:
+    """The devices of ``platform`` (default: JAX's default backend); the run uses the first
+    (the first ``--tp`` with tensor parallelism)."""
     import jax
 
     if platform is None:
-        return jax.devices()[0]
+        return jax.devices()
     check_choice("--platform", platform, PLATFORMS)
     try:
-        return jax.devices(platform)[0]
+        return jax.devices(platform)
     except RuntimeError as e:
         raise ServingConfigError(
             f"--platform {platform}: JAX sees no {platform} device ({e}). Fix: pass "
@@ -129,16 +133,17 @@ def _device(platform: str | None) -> Any:
 
 
 def make_runner(frontend: str, config: ModelConfig, weights: dict[str, Any],
-                engine: EngineConfig, attention: str) -> Any:
-    """The runner of ``frontend`` ("jax" or "torchax")."""
+                engine: EngineConfig, attention: str, tp: int = 1,
+                devices: list[Any] | None = None) -> Any:
+    """The runner of ``frontend`` ("jax" or "torchax"), over ``tp`` of ``devices``."""
     check_choice("--attention", attention, ATTENTIONS)
     if check_choice("--frontend", frontend, FRONTENDS) == "jax":
         from xla_kernels.serving.model_jax import JaxRunner
 
-        return JaxRunner(config, weights, engine, attention)
+        return JaxRunner(config, weights, engine, attention, tp, devices)
     from xla_kernels.serving.model_torch import TorchaxRunner
 
-    return TorchaxRunner(config, weights, engine, attention)
+    return TorchaxRunner(config, weights, engine, attention, tp, devices)
 
 
 class Progress:
@@ -185,24 +190,35 @@ def _replay_ms(fn: Any, calls: int, repeats: int = 5) -> float:
 
 
 def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
-                  batch: StepBatch, calls: int) -> float:
+                  batch: StepBatch, calls: int, mesh: Any = None) -> float:
     """The step's attention alone, replayed: ``num_layers`` cache writes + paged attentions
     on ``batch`` in one program (one dispatch, like the step), each layer's queries the
     previous layer's output so that none is dropped. The layers share one cache pair: the
-    same bytes move as with one pair per layer once the context outgrows the GPU's L2."""
+    same bytes move as with one pair per layer once the context outgrows the GPU's L2.
+    With a tensor-parallel ``mesh`` the heads are split over it as in the step."""
     import jax
     import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from xla_kernels.serving.tp import AXIS
+
+    def put(x: Any, *spec: str | None) -> Any:
+        return x if mesh is None else jax.device_put(x, NamedSharding(mesh, P(*spec)))
 
     from xla_kernels.serving.attention import paged_attention, write_kv
     from xla_kernels.serving.model_jax import cache_shape
 
     rows = batch.token_ids.shape[0]
     key = jax.random.key(1)
-    q = jax.random.normal(key, (rows, config.num_q_heads, config.head_dim), config.dtype)
-    kv = jax.random.normal(key, (rows, config.num_kv_heads, config.head_dim), config.dtype)
+    q = put(jax.random.normal(key, (rows, config.num_q_heads, config.head_dim), config.dtype),
+            None, AXIS)
+    kv = put(jax.random.normal(key, (rows, config.num_kv_heads, config.head_dim),
+                               config.dtype), None, AXIS)
     shape = cache_shape(config, engine)
-    state = {"caches": (jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))}
-    device_batch = jax.device_put(batch)
+    state = {"caches": tuple(put(jnp.zeros(shape, config.dtype), None, None, AXIS)
+                             for _ in range(2))}
+    device_batch = put(jax.device_put(batch))
 
     def layers(q: Any, kv: Any, caches: tuple[Any, Any], batch: StepBatch) -> Any:
         for _ in range(config.num_layers):
@@ -239,7 +255,9 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
     check_choice("--attention", options.attention, ATTENTIONS)
     model = entry.model.with_dtype(options.dtype) if options.dtype else entry.model
     check_dtype = check_choice("--check-dtype", options.check_dtype, DTYPES)
-    device = _device(options.platform)
+    devices = _devices(options.platform)
+    device = devices[0]
+    check_tp(model, options.tp, devices)
     workload = dataclasses.replace(
         entry.workload,
         **{k: v for k, v in (("requests", options.requests),
@@ -265,7 +283,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
     with jax.default_device(device):
         weights = init_weights(model, options.seed)
         runner = make_runner(options.frontend, model, weights, engine_config,
-                             options.attention)
+                             options.attention, options.tp, devices)
         start = time.perf_counter()
         for bucket in engine_config.buckets():
             runner.step(empty_batch(bucket, max_num_seqs, engine_config.max_blocks_per_seq))
@@ -303,7 +321,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
                 del weights
                 with jax.default_matmul_precision("highest"):
                     exact_runner = make_runner(options.frontend, exact, exact_weights,
-                                               engine_config, options.attention)
+                                               engine_config, options.attention, options.tp,
+                                               devices)
                     exact_out = Engine(exact_runner, engine_config).run(_fresh(requests))
                     del exact_runner
                     divergence = _reference_check(exact, exact_weights, requests, exact_out)
@@ -313,7 +332,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
 
     result["config"] = {
         "preset": options.preset, "frontend": options.frontend,
-        "attention": options.attention, "platform": device.platform,
+        "attention": options.attention, "platform": device.platform, "tp": options.tp,
         "device": device.device_kind, "dtype": model.dtype, "seed": options.seed,
         "model": dataclasses.asdict(model), "params": model.num_params(),
         "workload": dataclasses.asdict(workload),
@@ -391,7 +410,7 @@ def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: E
 
         with jax.profiler.trace(profile_dir):
             _replay_ms(lambda: runner.launch(prepared), calls, repeats=1)
-    attention_ms = _attention_ms(model, engine_config, attention, batch, calls)
+    attention_ms = _attention_ms(model, engine_config, attention, batch, calls, runner.mesh)
     wall = statistics.median(r.host_ms + r.step_ms for r in decode
                              if r.num_seqs == widest.num_seqs)
     return {

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -111,35 +111,45 @@ def cache_shape(config: ModelConfig, engine: EngineConfig) -> tuple[int, int, in
     return (engine.num_blocks, engine.block_size, config.num_kv_heads, config.head_dim)
 
 
-def zero_caches(config: ModelConfig, engine: EngineConfig) -> Caches:
-    """Zeroed (key, value) caches, one pair per layer, on the default device."""
+def zero_caches(config: ModelConfig, engine: EngineConfig, sharding: Any = None) -> Caches:
+    """Zeroed (key, value) caches, one pair per layer, on the default device or, given a
+    ``sharding``, made in place on its devices (no whole cache on one device)."""
     import jax.numpy as jnp
 
     shape = cache_shape(config, engine)
-    return tuple((jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
+    return tuple((jnp.zeros(shape, config.dtype, device=sharding),
+                  jnp.zeros(shape, config.dtype, device=sharding))
                  for _ in range(config.num_layers))
 
 
 class JaxRunner:
     """Runs :func:`paged_step` for the engine: ``step(batch)`` returns the sampled tokens
-    [max_num_seqs] as NumPy (the one host sync per step) and keeps the updated caches."""
+    [max_num_seqs] as NumPy (the one host sync per step) and keeps the updated caches.
+
+    ``tp > 1`` splits the step over the first ``tp`` of ``devices`` (default: JAX's), kv
+    heads sharded (see :mod:`xla_kernels.serving.tp`); ``self.mesh`` is then its mesh."""
 
     frontend = "jax"
 
     def __init__(self, config: ModelConfig, weights: Weights, engine: EngineConfig,
-                 attention: str):
+                 attention: str, tp: int = 1, devices: Sequence[Any] | None = None):
         import jax
 
-        self.config, self.weights, self.attention = config, weights, attention
-        self.caches = zero_caches(config, engine)
+        from xla_kernels.serving.tp import place
+
+        placement = place(config, engine, weights, tp, devices)
+        self.config, self.weights, self.attention = config, placement.weights, attention
+        self.caches, self.mesh, self.tp = placement.caches, placement.mesh, tp
+        self._batch_sharding = placement.batch_sharding
         self.jitted = jax.jit(functools.partial(paged_step, config=config, attention=attention),
-                              donate_argnums=(1,))
+                              donate_argnums=(1,), **placement.jit_kwargs)
 
     def prepare(self, batch: StepBatch) -> StepBatch:
-        """The batch on the device, as :meth:`launch` takes it."""
+        """The batch on the device (replicated over the mesh with ``tp > 1``), as
+        :meth:`launch` takes it."""
         import jax
 
-        return jax.device_put(batch)
+        return jax.device_put(batch, self._batch_sharding)
 
     def launch(self, batch: StepBatch) -> Any:
         """Dispatch one step on a prepared batch; returns the device's tokens (no sync)."""

@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -181,14 +182,14 @@ class TorchaxRunner:
     frontend = "torchax"
 
     def __init__(self, config: ModelConfig, weights: dict[str, Any], engine: EngineConfig,
-                 attention: str):
+                 attention: str, tp: int = 1, devices: Sequence[Any] | None = None):
         import jax
 
         from xla_kernels.frontends.torchax import register_torchax
         from xla_kernels.kernels.kv_cache import reshape_and_cache
         from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
         from xla_kernels.kernels.rms_norm import rms_norm
-        from xla_kernels.serving.model_jax import zero_caches
+        from xla_kernels.serving.tp import place
 
         interop = _interop()
         register_torchax(rms_norm)
@@ -196,9 +197,11 @@ class TorchaxRunner:
         register_torchax(ragged_paged_attention)
         with torch.device("meta"):
             module = LlamaForServing(config, attention)
+        placement = place(config, engine, weights, tp, devices)
         self.module, self.config, self.attention = module, config, attention
-        self.params = interop.torch_view(weights)
-        self.caches = interop.torch_view(zero_caches(config, engine))
+        self.mesh, self.tp, self._batch_sharding = placement.mesh, tp, placement.batch_sharding
+        self.params = interop.torch_view(placement.weights)
+        self.caches = interop.torch_view(placement.caches)
 
         def step(params: dict[str, torch.Tensor], caches: tuple[KVCache, ...],
                  batch: StepBatch) -> tuple[torch.Tensor, tuple[KVCache, ...]]:
@@ -207,13 +210,15 @@ class TorchaxRunner:
         # torchax.interop.jax_jit(step, kwargs_for_jax_jit={"donate_argnums": (1,)}) is
         # torch_view(jax.jit(jax_view(step), donate_argnums=(1,))); spelled out to keep the
         # jax.jit object, whose cache size counts the compiled buckets.
-        self._jax_step = jax.jit(interop.jax_view(step), donate_argnums=(1,))
+        self._jax_step = jax.jit(interop.jax_view(step), donate_argnums=(1,),
+                                 **placement.jit_kwargs)
         self.jitted = interop.torch_view(self._jax_step)
         self._device_put = jax.device_put
 
     def prepare(self, batch: StepBatch) -> StepBatch:
-        """The batch on the device as torchax tensors, as :meth:`launch` takes it."""
-        return _interop().torch_view(self._device_put(batch))
+        """The batch on the device (replicated over the mesh with ``tp > 1``) as torchax
+        tensors, as :meth:`launch` takes it."""
+        return _interop().torch_view(self._device_put(batch, self._batch_sharding))
 
     def launch(self, batch: StepBatch) -> torch.Tensor:
         """Dispatch one step on a prepared batch; returns the tokens (no sync)."""
