@@ -2,12 +2,15 @@
 # One call on the GPU machine: install what is missing, build, run the GPU tests and the
 # benchmarks, and write every result under OUT_DIR.
 #
-#   bash scripts/gpu_run.sh OUT_DIR [all|tests|bench|serve] [--quick]
+#   bash scripts/gpu_run.sh OUT_DIR [all|tests|bench|serve|tp] [--quick]
 #
 # "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
 # kernel benchmarks; "serve": the serving loop (serve-bench: the 1b preset timed with JAX,
 # plain-XLA attention and torchax, once more with the f32 token-for-token check, then tiny
-# on the GPU for both frontends); "all" (default): everything (more than one 10-minute
+# on the GPU for both frontends); "tp" (a machine with 2 GPUs): paged attention split along
+# kv heads over 2 GPUs vs 1 (benchmarks/tp_attention.py) and the 1b serving loop with
+# --tp 2, JAX and torchax, the JAX run checked token for token; "all" (default):
+# everything but "tp" (more than one 10-minute
 # device call: split it). Environment variables narrow a mode down to fit one call:
 # GPU_TESTS (pytest paths, default tests/), SERVE_STEPS (names of the serve runs below, in
 # order). Expects the torchax wheel in .whl/ (copied from
@@ -107,6 +110,20 @@ if [ "$mode" = serve ] || [ "$mode" = all ]; then
       tiny_torchax) serve tiny_torchax 120 --preset tiny --frontend torchax ;;
       *) echo "unknown serve step $name"; status=1 ;;
     esac
+  done
+fi
+
+if [ "$mode" = tp ]; then
+  step "tensor parallelism over 2 GPUs"
+  python3 benchmarks/tp_attention.py --n 2 --out "$out" 2>&1 | tee "$out/tp_attention.txt" \
+    || status=1
+  for frontend in jax torchax; do
+    check=--no-reference
+    [ "$frontend" = jax ] && check=
+    timeout 400 python3 -m xla_kernels.cli serve-bench --platform gpu --no-progress \
+      --preset 1b --tp 2 --frontend "$frontend" $check --json "$out/serve_1b_tp2_$frontend.json" \
+      2>&1 | tail -25 | tee "$out/serve_1b_tp2_$frontend.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   done
 fi
 
