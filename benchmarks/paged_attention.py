@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xla_kernels.bench import device_description
+from xla_kernels.bench import budgeted_seconds, device_description
 from xla_kernels.kernels.paged_attention import paged_attention, paged_attention_xla
 
 CHAIN = 16               # op calls per timed program
@@ -68,30 +68,11 @@ def kv_bytes(cfg: dict[str, Any]) -> int:
     return 2 * 2 * cfg["num_seqs"] * cfg["context"] * cfg["num_kv_heads"] * cfg["head_dim"]
 
 
-def timed(fn: Any, args: tuple, budget: float, calls: int = CHAIN) -> float:
-    """Median seconds per op call: ``fn`` runs ``calls`` calls; programs are queued back to
-    back, so the dispatch of one overlaps the device work of the previous ones."""
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    one = time.perf_counter() - start
-    per_window = max(1, min(200, int(budget / 5 / max(one, 1e-6))))
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        out = None
-        for _ in range(per_window):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / per_window / calls)
-    return statistics.median(samples)
-
-
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Device copy bandwidth (read + write) of a jitted elementwise op over ``nbytes``."""
     x = jnp.arange(nbytes // 4, dtype=jnp.uint32)
-    seconds = timed(jax.jit(lambda v: v + jnp.uint32(1)), (x,), budget=0.5, calls=1)
+    seconds = budgeted_seconds(jax.jit(lambda v: v + jnp.uint32(1)), (x,), budget=0.5,
+                               warmup=2)
     del x
     return 2 * nbytes / seconds / 1e9
 
@@ -224,7 +205,8 @@ def measure(cfg: dict[str, Any], budget: float, pallas: Any) -> dict[str, Any]:
     def run(name: str, impl: Any, call_args: tuple) -> None:
         try:
             fn = chained(impl)
-            row[f"{name}_ms"] = timed(fn, call_args, budget) * 1e3
+            row[f"{name}_ms"] = budgeted_seconds(fn, call_args, budget, calls=CHAIN,
+                                                   warmup=2) * 1e3
             outs[name] = np.asarray(jax.jit(impl)(*(a[0] if isinstance(a, list) else a
                                                     for a in call_args)), np.float32)
         except Exception as e:

@@ -35,8 +35,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
-import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xla_kernels.bench import device_description
+from xla_kernels.bench import budgeted_seconds, device_description
 from xla_kernels.kernels.paged_attention import paged_attention
 from xla_kernels.kernels.ragged_paged_attention import (
     ragged_paged_attention,
@@ -113,24 +111,6 @@ def make_data(cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     }
 
 
-def timed(fn: Any, args: tuple, budget: float) -> float:
-    """Median seconds per call over 5 windows of back-to-back calls."""
-    jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    one = time.perf_counter() - start
-    per_window = max(1, min(200, int(budget / 5 / max(one, 1e-6))))
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        out = None
-        for _ in range(per_window):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / per_window)
-    return statistics.median(samples)
-
-
 def fa3_impl(cfg: dict[str, Any]) -> Any:
     """FlashAttention-3's paged KV-cache call on a padded [batch, max_q_len] query, or None."""
     try:
@@ -195,7 +175,7 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
 
     def run(name: str, fn: Any) -> None:
         try:
-            sec = timed(jax.jit(fn), (x,), budget)
+            sec = budgeted_seconds(jax.jit(fn), (x,), budget)
         except Exception as e:  # a failing impl is reported, not fatal
             row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
             traceback.print_exc()

@@ -32,9 +32,7 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +46,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from xla_kernels.bench import device_description
+from xla_kernels.bench import budgeted_seconds, device_description
 from xla_kernels.kernels.paged_attention import paged_attention
 
 CHAIN = 16               # op calls per timed program
@@ -81,25 +79,6 @@ def memory_limit(device: Any) -> float:
     """Bytes one device may hold (``inf`` where the backend does not say: the CPU)."""
     stats = device.memory_stats() or {}
     return float(stats.get("bytes_limit", math.inf))
-
-
-def timed(fn: Any, args: tuple, budget: float) -> float:
-    """Median seconds per op call of ``fn`` (a chain of ``CHAIN`` calls), programs queued
-    back to back."""
-    jax.block_until_ready(fn(*args))
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    one = time.perf_counter() - start
-    per_window = max(1, min(200, int(budget / 5 / max(one, 1e-6))))
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        out = None
-        for _ in range(per_window):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / per_window / CHAIN)
-    return statistics.median(samples)
 
 
 def make_data(cfg: dict[str, Any], sets: int, device: Any) -> dict[str, Any]:
@@ -172,13 +151,13 @@ def measure(cfg: dict[str, Any], devices: list[Any], budget: float) -> dict[str,
     data = make_data(cfg, sets, devices[0])
     fn = chained(cfg["head_dim"] ** -0.5)
     args = (data["qs"], data["k"], data["v"], data["bts"], data["lens"])
-    row["one_device_ms"] = timed(fn, args, budget) * 1e3
+    row["one_device_ms"] = budgeted_seconds(fn, args, budget, calls=CHAIN) * 1e3
     one = np.asarray(fn(*args)[0], np.float32)
     sharded = shard(data, Mesh(np.array(devices), ("tp",)))
     del data, args
     args = (sharded["qs"], sharded["k"], sharded["v"], sharded["bts"], sharded["lens"])
     row.update(collectives(fn.lower(*args).compile().as_text(), sharded["k"].shape))
-    row[f"{n}_devices_ms"] = timed(fn, args, budget) * 1e3
+    row[f"{n}_devices_ms"] = budgeted_seconds(fn, args, budget, calls=CHAIN) * 1e3
     row["max_abs_diff"] = float(np.abs(np.asarray(fn(*args)[0], np.float32) - one).max())
     row["speedup"] = row["one_device_ms"] / row[f"{n}_devices_ms"]
     row["kv_gbs_n_devices"] = nbytes / (row[f"{n}_devices_ms"] * 1e-3) / 1e9

@@ -48,6 +48,36 @@ def pipelined_seconds(fn: Callable[..., Any], *args: Any, calls: int = 50, repea
     return statistics.median(times)
 
 
+def budgeted_seconds(fn: Callable[..., Any], args: tuple, budget: float, *, calls: int = 1,
+                     warmup: int = 1) -> float:
+    """Median seconds per op call of the jitted ``fn`` (one program making ``calls`` op
+    calls), with programs queued back to back in 5 windows sized to take about ``budget``
+    seconds together (1 to 200 programs each, from one timed call after ``warmup``).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> budgeted_seconds(jax.jit(lambda x: x + 1), (jnp.ones(4),), budget=0.01) > 0
+        True
+    """
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    one = time.perf_counter() - start
+    per_window = max(1, min(200, int(budget / 5 / max(one, 1e-6))))
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        out = None
+        for _ in range(per_window):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / per_window / calls)
+    return statistics.median(samples)
+
+
 def device_description() -> dict[str, str]:
     """The JAX backend, device kind and library versions, for result files."""
     import platform
