@@ -69,6 +69,17 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The A operand of an m16n8k16 MMA (16 rows x 16 k) from two m16n8 f32 accumulator tiles
+// covering k 0-7 (lo) and 8-15 (hi): e.g. P = softmax(S) feeding O += P V.
+template <typename T>
+__device__ __forceinline__ void accumulators_to_a(const float (&lo)[4], const float (&hi)[4],
+                                                  uint32_t (&a)[4]) {
+  a[0] = pack2<T>(lo[0], lo[1]);
+  a[1] = pack2<T>(lo[2], lo[3]);
+  a[2] = pack2<T>(hi[0], hi[1]);
+  a[3] = pack2<T>(hi[2], hi[3]);
+}
+
 // Base used for exp2 so that -inf statistics never produce NaN.
 __device__ __forceinline__ float safe_max(float m) { return m == -INFINITY ? 0.f : m; }
 

@@ -450,10 +450,7 @@ struct MmaCore {
 #pragma unroll
     for (int j = 0; j < NW / 16; ++j) {
       uint32_t pa[4];
-      pa[0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
-      pa[1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
-      pa[2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-      pa[3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+      accumulators_to_a<T>(sc[2 * j], sc[2 * j + 1], pa);
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         uint32_t b[4];
@@ -600,10 +597,7 @@ struct Fp8MmaCore {
 #pragma unroll
     for (int j = 0; j < NW / 16; ++j) {
       uint32_t pa[4];
-      pa[0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
-      pa[1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
-      pa[2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-      pa[3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+      accumulators_to_a<T>(sc[2 * j], sc[2 * j + 1], pa);
       const int row0 = j * 16 + 2 * tig;
       const int rows[4] = {row0, row0 + 1, row0 + 8, row0 + 9};
 #pragma unroll

@@ -451,10 +451,7 @@ __global__ void __launch_bounds__(kThreads) ragged_mma_kernel(const Args a) {
 #pragma unroll
       for (int j = 0; j < NK / 16; ++j) {
         uint32_t pa[4];
-        pa[0] = pack2<T>(sc[2 * j][0], sc[2 * j][1]);
-        pa[1] = pack2<T>(sc[2 * j][2], sc[2 * j][3]);
-        pa[2] = pack2<T>(sc[2 * j + 1][0], sc[2 * j + 1][1]);
-        pa[3] = pack2<T>(sc[2 * j + 1][2], sc[2 * j + 1][3]);
+        accumulators_to_a<T>(sc[2 * j], sc[2 * j + 1], pa);
 #pragma unroll
         for (int dp = 0; dp < D / 16; ++dp) {
           uint32_t b[4];
