@@ -57,6 +57,7 @@
 
 #include "paged_attention_limits.h"
 #include "xla_kernels/cuda_mma.cuh"
+#include "xla_kernels/cuda_pdl.cuh"
 
 namespace xla_kernels::paged_attention {
 
@@ -94,6 +95,7 @@ inline std::string launch_paged_attention(cudaStream_t stream, const Params& p);
 namespace detail {
 
 using namespace ::xla_kernels::cuda_mma;  // the shared mma/cp.async helpers
+using namespace ::xla_kernels::cuda_pdl;  // programmatic dependent launch
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -824,6 +826,10 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
   constexpr bool kFp8 = !std::is_same_v<C, T>;
   constexpr int NW = Core::NW, RS = Core::RS, kStages = Core::kStages, GC = Core::GC;
 
+  // Launched with PDL: nothing global is touched before the previous kernel has finished.
+  // The reduce kernel (PDL too) may then be scheduled; it waits for this grid to finish.
+  pdl_wait();
+  pdl_launch_dependents();
   const int HC = a.Hkv * a.chunks;
   int idx = blockIdx.x;
   const int hc = idx % HC;
@@ -943,19 +949,21 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
 }
 
 // Combines the partitions of each (sequence, q head); sequences with one partition were
-// finished by the main kernel. One warp per (sequence, q head): lanes read the (m, l) of up
-// to 64 partitions at once, then each lane sums D/32 dims over the partitions.
-constexpr int kReduceHeads = 2;  // warps (q heads) per CTA of the reduce kernel
+// finished by the main kernel. One CTA of kReduceWarps warps per (sequence, q head): every
+// warp reads the (m, l) of all partitions (lanes hold two each) and finds the common
+// maximum; warp w sums partitions w, w + kReduceWarps, ... (lanes over D, the loads of
+// several partitions in flight); the warps' sums are added through shared memory.
+constexpr int kReduceWarps = 4;
 static_assert(kMaxParts <= 64, "the reduce kernel holds two partitions per lane");
 
 template <typename T, int D, bool kScaled = false>
-__global__ void __launch_bounds__(32 * kReduceHeads) paged_attention_reduce(const KernelArgs a) {
+__global__ void __launch_bounds__(32 * kReduceWarps) paged_attention_reduce(const KernelArgs a) {
   constexpr int kDpl = D / 32;
+  __shared__ __align__(16) float sums[kReduceWarps][D];
+  pdl_wait();  // the main kernel's partials are complete and visible
+  pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int blocks_per_seq = (a.Hq + kReduceHeads - 1) / kReduceHeads;
-  const int s = blockIdx.x / blocks_per_seq;
-  const int h = (blockIdx.x % blocks_per_seq) * kReduceHeads + warp;
-  if (h >= a.Hq) return;
+  const int s = blockIdx.x / a.Hq, h = blockIdx.x % a.Hq;
   const SeqPart sp = seq_partition(a, s);
   if (sp.n <= 1) return;
   const int64_t row = (static_cast<int64_t>(s) * a.Hq + h) * a.T;
@@ -975,14 +983,11 @@ __global__ void __launch_bounds__(32 * kReduceHeads) paged_attention_reduce(cons
   for (int off = 16; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
   const float b = safe_max(mx);
   const float w0 = exp2f(m0 - b), w1 = exp2f(m1 - b);  // 0 for absent partitions
-  float lsum = w0 * l0 + w1 * l1;
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) lsum += __shfl_xor_sync(kFull, lsum, off);
   float acc[kDpl];
 #pragma unroll
   for (int e = 0; e < kDpl; ++e) acc[e] = 0.f;
-#pragma unroll 4
-  for (int p = 0; p < sp.n; ++p) {
+#pragma unroll(D <= 128 ? 8 : 4)
+  for (int p = warp; p < sp.n; p += kReduceWarps) {
     const float w = __shfl_sync(kFull, p < 32 ? w0 : w1, p & 31);
     const float* x = ws_acc + static_cast<int64_t>(p) * D + lane * kDpl;
     if constexpr (kDpl == 2) {
@@ -1000,11 +1005,21 @@ __global__ void __launch_bounds__(32 * kReduceHeads) paged_attention_reduce(cons
       }
     }
   }
+#pragma unroll
+  for (int e = 0; e < kDpl; ++e) sums[warp][lane * kDpl + e] = acc[e];
+  float lsum = w0 * l0 + w1 * l1;
+#pragma unroll
+  for (int off = 16; off >= 1; off >>= 1) lsum += __shfl_xor_sync(kFull, lsum, off);
+  __syncthreads();
   float inv = lsum > 0.f ? 1.f / lsum : 0.f;
   if constexpr (kScaled) inv *= a.out_scale;  // fp8 caches: v_scale
-  T* o = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h) * D + lane * kDpl;
+  T* o = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h) * D;
+  for (int d = threadIdx.x; d < D; d += 32 * kReduceWarps) {
+    float x = 0.f;
 #pragma unroll
-  for (int e = 0; e < kDpl; ++e) o[e] = from_float<T>(acc[e] * inv);
+    for (int w = 0; w < kReduceWarps; ++w) x += sums[w][d];
+    o[d] = from_float<T>(x * inv);
+  }
 }
 
 // ------------------------------------------------------------------ host side
@@ -1072,16 +1087,16 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
   }
   const int64_t grid = p.num_seqs * parts * p.num_kv_heads * a.chunks;
   if (grid > INT_MAX) return "paged_attention: problem too large for one launch";
-  paged_attention_main<T, D, Core>
-      <<<static_cast<unsigned>(grid), kThreads, L::kBytes, stream>>>(a);
-  e = cudaGetLastError();
+  const bool pdl = pdl_enabled(device);
+  e = launch_kernel(main_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), L::kBytes,
+                    stream, pdl, a);
   if (e != cudaSuccess) return cuda_error("launching the main kernel", e);
   if (parts > 1) {
-    const int64_t rgrid = p.num_seqs * ((p.num_q_heads + kReduceHeads - 1) / kReduceHeads);
+    const int64_t rgrid = p.num_seqs * p.num_q_heads;
     if (rgrid > INT_MAX) return "paged_attention: problem too large for one launch";
-    paged_attention_reduce<T, D, !std::is_same_v<typename Core::Cache, T>>
-        <<<static_cast<unsigned>(rgrid), 32 * kReduceHeads, 0, stream>>>(a);
-    e = cudaGetLastError();
+    e = launch_kernel(paged_attention_reduce<T, D, !std::is_same_v<typename Core::Cache, T>>,
+                      dim3(static_cast<unsigned>(rgrid)), dim3(32 * kReduceWarps), 0, stream,
+                      pdl, a);
     if (e != cudaSuccess) return cuda_error("launching the reduce kernel", e);
   }
   return "";
