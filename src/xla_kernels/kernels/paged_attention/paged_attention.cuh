@@ -20,7 +20,12 @@
 //    T is picked on the host so that the grid fills the GPU once (slots = SMs x CTAs per SM).
 //    CTAs past a sequence's n exit at once. With n == 1 the CTA writes the output directly;
 //    otherwise it writes (acc, m, l) partials to the workspace and a small reduce kernel
-//    combines them. The reduce kernel is not launched at all when T == 1.
+//    (one CTA per (sequence, q head), its loads batched) combines them. The reduce kernel
+//    is not launched at all when T == 1.
+//  * Programmatic dependent launch (sm_90+, cuda_pdl.cuh): both kernels are launched with
+//    PDL and wait (griddepcontrol.wait) before touching global memory, so the reduce kernel
+//    is already resident when the main kernel's last CTAs finish, and a call overlaps the
+//    previous kernel's tail; results are those of plain stream order.
 //  * Loads: each warp streams its own tiles (NW tokens of K and V) into shared memory with
 //    16-byte cp.async, kStages deep, so ~2 tiles per warp are in flight while it computes.
 //    Rows of masked tokens (beyond L, outside the window, invalid block id) are zero-filled
@@ -986,23 +991,37 @@ __global__ void __launch_bounds__(32 * kReduceWarps) paged_attention_reduce(cons
   float acc[kDpl];
 #pragma unroll
   for (int e = 0; e < kDpl; ++e) acc[e] = 0.f;
-#pragma unroll(D <= 128 ? 8 : 4)
-  for (int p = warp; p < sp.n; p += kReduceWarps) {
-    const float w = __shfl_sync(kFull, p < 32 ? w0 : w1, p & 31);
-    const float* x = ws_acc + static_cast<int64_t>(p) * D + lane * kDpl;
-    if constexpr (kDpl == 2) {
-      const float2 v = *reinterpret_cast<const float2*>(x);
-      acc[0] = fmaf(w, v.x, acc[0]);
-      acc[1] = fmaf(w, v.y, acc[1]);
-    } else {
+  // kBatch partitions' loads are issued before any of them is used.
+  constexpr int kBatch = 8;
+  for (int p0 = warp; p0 < sp.n; p0 += kBatch * kReduceWarps) {
+    float x[kBatch][kDpl];
 #pragma unroll
-      for (int e = 0; e < kDpl; e += 4) {
-        const float4 v = *reinterpret_cast<const float4*>(x + e);
-        acc[e] = fmaf(w, v.x, acc[e]);
-        acc[e + 1] = fmaf(w, v.y, acc[e + 1]);
-        acc[e + 2] = fmaf(w, v.z, acc[e + 2]);
-        acc[e + 3] = fmaf(w, v.w, acc[e + 3]);
+    for (int j = 0; j < kBatch; ++j) {
+      const int p = p0 + j * kReduceWarps;
+      const float* src = ws_acc + static_cast<int64_t>(p) * D + lane * kDpl;
+      if constexpr (kDpl % 4 == 0) {
+#pragma unroll
+        for (int e = 0; e < kDpl; e += 4) {
+          const float4 v = p < sp.n ? *reinterpret_cast<const float4*>(src + e)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+          x[j][e] = v.x;
+          x[j][e + 1] = v.y;
+          x[j][e + 2] = v.z;
+          x[j][e + 3] = v.w;
+        }
+      } else {
+        const float2 v = p < sp.n ? *reinterpret_cast<const float2*>(src)
+                                  : make_float2(0.f, 0.f);
+        x[j][0] = v.x;
+        x[j][1] = v.y;
       }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int p = p0 + j * kReduceWarps;  // warp-uniform; x is 0 past the last partition
+      const float w = __shfl_sync(kFull, p < 32 ? w0 : w1, p & 31);
+#pragma unroll
+      for (int e = 0; e < kDpl; ++e) acc[e] = fmaf(w, x[j][e], acc[e]);
     }
   }
 #pragma unroll
