@@ -186,7 +186,9 @@ ragged_paged_attention = Op(
     sharding_rule=_sharding_rule,
     kernels={
         "cpu": Kernel(["ragged_paged_attention_cpu.cc"], handler="XkRaggedPagedAttentionCpu"),
-        "cuda": Kernel(["ragged_paged_attention.cu"], handler="XkRaggedPagedAttentionCuda"),
+        # sm_90 is built as sm_90a: the Hopper prefill kernel uses wgmma.
+        "cuda": Kernel(["ragged_paged_attention.cu"], handler="XkRaggedPagedAttentionCuda",
+                       arch_specific=True),
     },
     doc=__doc__ or "",
 )
