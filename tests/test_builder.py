@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -331,13 +332,9 @@ def test_kernel_arch_specific_reaches_nvcc(monkeypatch, tmp_path):
     monkeypatch.setattr(builder_pkg, "build_library", fake_build)
     for arch_specific in (False, True):
         k = Kernel([str(FIXTURES / "scale.cu")], handler="H", arch_specific=arch_specific)
-
-        class FakeOp:
-            name = "t.op"
-            kernels = {"cuda": k}
-
+        fake_op = types.SimpleNamespace(name="t.op", kernels={"cuda": k})
         with pytest.raises(BuildError, match="stop here"):
-            library.load_kernel(FakeOp, "cuda")  # type: ignore[arg-type]
+            library.load_kernel(fake_op, "cuda")  # type: ignore[arg-type]
         assert seen["scale"] is arch_specific
 
 

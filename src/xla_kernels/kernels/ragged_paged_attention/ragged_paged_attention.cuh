@@ -35,6 +35,12 @@
 //    each normalizes and writes its own rows: no cross-warp merge.
 //  * A small kernel writes zeros to the rows no sequence owns; every owned row is written by
 //    exactly one CTA of the main kernel.
+//  * Hopper: on a compute capability 9.0 device, with the library built for sm_90a (the op's
+//    Kernel has arch_specific=True), bf16/f16 with head_dim 64 or 128 run the wgmma kernel
+//    of ragged_paged_attention_sm90.cuh instead of the mma.sync kernel (128 packed rows per
+//    CTA in two warpgroups, 64-token swizzled K/V tiles, 3 stages; design there).
+//    XLA_KERNELS_RAGGED_WGMMA=0 in the environment switches it off ("require": fail where it
+//    cannot run; read at every launch).
 //  * Decode-only batches (every q_len <= 1; known only on the device) take paged_attention's
 //    flash-decoding kernels instead, which split long contexts over several CTAs (this
 //    kernel does not). With a workspace (Params::workspace), a one-CTA kernel first decides
@@ -860,10 +866,17 @@ inline std::string launch_main(cudaStream_t stream, const Params& p, const Args&
   return "";
 }
 
-// XLA_KERNELS_RAGGED_WGMMA=0 in the environment: never take the wgmma kernel (A/B checks).
-inline bool wgmma_allowed_by_env() {
+// XLA_KERNELS_RAGGED_WGMMA in the environment, read at every launch: "0" never takes the
+// wgmma kernel (A/B checks against the mma.sync kernel); "require" makes a call that the
+// wgmma kernel should serve (bf16/f16, head_dim 64/128) fail when it cannot (not an sm_90a
+// build, not a 9.0 device), so tests know which kernel ran; unset or anything else: use it
+// when possible.
+enum class WgmmaMode { kOff, kAuto, kRequire };
+inline WgmmaMode wgmma_mode_from_env() {
   const char* v = std::getenv("XLA_KERNELS_RAGGED_WGMMA");
-  return v == nullptr || std::string(v) != "0";
+  if (v == nullptr) return WgmmaMode::kAuto;
+  const std::string s(v);
+  return s == "0" ? WgmmaMode::kOff : s == "require" ? WgmmaMode::kRequire : WgmmaMode::kAuto;
 }
 
 // Whether `kernel` (a ragged_wgmma_kernel) can run on `device`: compute capability 9.0 and
@@ -899,12 +912,19 @@ inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const 
                                     bool* used) {
   *used = false;
   if constexpr (D == 64 || D == 128) {
-    if (!wgmma_allowed_by_env()) return "";
+    const WgmmaMode mode = wgmma_mode_from_env();
+    if (mode == WgmmaMode::kOff) return "";
     int device = 0;
     const cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
     auto kernel = ragged_wgmma_kernel<T, D>;
-    if (!wgmma_kernel_usable(reinterpret_cast<const void*>(kernel), device)) return "";
+    if (!wgmma_kernel_usable(reinterpret_cast<const void*>(kernel), device)) {
+      return mode == WgmmaMode::kRequire
+                 ? "ragged_paged_attention: XLA_KERNELS_RAGGED_WGMMA=require, but the wgmma "
+                   "kernel cannot run here (needs a compute capability 9.0 device and an "
+                   "sm_90a build)"
+                 : "";
+    }
     *used = true;
     return launch_main(stream, p, a, kernel, Sm90Config<D>::kBytes, kSm90Rows, kSm90Threads);
   } else {
