@@ -13,6 +13,8 @@ TFLOP/s reached, the bytes of the floor (each sequence's attended K/V range once
 head, plus Q and the output) and the GB/s it implies. Implementations:
 
 * ``ours``: :func:`ragged_paged_attention`;
+* ``ours_mma``: the same with ``XLA_KERNELS_RAGGED_WGMMA=0`` (the mma.sync kernel instead of
+  the sm_90a wgmma prefill kernel), for batches with a q_len above 1;
 * ``xla``: :func:`ragged_paged_attention_xla` (skipped when its per-row gathers would
   exceed ``XLA_CAP`` bytes);
 * ``fa3``: ``flash_attn3_jax.flash_mha_with_kvcache`` (paged, ``page_table``), if the
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import traceback
 from pathlib import Path
 from typing import Any
@@ -187,6 +190,19 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
     slots = ("queries", "key_cache", "value_cache", "kv_lens_slots", "block_tables_slots",
              "cu_q_lens_slots", "num_seqs")
     run("ours", lambda d: ragged_paged_attention(*(d[k] for k in slots), scale=scale))
+    if any(q > 1 for q in cfg["q_lens"]):
+        # The same op with the sm_90a wgmma kernel switched off (the mma.sync kernel; equal
+        # to "ours" where the wgmma kernel does not apply).
+        saved = os.environ.get("XLA_KERNELS_RAGGED_WGMMA")
+        os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0"
+        try:
+            run("ours_mma", lambda d: ragged_paged_attention(*(d[k] for k in slots),
+                                                             scale=scale))
+        finally:
+            if saved is None:
+                del os.environ["XLA_KERNELS_RAGGED_WGMMA"]
+            else:
+                os.environ["XLA_KERNELS_RAGGED_WGMMA"] = saved
     gathered = 2 * 32 * max(cfg["kv_lens"]) * cfg["num_kv_heads"] * cfg["head_dim"] * 2
     if gathered <= XLA_CAP:
         run("xla", lambda d: ragged_paged_attention_xla(*(d[k] for k in names), scale=scale))
@@ -207,7 +223,7 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     """The table; the last column is the fastest peer's time over ours (below 1: it is
     faster). paged_attention counts as a peer: it is what a decode-only batch could call."""
-    impls = ("ours", "xla", "paged_attention", "fa3", "cudnn")
+    impls = ("ours", "ours_mma", "xla", "paged_attention", "fa3", "cudnn")
     lines = [f"# ragged_paged_attention on {result['device']['device']}", "",
              f"{result['date']}, jax {result['device']['jax']}. ms per call "
              "(TFLOP/s, GB/s of the floor).", "",
@@ -232,11 +248,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/local"))
     parser.add_argument("--quick", action="store_true", help="a few configurations")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per impl and config")
+    parser.add_argument("--configs", default="",
+                        help="comma-separated name prefixes: only those configurations")
     args = parser.parse_args()
     result: dict[str, Any] = {"device": device_description(),
                               "date": datetime.datetime.now().isoformat(timespec="seconds"),
                               "rows": []}
+    wanted = [c.strip() for c in args.configs.split(",") if c.strip()]
     for cfg in matrix(args.quick):
+        if wanted and not any(cfg["name"].startswith(w) for w in wanted):
+            continue
         row = measure(cfg, args.budget)
         print(json.dumps(row))
         result["rows"].append(row)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -304,6 +305,37 @@ def test_gencode_flags():
         "-gencode=arch=compute_90,code=sm_90",
         "-gencode=arch=compute_90,code=compute_90",
     ]
+
+
+def test_arch_specific_builds_90_as_90a_and_embeds_generic_ptx():
+    assert toolchain.arch_specific_archs(["80", "90", "sm_90a", "86"]) == ["80", "90a", "86"]
+    assert compiler.gencode_flags(["80", "90a"], ptx=True) == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-gencode=arch=compute_90,code=compute_90",
+    ]
+
+
+def test_kernel_arch_specific_reaches_nvcc(monkeypatch, tmp_path):
+    """Kernel(arch_specific=True) makes load_kernel ask build_library for 90a; other
+    kernels keep 90."""
+    from xla_kernels import builder as builder_pkg
+    from xla_kernels.op import Kernel
+    from xla_kernels.runtime import library
+
+    seen = {}
+
+    def fake_build(name, sources, **kw):
+        seen[name] = kw.get("arch_specific")
+        raise BuildError("stop here")
+
+    monkeypatch.setattr(builder_pkg, "build_library", fake_build)
+    for arch_specific in (False, True):
+        k = Kernel([str(FIXTURES / "scale.cu")], handler="H", arch_specific=arch_specific)
+        fake_op = types.SimpleNamespace(name="t.op", kernels={"cuda": k})
+        with pytest.raises(BuildError, match="stop here"):
+            library.load_kernel(fake_op, "cuda")  # type: ignore[arg-type]
+        assert seen["scale"] is arch_specific
 
 
 def test_first_errors_parses_gcc_and_nvcc():

@@ -26,6 +26,7 @@ def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path)
     op = SHIPPED[name]
     kernel = op.kernels["cuda"]
     path = builder.build_library(op.name, kernel.resolved_sources(), platform="cuda",
-                               cuda_archs=["90"], cache_dir=tmp_path)
+                               cuda_archs=["90"], cache_dir=tmp_path,
+                               arch_specific=kernel.arch_specific)
     handler = getattr(ctypes.CDLL(str(path)), kernel.handler)
     assert handler_metadata(handler, op_name=op.name).command_buffer_compatible

@@ -192,10 +192,15 @@ class Kernel:
     ``{"type_id": "MyStateTypeId", "type_info": "MyStateTypeInfo"}`` adds the
     ``XLA_FFI_DECLARE_TYPE_INFO_SYMBOL`` function whose deleter frees states. See
     docs/stages.md. For kernels written for XLA's old custom-call API, use :meth:`legacy`.
+    ``arch_specific=True`` (CUDA) builds every target arch that has an architecture-specific
+    variant as that variant, e.g. ``90`` as ``sm_90a`` (for wgmma; guard such code with
+    ``__CUDA_ARCH_FEAT_SM90_ALL``); other archs are built as usual.
 
     Example:
         >>> Kernel(["add.cu"], handler="Add").handler
         'Add'
+        >>> Kernel(["attn.cu"], handler="Attn", arch_specific=True).arch_specific
+        True
         >>> k = Kernel(["k.cc"], handler={"instantiate": "MyInit", "execute": "MyRun"},
         ...            types={"my_lib.MyState": {"type_id": "MyStateId",
         ...                                      "type_info": "MyStateInfo"}})
@@ -213,6 +218,7 @@ class Kernel:
     dtypes: tuple[str, ...] | None = None
     stages: Mapping[str, str] = dataclasses.field(default_factory=dict)
     types: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    arch_specific: bool = False
 
     def __post_init__(self) -> None:
         self._normalize_stages()

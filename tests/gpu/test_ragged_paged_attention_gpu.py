@@ -249,3 +249,66 @@ def test_random_garbage_metadata_matches_the_oracle(rng, dtype):
         out = run_jax(y, **attrs)
         check(out, ref, dtype, f"{y['cu_q_lens']} {y['kv_lens']} {y['num_seqs']}")
         np.testing.assert_array_equal(out[ref == 0], 0)
+
+
+# --------------------------------------------------------------------------- the sm_90a path
+# bf16/f16 with head_dim 64/128 run the wgmma kernel on an H100 (ragged_paged_attention_sm90.cuh)
+# unless XLA_KERNELS_RAGGED_WGMMA=0; scripts/ragged_wgmma_check.sh runs this file with
+# XLA_KERNELS_RAGGED_WGMMA=require (a call the wgmma kernel should serve fails if it cannot)
+# and again with =0. The tests above cover it too; these add long prefills (several 128-row
+# CTAs and 64-token tiles per sequence, diagonal and fully-unmasked tiles), GQA 1/4/8, every
+# block size and layout, softcap, windows and invalid block ids on long sequences.
+
+WGMMA = [(dtype, d, layout, group, (16, 32, 64)[i % 3]) for i, (dtype, d, layout, group) in
+         enumerate(itertools.product(("bf16", "f16"), (64, 128), ("vllm", "pallas"),
+                                     (1, 4, 8)))]
+
+
+@pytest.mark.parametrize("dtype,head_dim,layout,group,block_size", WGMMA)
+def test_wgmma_long_prefills(rng, dtype, head_dim, layout, group, block_size):
+    # A whole 1000+ prompt, a chunk of a long context, a decode row, a short whole prompt,
+    # and a chunk longer than its context (its first rows attend nothing).
+    q_lens, kv_lens = [1037, 300, 1, 5, 70], [1037, 1100, 77, 5, 70]
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=2 * group,
+                    num_kv_heads=2, head_dim=head_dim, block_size=block_size, dtype=dtype,
+                    layout=layout)
+    x["kv_lens"][4] = 40
+    scale = float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim)
+    out = run_jax(x, scale=scale, layout=layout)
+    check(out, reference(x, scale=scale, layout=layout), dtype, f"G={group}")
+    assert np.all(out[int(x["cu_q_lens"][len(q_lens)]):] == 0), "padding rows must be zeros"
+
+
+@pytest.mark.parametrize("softcap,window", [(5.0, 0), (0.0, 1), (0.0, 64), (0.0, 100),
+                                            (30.0, 333), (0.0, 700)])
+def test_wgmma_softcap_and_window_on_long_prefills(rng, softcap, window):
+    x = make_inputs(rng, q_lens=[1200, 257], kv_lens=[1200, 900], num_q_heads=8,
+                    num_kv_heads=2, head_dim=128, block_size=32, dtype="bf16",
+                    layout="pallas", sliding_window=window)
+    attrs = dict(scale=0.09, softcap=softcap, sliding_window=window, layout="pallas")
+    check(run_jax(x, **attrs), reference(x, **attrs), "bf16", f"{softcap=} {window=}")
+
+
+def test_wgmma_invalid_block_ids_in_long_prefills(rng):
+    x = make_inputs(rng, q_lens=[600, 130], kv_lens=[1000, 130], num_q_heads=8,
+                    num_kv_heads=8, head_dim=128, block_size=16, dtype="f16", poison=False)
+    bt = x["block_tables"]
+    bt[0, 3] = -1                                 # a hole in the middle of a 64-token tile
+    bt[0, 40] = x["key_cache"].shape[0]           # one past the end
+    bt[0, 50:53] = 2**31 - 1                      # a whole tile's worth
+    bt[1, 0] = -(2**31)
+    check(run_jax(x, scale=0.09), reference(x, scale=0.09), "f16", "invalid ids")
+
+
+def test_wgmma_and_mma_sync_kernels_agree(rng, monkeypatch):
+    """The same call through both kernels (the switch is read at every launch)."""
+    x = make_inputs(rng, q_lens=[777, 64, 3], kv_lens=[900, 64, 500], num_q_heads=16,
+                    num_kv_heads=4, head_dim=128, block_size=64, dtype="bf16")
+    ref = reference(x, scale=0.088)
+    monkeypatch.setenv("XLA_KERNELS_RAGGED_WGMMA", "0")
+    old = run_jax(x, scale=0.088)
+    monkeypatch.delenv("XLA_KERNELS_RAGGED_WGMMA")
+    new = run_jax(x, scale=0.088)
+    check(old, ref, "bf16", "mma.sync")
+    check(new, ref, "bf16", "wgmma")
+    assert rel_error(new, old.astype(np.float64)) <= 2 * TOLERANCES["bf16"]

@@ -50,6 +50,7 @@ from .compiler import (
     run_steps,
 )
 from .toolchain import (
+    arch_specific_archs,
     compiler_version,
     detect_cuda_archs,
     find_cxx,
@@ -214,6 +215,7 @@ def build_library(
     cuda_archs: Sequence[str] | str | None = None,
     cache_dir: str | Path | None = None,
     for_op: str | None = None,
+    arch_specific: bool = False,
 ) -> Path:
     """Compile and link ``sources`` into one shared library, or reuse the cached one.
 
@@ -225,7 +227,10 @@ def build_library(
 
     The library's identity is its sources and settings: ``name`` names the file (and is
     part of the key), so callers that pass equal arguments share one file. ``for_op`` names
-    the op that needs the library, for messages.
+    the op that needs the library, for messages. ``arch_specific`` builds each arch that has
+    an architecture-specific variant as that variant (``90`` as ``90a``, see
+    :func:`~xla_kernels.builder.toolchain.arch_specific_archs`), for kernels using wgmma and
+    the like behind ``__CUDA_ARCH_FEAT_SM90_ALL`` guards.
 
     The cached library is reused only while every file the compilers read (sources and every
     header they included, wherever it lives) is unchanged, the library file is intact, and the
@@ -265,6 +270,8 @@ def build_library(
     target = ""
     if platform == "cuda":
         archs, origin = resolve_cuda_archs(cuda_archs)
+        if arch_specific:
+            archs = arch_specific_archs(archs)
         gencode = gencode_flags(archs, ptx=origin == "fallback")
         target = ", " + ", ".join(f"sm_{a}" for a in archs) + (" + PTX" * (origin == "fallback"))
     env = [f"{k}={os.environ[k]}" for k in _ENV_AFFECTING_BUILDS if k in os.environ]

@@ -44,11 +44,19 @@ class Step:
 
 
 def gencode_flags(archs: Sequence[str], *, ptx: bool) -> list[str]:
-    """``-gencode`` flags: SASS per arch, plus PTX of the newest arch when ``ptx``."""
+    """``-gencode`` flags: SASS per arch, plus PTX of the newest arch when ``ptx``. The PTX
+    is always the generic one (``compute_90``, not ``compute_90a``): arch-specific PTX can
+    be JIT-compiled for that one arch only, which defeats embedding it.
+
+    Example:
+        >>> gencode_flags(["80", "90a"], ptx=True)[-1]
+        '-gencode=arch=compute_90,code=compute_90'
+    """
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     if ptx and archs:
         newest = max(archs, key=lambda a: int(re.match(r"\d+", a).group()))  # type: ignore[union-attr]
-        flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
+        generic = re.match(r"\d+", newest).group()  # type: ignore[union-attr]
+        flags.append(f"-gencode=arch=compute_{generic},code=compute_{generic}")
     return flags
 
 

@@ -28,6 +28,10 @@ FALLBACK_CUDA_ARCHS = ("80", "90")
 
 _ARCH_RE = re.compile(r"^\d{2,3}[af]?$")
 
+#: Architectures whose architecture-specific feature set (``sm_90a``: wgmma, setmaxnreg...)
+#: nvcc can target; :func:`arch_specific_archs` maps them to their ``a`` variant.
+ARCH_SPECIFIC_CUDA_ARCHS = frozenset({"90", "100", "120"})
+
 #: The conventional CUDA toolkit location, looked at after PATH and $CUDA_HOME/$CUDA_PATH.
 STANDARD_NVCC = Path("/usr/local/cuda/bin/nvcc")
 
@@ -257,6 +261,20 @@ def resolve_cuda_archs(explicit: Sequence[str] | str | None = None) -> tuple[lis
     if smi:
         return list(smi), "nvidia-smi"
     return list(FALLBACK_CUDA_ARCHS), "fallback"
+
+
+def arch_specific_archs(archs: Sequence[str]) -> list[str]:
+    """``archs`` with each arch that has an architecture-specific variant built as it
+    (``"90"`` -> ``"90a"``); others, and archs already suffixed, are kept. For kernels that
+    use such features (wgmma on Hopper) behind ``__CUDA_ARCH_FEAT_SM90_ALL`` guards: code
+    for ``sm_90a`` runs only on compute capability 9.0 exactly, which is what ``90`` means.
+
+    Example:
+        >>> arch_specific_archs(["80", "90", "100a", "89"])
+        ['80', '90a', '100a', '89']
+    """
+    return _dedupe([f"{a}a" if a in ARCH_SPECIFIC_CUDA_ARCHS else a
+                    for a in (normalize_arch(x) for x in archs)])
 
 
 def detect_cuda_archs() -> list[str]:

@@ -145,7 +145,7 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
         library_name(kernel), sources, platform=platform,
         include_dirs=kernel.resolved_include_dirs(),
         defines={**kernel.defines, **legacy_defines}, extra_flags=kernel.flags,
-        for_op=op.name)
+        for_op=op.name, arch_specific=kernel.arch_specific)
     library = load_library(path, op.name)
     built = f"the {platform} library built from {[s.name for s in sources]}"
     stages = {}

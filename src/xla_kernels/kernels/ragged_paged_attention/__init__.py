@@ -40,7 +40,9 @@ Inconsistent device data never causes an out-of-bounds read or write; it is defi
 
 Kernels: CUDA (``ragged_paged_attention.cu``: one CTA per (tile of query rows x q heads of
 one sequence, kv head), online softmax over 32-token K/V tiles, mma.sync for bf16/f16, CUDA
-cores for f32; design in ``ragged_paged_attention.cuh``) and CPU
+cores for f32; on an H100 (sm_90a build) bf16/f16 with head_dim 64/128 use a wgmma kernel,
+``ragged_paged_attention_sm90.cuh``, unless ``XLA_KERNELS_RAGGED_WGMMA=0``; design in
+``ragged_paged_attention.cuh``) and CPU
 (``ragged_paged_attention_cpu.cc``). :func:`ragged_paged_attention_xla` is the plain-XLA
 fallback; :func:`ragged_paged_attention_numpy_f64` the float64 test oracle. With every
 ``q_len == 1`` the op computes what :mod:`~xla_kernels.kernels.paged_attention` does, and on
@@ -186,7 +188,9 @@ ragged_paged_attention = Op(
     sharding_rule=_sharding_rule,
     kernels={
         "cpu": Kernel(["ragged_paged_attention_cpu.cc"], handler="XkRaggedPagedAttentionCpu"),
-        "cuda": Kernel(["ragged_paged_attention.cu"], handler="XkRaggedPagedAttentionCuda"),
+        # sm_90 is built as sm_90a: the Hopper prefill kernel uses wgmma.
+        "cuda": Kernel(["ragged_paged_attention.cu"], handler="XkRaggedPagedAttentionCuda",
+                       arch_specific=True),
     },
     doc=__doc__ or "",
 )

@@ -35,6 +35,12 @@
 //    each normalizes and writes its own rows: no cross-warp merge.
 //  * A small kernel writes zeros to the rows no sequence owns; every owned row is written by
 //    exactly one CTA of the main kernel.
+//  * Hopper: on a compute capability 9.0 device, with the library built for sm_90a (the op's
+//    Kernel has arch_specific=True), bf16/f16 with head_dim 64 or 128 run the wgmma kernel
+//    of ragged_paged_attention_sm90.cuh instead of the mma.sync kernel (128 packed rows per
+//    CTA in two warpgroups, 64-token swizzled K/V tiles, 3 stages; design there).
+//    XLA_KERNELS_RAGGED_WGMMA=0 in the environment switches it off ("require": fail where it
+//    cannot run; read at every launch).
 //  * Decode-only batches (every q_len <= 1; known only on the device) take paged_attention's
 //    flash-decoding kernels instead, which split long contexts over several CTAs (this
 //    kernel does not). With a workspace (Params::workspace), a one-CTA kernel first decides
@@ -53,6 +59,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -682,6 +689,15 @@ __global__ void __launch_bounds__(kThreads) ragged_zero_kernel(const Args a, int
   }
 }
 
+}  // namespace detail
+}  // namespace xla_kernels::ragged_paged_attention
+
+// The Hopper (sm_90a, wgmma) prefill kernel; it uses the helpers above.
+#include "ragged_paged_attention_sm90.cuh"
+
+namespace xla_kernels::ragged_paged_attention {
+namespace detail {
+
 // ------------------------------------------------------------------ host side
 
 inline std::string cuda_error(const char* what, cudaError_t e) {
@@ -691,7 +707,8 @@ inline std::string cuda_error(const char* what, cudaError_t e) {
 
 // Raises a kernel's dynamic shared-memory limit once per (kernel, device): function
 // attributes are per device context.
-inline std::string prepare_kernel(const void* kernel, int smem, int device) {
+inline std::string prepare_kernel(const void* kernel, int smem, int device,
+                                  int threads = kThreads) {
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, bool> done;
   std::lock_guard<std::mutex> lock(mu);
@@ -700,7 +717,7 @@ inline std::string prepare_kernel(const void* kernel, int smem, int device) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return cuda_error("cudaFuncSetAttribute", e);
   int occ = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kThreads, smem);
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, threads, smem);
   if (e != cudaSuccess) return cuda_error("cudaOccupancyMaxActiveBlocksPerMultiprocessor", e);
   if (occ < 1) {
     return "ragged_paged_attention: the kernel does not fit on this GPU (" +
@@ -831,25 +848,98 @@ inline std::string launch_decode_path(cudaStream_t stream, const Params& p, Args
 
 template <typename Kernel>
 inline std::string launch_main(cudaStream_t stream, const Params& p, const Args& a, Kernel kernel,
-                               int smem, int tile_rows) {
+                               int smem, int tile_rows, int threads = kThreads) {
   int device = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
-  std::string err = prepare_kernel(reinterpret_cast<const void*>(kernel), smem, device);
+  std::string err =
+      prepare_kernel(reinterpret_cast<const void*>(kernel), smem, device, threads);
   if (!err.empty()) return err;
   const int64_t tiles = MaxTiles(p.num_tokens, p.num_q_heads / p.num_kv_heads, p.max_seqs,
                                  tile_rows);
   if (tiles > INT_MAX || p.num_kv_heads > 65535)
     return "ragged_paged_attention: problem too large for one launch";
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.num_kv_heads));
-  kernel<<<grid, kThreads, smem, stream>>>(a);
+  kernel<<<grid, threads, smem, stream>>>(a);
   e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_error("launching the main kernel", e);
   return "";
 }
 
+// XLA_KERNELS_RAGGED_WGMMA in the environment, read at every launch: "0" never takes the
+// wgmma kernel (A/B checks against the mma.sync kernel); "require" makes a call that the
+// wgmma kernel should serve (bf16/f16, head_dim 64/128) fail when it cannot (not an sm_90a
+// build, not a 9.0 device), so tests know which kernel ran; unset or anything else: use it
+// when possible.
+enum class WgmmaMode { kOff, kAuto, kRequire };
+inline WgmmaMode wgmma_mode_from_env() {
+  const char* v = std::getenv("XLA_KERNELS_RAGGED_WGMMA");
+  if (v == nullptr) return WgmmaMode::kAuto;
+  const std::string s(v);
+  return s == "0" ? WgmmaMode::kOff : s == "require" ? WgmmaMode::kRequire : WgmmaMode::kAuto;
+}
+
+// Whether `kernel` (a ragged_wgmma_kernel) can run on `device`: compute capability 9.0 and
+// the loaded binary is the sm_90a build, which alone has static shared memory (the other
+// builds compile the kernel to an empty body). Cached per (kernel, device).
+inline bool wgmma_kernel_usable(const void* kernel, int device) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(kernel, device);
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  int major = 0, minor = 0;
+  bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) ==
+                cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) ==
+                cudaSuccess &&
+            major == 9 && minor == 0;
+  if (ok) {
+    cudaFuncAttributes attr{};
+    ok = cudaFuncGetAttributes(&attr, kernel) == cudaSuccess &&
+         attr.sharedSizeBytes >= sizeof(Work);
+  }
+  cudaGetLastError();  // a failed query is "not usable", not a launch error
+  known[key] = ok;
+  return ok;
+}
+
+// The wgmma kernel when it applies (see ragged_paged_attention_sm90.cuh); *used = false
+// leaves the choice to the caller.
+template <typename T, int D>
+inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const Args& a,
+                                    bool* used) {
+  *used = false;
+  if constexpr (D == 64 || D == 128) {
+    const WgmmaMode mode = wgmma_mode_from_env();
+    if (mode == WgmmaMode::kOff) return "";
+    int device = 0;
+    const cudaError_t e = cudaGetDevice(&device);
+    if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
+    auto kernel = ragged_wgmma_kernel<T, D>;
+    if (!wgmma_kernel_usable(reinterpret_cast<const void*>(kernel), device)) {
+      return mode == WgmmaMode::kRequire
+                 ? "ragged_paged_attention: XLA_KERNELS_RAGGED_WGMMA=require, but the wgmma "
+                   "kernel cannot run here (needs a compute capability 9.0 device and an "
+                   "sm_90a build)"
+                 : "";
+    }
+    *used = true;
+    return launch_main(stream, p, a, kernel, Sm90Config<D>::kBytes, kSm90Rows, kSm90Threads);
+  } else {
+    (void)stream, (void)p, (void)a;
+    return "";
+  }
+}
+
 template <int D>
 inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const Args& a) {
+  bool used = false;
+  std::string err;
+  if (p.dtype == DType::kBF16) err = try_launch_wgmma<__nv_bfloat16, D>(stream, p, a, &used);
+  if (p.dtype == DType::kF16) err = try_launch_wgmma<__half, D>(stream, p, a, &used);
+  if (used || !err.empty()) return err;
   switch (p.dtype) {
     case DType::kBF16:
       return launch_main(stream, p, a, ragged_mma_kernel<__nv_bfloat16, D>,

@@ -1,0 +1,319 @@
+// Ragged paged attention, Hopper prefill kernel: wgmma (sm_90a) for bf16/f16 with head_dim
+// 64 or 128. Same semantics as the kernels of ragged_paged_attention.cuh (its header
+// comment); this file is included by that header after its device helpers (Args, Work,
+// find_work, token_range, row_range, logit...) and is not usable on its own.
+//
+// Design (FlashAttention-3 "lite": no producer warps, no TMA, no intra-warpgroup overlap):
+//  * CTA = 2 warpgroups (256 threads), 128 packed rows of one (sequence, kv head): 64 rows
+//    per warpgroup = one wgmma M. Grid and work search as the mma.sync kernel (find_work
+//    with 128-row tiles).
+//  * K/V: 64-token tiles, gathered through the block table with 16-byte cp.async (4 threads
+//    per token) into 128-byte-swizzled shared memory (cuda_wgmma.cuh's SW128 panels), 3
+//    stages; masked tokens (outside the CTA's range, invalid block id) are zero-filled, never
+//    read. Q (128 rows) is staged once, swizzled the same way.
+//  * S = Q K^T: wgmma m64n64k16, A = Q and B = K from shared memory (both K-major), D / 16
+//    k-steps. Online softmax in registers (base 2, f32 statistics; the accumulator layout is
+//    mma.sync's, so a row's statistics are reduced over the 4 lanes of a quad). The
+//    per-element mask (causal, window, valid token, rows past the tile) runs only on tiles
+//    that need it: a warpgroup's tile is "full" when every token is valid and every one of
+//    its 64 rows attends every token of the tile.
+//  * O += P V: P converted to bf16/f16 in registers (the A fragment of the register-A wgmma),
+//    V from shared memory as an MN-major operand (transpose bit), m64n{D}k16, 4 k-steps.
+//  * A warpgroup skips tiles outside its own rows' token range; both warpgroups still pass
+//    the CTA barriers (the K/V stages are shared).
+// Dispatch (launch_ragged_paged_attention): bf16/f16, head_dim 64/128, a device of compute
+// capability 9.0, the library built for sm_90a (the kernel then has static shared memory;
+// the sm_80 / plain sm_90 builds compile it to an empty body without any), and the
+// environment variable XLA_KERNELS_RAGGED_WGMMA not "0" (the switch back to the mma.sync
+// kernel, for A/B checks). Decode-only batches keep the decode path.
+#pragma once
+
+#include "xla_kernels/cuda_wgmma.cuh"
+
+namespace xla_kernels::ragged_paged_attention::detail {
+
+namespace wg = ::xla_kernels::cuda_wgmma;
+
+constexpr int kSm90Threads = 256;  // two warpgroups
+constexpr int kSm90Rows = 128;     // packed rows per CTA (64 per warpgroup)
+constexpr int kSm90Kv = 64;        // tokens per K/V tile
+
+template <int D>
+struct Sm90Config {
+  static_assert(D == 64 || D == 128, "the wgmma kernel covers head_dim 64 and 128");
+  static constexpr int kStages = 3;
+  static constexpr int kQPanel = kSm90Rows * 128;  // bytes of one 64-column panel of Q
+  static constexpr int kKvPanel = kSm90Kv * 128;   // of K or V
+  static constexpr int kQBytes = kSm90Rows * D * 2;
+  static constexpr int kTileBytes = kSm90Kv * D * 2;
+  static constexpr int kBytes = kQBytes + kStages * 2 * kTileBytes + 1024;  // + alignment
+};
+
+// Token t0 + tid / 4 of sequence s into SW128 panels (K at ks, V at vs); returns whether
+// this thread's token holds data (false: zero-filled).
+template <typename T, int D>
+__device__ __forceinline__ bool load_kv_tile_sw128(unsigned char* ks, unsigned char* vs,
+                                                   int* ok, const Args& a, int s, int kvh,
+                                                   int t0, int lo, int hi, int tid) {
+  constexpr int kCpr = D / 8;  // 16-byte chunks per row
+  constexpr int kTpt = kSm90Threads / kSm90Kv;
+  static_assert(kCpr % kTpt == 0, "row does not split over the token's threads");
+  const int j = tid / kTpt, part = tid % kTpt;
+  const int pos = t0 + j;
+  bool valid = pos >= lo && pos < hi;
+  int64_t off = 0;
+  if (valid) {
+    const int blk = __ldg(a.bt + static_cast<int64_t>(s) * a.max_blocks + (pos >> a.log2_bs));
+    valid = blk >= 0 && blk < a.num_blocks;  // checked before any address is formed
+    if (valid) {
+      off = static_cast<int64_t>(blk) * a.sb +
+            static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss +
+            static_cast<int64_t>(kvh) * a.sh;
+    }
+  }
+  const T* kc = static_cast<const T*>(a.k);
+  const T* vc = static_cast<const T*>(a.v);
+#pragma unroll
+  for (int i = 0; i < kCpr / kTpt; ++i) {
+    const int c = part + kTpt * i;
+    const uint32_t dst = (c / 8) * Sm90Config<D>::kKvPanel + wg::sw128_offset(j, c % 8);
+    if (valid) {
+      cp_async16(ks + dst, kc + off + c * 8);
+      cp_async16(vs + dst, vc + off + c * 8);
+    } else {
+      *reinterpret_cast<uint4*>(ks + dst) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(vs + dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  if (part == 0) ok[j] = valid ? 1 : 0;
+  return valid;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Args a) {
+#if XK_HAS_WGMMA
+  if (a.skip != nullptr && __ldg(a.skip) != 0) return;
+  using C = Sm90Config<D>;
+  constexpr int S = C::kStages, OR = D / 2;  // O accumulator registers per thread
+  extern __shared__ unsigned char smem_raw[];
+  // Static shared memory exists only in this (sm_90a) body: the host reads it as "built
+  // with wgmma" (wgmma_kernel_usable).
+  __shared__ Work work;
+  __shared__ int tok_ok[S][kSm90Kv];
+  unsigned char* smem = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  unsigned char* qs = smem;
+  unsigned char* kv = smem + C::kQBytes;  // stage st: K at 2 st tiles, V at 2 st + 1
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wgi = tid >> 7, wwarp = warp & 3;
+  const int kvh = blockIdx.y;
+  if (warp == 0) find_work(a, blockIdx.x, kSm90Rows, &work, lane);
+  __syncthreads();
+  const Work w = work;
+  if (w.s < 0) return;  // uniform over the CTA
+
+  TileRows tr;
+  tr.r0 = w.tile * kSm90Rows;
+  tr.r_end = min(w.q_len * a.G, tr.r0 + kSm90Rows);
+  tr.p0 = w.kv_len - w.q_len;
+  int lo, hi;
+  token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
+  const int ntiles = hi > lo ? (hi - lo + kSm90Kv - 1) / kSm90Kv : 0;
+
+  // Prologue: tiles 0 .. S - 2 in flight (one commit group per stage, empty or not).
+  uint32_t okbits = 0;  // bit st: this thread's token of the tile in stage st holds data
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < ntiles) {
+      unsigned char* kd = kv + 2 * i * C::kTileBytes;
+      const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[i], a, w.s, kvh,
+                                              lo + i * kSm90Kv, lo, hi, tid);
+      okbits |= static_cast<uint32_t>(v) << i;
+    }
+    cp_async_commit();
+  }
+  // Q: packed rows r0 .. r0 + 127 (zeros past the tile) into SW128 panels.
+  {
+    constexpr int kCpr = D / 8;
+    const T* qg = static_cast<const T*>(a.q);
+    for (int c = tid; c < kSm90Rows * kCpr; c += kSm90Threads) {
+      const int r = c / kCpr, ch = c % kCpr;
+      const int pr = tr.r0 + r;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (pr < tr.r_end) {
+        const int64_t row = static_cast<int64_t>(w.start) + pr / a.G;
+        const int64_t head = static_cast<int64_t>(kvh) * a.G + pr % a.G;
+        v = *reinterpret_cast<const uint4*>(qg + (row * a.Hq + head) * D + ch * 8);
+      }
+      *reinterpret_cast<uint4*>(qs + (ch / 8) * C::kQPanel + wg::sw128_offset(r, ch % 8)) = v;
+    }
+  }
+
+  // This warpgroup's rows and token range; this thread's two rows.
+  const int wr0 = tr.r0 + wgi * 64;
+  const bool live = wr0 < tr.r_end;
+  int wlo = 0, whi = 0;
+  if (live) token_range(a, tr, wr0, min(tr.r_end, wr0 + 64), &wlo, &whi);
+  const bool wg_whole = wr0 + 64 <= tr.r_end;
+  const int wg_pmin = tr.p0 + wr0 / a.G;                        // position of row wr0
+  const int wg_lomax = tr.p0 + (wr0 + 63) / a.G - a.window + 1;  // with a window
+  const int g0 = lane >> 2, tig = lane & 3;
+  const int pr0 = wr0 + wwarp * 16 + g0, pr1 = pr0 + 8;
+  int pos0, lo0, pos1, lo1;
+  row_range(a, tr, pr0, &pos0, &lo0);
+  row_range(a, tr, pr1, &pos1, &lo1);
+  const uint32_t q_addr = wg::smem_u32(qs) + wgi * 64 * 128;
+
+  float o[OR];
+#pragma unroll
+  for (int i = 0; i < OR; ++i) o[i] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    // Issue tile it + S - 1 into the stage read in iteration it - 1 (ended by a barrier).
+    const int nx = it + S - 1;
+    if (nx < ntiles) {
+      const int sn = nx % S;
+      unsigned char* kd = kv + 2 * sn * C::kTileBytes;
+      const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[sn], a, w.s, kvh,
+                                              lo + nx * kSm90Kv, lo, hi, tid);
+      okbits = (okbits & ~(1u << sn)) | (static_cast<uint32_t>(v) << sn);
+    }
+    cp_async_commit();
+    cp_async_wait<S - 1>();
+    wg::fence_proxy_async();  // cp.async / st.shared data -> wgmma (async proxy)
+    const int st = it % S;
+    const bool all_ok = __syncthreads_and((okbits >> st) & 1u) != 0;
+    const int t0 = lo + it * kSm90Kv;
+    if (live && t0 < whi && t0 + kSm90Kv > wlo) {
+      const uint32_t k_addr = wg::smem_u32(kv + 2 * st * C::kTileBytes);
+      const uint32_t v_addr = k_addr + C::kTileBytes;
+      // S = Q K^T (this warpgroup's 64 rows x 64 tokens).
+      float s[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = 0.f;
+      wg::fence_operands(s);
+      wg::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t koff = (kk % 4) * 32;  // 16 columns = 32 bytes into the panel
+        const uint64_t da = wg::sw128_desc(q_addr + (kk / 4) * C::kQPanel + koff, 16, 1024);
+        const uint64_t db = wg::sw128_desc(k_addr + (kk / 4) * C::kKvPanel + koff, 16, 1024);
+        wg::mma_ss_m64n64k16<T>(s, da, db, 1);
+      }
+      wg::wgmma_commit();
+      wg::fence_operands(s);
+      wg::wgmma_wait<0>();
+      wg::fence_operands(s);
+
+      // Logits; mask only where needed. Register 4i + e: row pr0 (e < 2) or pr1, token
+      // column 8i + 2 tig + (e & 1).
+      const bool full = all_ok && wg_whole && t0 + kSm90Kv - 1 <= wg_pmin &&
+                        (a.window == 0 || t0 >= wg_lomax);
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+      if (full) {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = logit(s[i], a);
+      } else {
+        const int* okr = tok_ok[st];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = i * 8 + tig * 2 + e;
+            const int t = t0 + col;
+            const bool ok = okr[col] != 0;
+            s[4 * i + e] = (ok && t <= pos0 && t >= lo0) ? logit(s[4 * i + e], a) : -INFINITY;
+            s[4 * i + e + 2] =
+                (ok && t <= pos1 && t >= lo1) ? logit(s[4 * i + e + 2], a) : -INFINITY;
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
+        mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const float b0 = safe_max(mn0), b1 = safe_max(mn1);
+      const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
+      m0 = mn0;
+      m1 = mn1;
+      float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        s[4 * i] = exp2f(s[4 * i] - b0);
+        s[4 * i + 1] = exp2f(s[4 * i + 1] - b0);
+        s[4 * i + 2] = exp2f(s[4 * i + 2] - b1);
+        s[4 * i + 3] = exp2f(s[4 * i + 3] - b1);
+        rs0 += s[4 * i] + s[4 * i + 1];
+        rs1 += s[4 * i + 2] + s[4 * i + 3];
+      }
+      l0 = l0 * al0 + rs0;  // per-lane partial sums; the quad is summed at the end
+      l1 = l1 * al1 + rs1;
+#pragma unroll
+      for (int i = 0; i < OR / 4; ++i) {
+        o[4 * i] *= al0;
+        o[4 * i + 1] *= al0;
+        o[4 * i + 2] *= al1;
+        o[4 * i + 3] *= al1;
+      }
+      // P as the register A operand: k-step j = token columns 16j .. 16j + 15.
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        pa[j][0] = pack2<T>(s[8 * j], s[8 * j + 1]);
+        pa[j][1] = pack2<T>(s[8 * j + 2], s[8 * j + 3]);
+        pa[j][2] = pack2<T>(s[8 * j + 4], s[8 * j + 5]);
+        pa[j][3] = pack2<T>(s[8 * j + 6], s[8 * j + 7]);
+      }
+      // O += P V.
+      wg::fence_operands(o);
+      wg::wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint64_t db = wg::sw128_desc(v_addr + j * 16 * 128, C::kKvPanel, 1024);
+        if constexpr (D == 128) {
+          wg::mma_rs_m64n128k16<T>(o, pa[j], db, 1);
+        } else {
+          wg::mma_rs_m64n64k16<T>(o, pa[j], db, 1);
+        }
+      }
+      wg::wgmma_commit();
+      wg::fence_operands(o);
+      wg::wgmma_wait<0>();
+      wg::fence_operands(o);
+    }
+    __syncthreads();  // the stage is overwritten by the load of iteration it + 1
+  }
+  cp_async_wait<0>();
+
+  if (!live) return;
+  l0 += __shfl_xor_sync(kFull, l0, 1);
+  l0 += __shfl_xor_sync(kFull, l0, 2);
+  l1 += __shfl_xor_sync(kFull, l1, 1);
+  l1 += __shfl_xor_sync(kFull, l1, 2);
+  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  T* out = static_cast<T*>(a.out);
+  if (pr0 < tr.r_end) {
+    uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr0, D));
+#pragma unroll
+    for (int i = 0; i < OR / 4; ++i) o32[i * 4 + tig] = pack2<T>(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+  }
+  if (pr1 < tr.r_end) {
+    uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr1, D));
+#pragma unroll
+    for (int i = 0; i < OR / 4; ++i)
+      o32[i * 4 + tig] = pack2<T>(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+  }
+#else
+  (void)a;  // not built for sm_90a: never launched (wgmma_kernel_usable is false)
+#endif
+}
+
+}  // namespace xla_kernels::ragged_paged_attention::detail
