@@ -38,13 +38,14 @@ from xla_kernels.kernels.ragged_paged_attention.testing import (
 from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
 from xla_kernels.runtime.library import load_kernel
 
-ATTRS = ("scale", "softcap", "sliding_window", "layout")
+ATTRS = ("scale", "softcap", "sliding_window", "layout", "k_scale", "v_scale")
 
 
 def _attrs(scale: float, softcap: float = 0.0, sliding_window: int = 0,
-           layout: str = "vllm") -> dict:
+           layout: str = "vllm", k_scale: float = 1.0, v_scale: float = 1.0) -> dict:
     return {"scale": np.float32(scale), "softcap": np.float32(softcap),
-            "sliding_window": np.int64(sliding_window), "layout": layout}
+            "sliding_window": np.int64(sliding_window), "layout": layout,
+            "k_scale": np.float32(k_scale), "v_scale": np.float32(v_scale)}
 
 
 def _rets(out: np.ndarray) -> list:

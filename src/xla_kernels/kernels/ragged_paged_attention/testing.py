@@ -23,13 +23,16 @@ from typing import Any
 import numpy as np
 
 from xla_kernels import dtypes
+from xla_kernels.kernels.paged_cache import FP8, quantize_fp8
 
 ARGS = ("queries", "key_cache", "value_cache", "kv_lens", "block_tables", "cu_q_lens",
         "num_seqs")
 """The op's inputs, in order (keys of :func:`make_inputs`' result)."""
 
 TOLERANCES = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
-"""Relative Frobenius error allowed against the float64 reference, per dtype."""
+"""Relative Frobenius error allowed against the float64 reference, per query dtype (with fp8
+caches too: the reference then reads the dequantized cache, so the cache's own rounding is
+not an error of the kernel, and the kernel is held to the bf16/f16 kernel's bound)."""
 
 
 def rel_error(out: Any, ref: np.ndarray) -> float:
@@ -89,6 +92,8 @@ def make_inputs(
     extra_blocks: int = 3,
     sliding_window: int = 0,
     poison: bool = True,
+    cache_dtype: str | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> dict[str, np.ndarray]:
     """A random problem as NumPy arrays, keyed by :data:`ARGS`.
 
@@ -96,9 +101,12 @@ def make_inputs(
     ``len(q_lens) + 1``) adds unused sequence slots; ``max_context`` (default the longest
     kv_len) sets ``max_blocks_per_seq``. The padded query rows hold random values (the op
     must return zeros there). ``q_len <= kv_len`` is expected; the op's clamping of other
-    values is tested by editing the arrays afterwards.
+    values is tested by editing the arrays afterwards. ``cache_dtype="f8e4m3fn"`` stores
+    standard-normal keys and values quantized with ``kv_scales`` (stored = x / scale,
+    saturated), as ``reshape_and_cache`` would; the caches default to ``dtype``.
     """
     np_dtype = dtypes.to_numpy(dtype)
+    cache_np_dtype = dtypes.to_numpy(cache_dtype or dtype)
     q_lens = [int(x) for x in q_lens]
     kv = np.asarray(kv_lens, np.int64)
     n = len(q_lens)
@@ -120,12 +128,15 @@ def make_inputs(
         tables[s, :b] = perm[at:at + b]
         at += b
 
-    def cache() -> np.ndarray:
+    def cache(scale: float) -> np.ndarray:
         shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "vllm"
                  else (num_kv_heads, num_blocks, block_size, head_dim))
-        return rng.standard_normal(shape, np.float32).astype(np_dtype)
+        x = rng.standard_normal(shape, np.float32)
+        if cache_np_dtype == np_dtype:
+            return x.astype(np_dtype)
+        return quantize_fp8(x, scale)
 
-    key_cache, value_cache = cache(), cache()
+    key_cache, value_cache = cache(kv_scales[0]), cache(kv_scales[1])
     if poison:
         attended = np.zeros((num_blocks, block_size), bool)
         for s in range(n):
