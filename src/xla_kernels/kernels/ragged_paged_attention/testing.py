@@ -171,7 +171,8 @@ def sanitize_cases(platform: str = "gpu") -> None:
     """Small runs of the kernel for compute-sanitizer (memcheck, racecheck): every dtype and
     head_dim, both layouts, GQA and MQA, decode rows, prefill tiles, padding rows,
     out-of-range block ids and inconsistent cu_q_lens; decode-only batches (the CUDA decode
-    path) with empty sequences, padding rows and split contexts. Raises AssertionError if a
+    path) with empty sequences, padding rows and split contexts; fp8 caches (bf16 and f16
+    queries, every head_dim, both layouts, MQA) on both paths. Raises AssertionError if a
     result is off.
 
     Example:
@@ -183,43 +184,46 @@ def sanitize_cases(platform: str = "gpu") -> None:
 
     device = jax.devices(platform)[0]
     rng = np.random.default_rng(4321)
-    cases = [(dtype, d, layout, heads) for dtype in ("bf16", "f16", "f32") for d in (64, 128, 256)
+    cases = [(dtype, None, d, layout, heads) for dtype in ("bf16", "f16", "f32")
+             for d in (64, 128, 256)
              for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
-    cases += [("bf16", 128, "vllm", (32, 1)), ("f32", 64, "pallas", (16, 1))]
-    for dtype, d, layout, (hq, hkv) in cases:
-        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_q_heads=hq,
-                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
-                        layout=layout, num_tokens=80, max_seqs=6)
+    cases += [("bf16", None, 128, "vllm", (32, 1)), ("f32", None, 64, "pallas", (16, 1))]
+    # fp8 caches: both query dtypes, every head_dim, both layouts, MQA.
+    cases += [(dtype, FP8, d, layout, heads) for dtype in ("bf16", "f16") for d in (64, 128, 256)
+              for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
+    cases += [("bf16", FP8, 128, "vllm", (32, 1))]
+    for dtype, cache_dtype, d, layout, (hq, hkv) in cases:
+        scales = (0.05, 0.02) if cache_dtype else (1.0, 1.0)
+        kw = dict(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
+                  layout=layout, max_seqs=6, cache_dtype=cache_dtype, kv_scales=scales)
+        base = dict(scale=0.1, layout=layout, k_scale=scales[0], v_scale=scales[1])
+        what = (dtype, cache_dtype, d, layout, hq, hkv)
+        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_tokens=80, **kw)
         x["block_tables"][1, 3] = -5
         args = [jax.device_put(x[k], device) for k in ARGS]
-        out = ragged_paged_attention(*args, scale=0.1, sliding_window=50, layout=layout)
-        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1,
-                                               sliding_window=50, layout=layout)
+        out = ragged_paged_attention(*args, sliding_window=50, **base)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), sliding_window=50, **base)
         err = rel_error(out, ref)
-        assert err <= TOLERANCES[dtype], (dtype, d, layout, hq, hkv, err)
-        x = make_inputs(rng, q_lens=[1, 0, 1, 1], kv_lens=[37, 9, 700, 0], num_q_heads=hq,
-                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
-                        layout=layout, num_tokens=6, max_seqs=6)     # decode only
+        assert err <= TOLERANCES[dtype], (*what, err)
+        x = make_inputs(rng, q_lens=[1, 0, 1, 1], kv_lens=[37, 9, 700, 0], num_tokens=6,
+                        **kw)                                        # decode only
         x["block_tables"][2, 7] = 10**6
         args = [jax.device_put(x[k], device) for k in ARGS]
         for window in (0, 50):
-            out = ragged_paged_attention(*args, scale=0.1, sliding_window=window,
-                                         layout=layout)
-            ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1,
-                                                   sliding_window=window, layout=layout)
+            out = ragged_paged_attention(*args, sliding_window=window, **base)
+            ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS),
+                                                   sliding_window=window, **base)
             err = rel_error(out, ref)
-            assert err <= TOLERANCES[dtype], ("decode", dtype, d, layout, hq, hkv, window, err)
-        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_q_heads=hq,
-                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
-                        layout=layout, num_tokens=80, max_seqs=6, poison=False)
+            assert err <= TOLERANCES[dtype], ("decode", *what, window, err)
+        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_tokens=80,
+                        poison=False, **kw)
         x["cu_q_lens"][2] = 5                            # decreasing: clamped, never out of bounds
         x["kv_lens"][2] = 1                              # q_len > kv_len
         x["num_seqs"][0] = 99
-        out = ragged_paged_attention(*[jax.device_put(x[k], device) for k in ARGS], scale=0.1,
-                                     layout=layout)
-        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1, layout=layout)
+        out = ragged_paged_attention(*[jax.device_put(x[k], device) for k in ARGS], **base)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **base)
         err = rel_error(out, ref)
-        assert err <= TOLERANCES[dtype], ("clamped", dtype, d, layout, hq, hkv, err)
+        assert err <= TOLERANCES[dtype], ("clamped", *what, err)
 
 
 __all__ = ["ARGS", "TOLERANCES", "make_inputs", "mix", "rel_error", "sanitize_cases"]
