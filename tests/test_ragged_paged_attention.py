@@ -345,13 +345,18 @@ def test_kernel_validates_inputs_itself(rng):
 
 
 def _mutations(x: dict) -> list:
-    """(name, edited inputs, attrs, output shape or None, argument, words) for the handler."""
+    """(name, edited inputs, attrs, output buffer or None (one like the queries), argument,
+    words) for the handler."""
     f16 = {k: (v.astype(np.float16) if k in ARGS[:3] else v) for k, v in x.items()}
     return [
         ("f64 queries", {k: (v.astype(np.float64) if k in ARGS[:3] else v) for k, v in x.items()},
          {}, None, "queries", "dtype f64 is not supported"),
-        ("mixed dtypes", dict(x, key_cache=f16["key_cache"]), {}, None, "key_cache",
-         "share one dtype"),
+        ("mixed dtypes", dict(x, key_cache=f16["key_cache"], value_cache=f16["value_cache"]),
+         {}, None, "key_cache", "share one dtype"),
+        ("cache dtypes differ", dict(x, key_cache=f16["key_cache"]), {}, None, "value_cache",
+         "dtype f32 differs from key_cache's f16"),
+        ("out dtype", x, {}, np.zeros(x["queries"].shape, np.float16), "out",
+         "the output's dtype must be the queries'"),
         ("queries rank", dict(x, queries=x["queries"][0]), {}, None, "queries",
          "expected shape [num_tokens"),
         ("cache rank", dict(x, key_cache=x["key_cache"][0], value_cache=x["value_cache"][0]), {},
@@ -367,7 +372,8 @@ def _mutations(x: dict) -> list:
          "key_cache", "not a multiple"),
         ("kv_lens", dict(x, kv_lens=x["kv_lens"][:, None]), {}, None, "kv_lens",
          "expected shape (max_seqs,)"),
-        ("out shape", x, {}, (1, 4, 64), "out", "differs from the queries'"),
+        ("out shape", x, {}, np.zeros((1, 4, 64), x["queries"].dtype), "out",
+         "differs from the queries'"),
         ("scale", x, {"scale": float("inf")}, None, "scale", "must be finite"),
         ("softcap", x, {"softcap": -1.0}, None, "softcap", "must be finite and >= 0"),
     ]
@@ -378,9 +384,8 @@ def test_kernel_error_messages(rng):
     x = make_inputs(rng, q_lens=[2, 3], kv_lens=[5, 9], num_q_heads=4, num_kv_heads=2,
                     head_dim=64, block_size=16, dtype="f32")
     fn = load_kernel(ragged_paged_attention, "cpu").function
-    for name, y, attrs, out_shape, arg, words in _mutations(x):
-        dtype = y["queries"].dtype
-        out = np.zeros(out_shape or y["queries"].shape, dtype)
+    for name, y, attrs, out, arg, words in _mutations(x):
+        out = np.zeros_like(y["queries"]) if out is None else out
         all_attrs = {**_attrs(0.1), **{k: np.float32(v) for k, v in attrs.items()}}
         with pytest.raises(KernelError) as e:
             call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
