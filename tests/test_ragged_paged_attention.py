@@ -38,13 +38,14 @@ from xla_kernels.kernels.ragged_paged_attention.testing import (
 from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
 from xla_kernels.runtime.library import load_kernel
 
-ATTRS = ("scale", "softcap", "sliding_window", "layout")
+ATTRS = ("scale", "softcap", "sliding_window", "layout", "k_scale", "v_scale")
 
 
 def _attrs(scale: float, softcap: float = 0.0, sliding_window: int = 0,
-           layout: str = "vllm") -> dict:
+           layout: str = "vllm", k_scale: float = 1.0, v_scale: float = 1.0) -> dict:
     return {"scale": np.float32(scale), "softcap": np.float32(softcap),
-            "sliding_window": np.int64(sliding_window), "layout": layout}
+            "sliding_window": np.int64(sliding_window), "layout": layout,
+            "k_scale": np.float32(k_scale), "v_scale": np.float32(v_scale)}
 
 
 def _rets(out: np.ndarray) -> list:
@@ -344,13 +345,18 @@ def test_kernel_validates_inputs_itself(rng):
 
 
 def _mutations(x: dict) -> list:
-    """(name, edited inputs, attrs, output shape or None, argument, words) for the handler."""
+    """(name, edited inputs, attrs, output buffer or None (one like the queries), argument,
+    words) for the handler."""
     f16 = {k: (v.astype(np.float16) if k in ARGS[:3] else v) for k, v in x.items()}
     return [
         ("f64 queries", {k: (v.astype(np.float64) if k in ARGS[:3] else v) for k, v in x.items()},
          {}, None, "queries", "dtype f64 is not supported"),
-        ("mixed dtypes", dict(x, key_cache=f16["key_cache"]), {}, None, "key_cache",
-         "share one dtype"),
+        ("mixed dtypes", dict(x, key_cache=f16["key_cache"], value_cache=f16["value_cache"]),
+         {}, None, "key_cache", "share one dtype"),
+        ("cache dtypes differ", dict(x, key_cache=f16["key_cache"]), {}, None, "value_cache",
+         "dtype f32 differs from key_cache's f16"),
+        ("out dtype", x, {}, np.zeros(x["queries"].shape, np.float16), "out",
+         "the output's dtype must be the queries'"),
         ("queries rank", dict(x, queries=x["queries"][0]), {}, None, "queries",
          "expected shape [num_tokens"),
         ("cache rank", dict(x, key_cache=x["key_cache"][0], value_cache=x["value_cache"][0]), {},
@@ -366,7 +372,8 @@ def _mutations(x: dict) -> list:
          "key_cache", "not a multiple"),
         ("kv_lens", dict(x, kv_lens=x["kv_lens"][:, None]), {}, None, "kv_lens",
          "expected shape (max_seqs,)"),
-        ("out shape", x, {}, (1, 4, 64), "out", "differs from the queries'"),
+        ("out shape", x, {}, np.zeros((1, 4, 64), x["queries"].dtype), "out",
+         "differs from the queries'"),
         ("scale", x, {"scale": float("inf")}, None, "scale", "must be finite"),
         ("softcap", x, {"softcap": -1.0}, None, "softcap", "must be finite and >= 0"),
     ]
@@ -377,9 +384,8 @@ def test_kernel_error_messages(rng):
     x = make_inputs(rng, q_lens=[2, 3], kv_lens=[5, 9], num_q_heads=4, num_kv_heads=2,
                     head_dim=64, block_size=16, dtype="f32")
     fn = load_kernel(ragged_paged_attention, "cpu").function
-    for name, y, attrs, out_shape, arg, words in _mutations(x):
-        dtype = y["queries"].dtype
-        out = np.zeros(out_shape or y["queries"].shape, dtype)
+    for name, y, attrs, out, arg, words in _mutations(x):
+        out = np.zeros_like(y["queries"]) if out is None else out
         all_attrs = {**_attrs(0.1), **{k: np.float32(v) for k, v in attrs.items()}}
         with pytest.raises(KernelError) as e:
             call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
@@ -419,3 +425,219 @@ def test_random_garbage_metadata_matches_the_oracle(rng):
         for what, out in (("kernel", run_cpu_kernel(y, scale=0.1, sliding_window=9)),
                           ("xla", run_xla(y, scale=0.1, sliding_window=9))):
             check(out, ref, "f32", f"{what}: {y['cu_q_lens']} {y['kv_lens']} {y['num_seqs']}")
+
+
+# ------------------------------------------------------------------ fp8 KV cache
+
+FP8 = "f8e4m3fn"
+# Both query dtypes x every head_dim x block size once with fp8 caches; layouts, GQA ratios
+# and batch mixes (decode-only, whole prompts q_len = kv_len, chunks, mixed, prime lengths)
+# rotate through them.
+FP8_MATRIX = [
+    (dtype, d, b, ("vllm", "pallas")[i % 2], HEADS[(i // 2) % 3], MIXES[i % len(MIXES)])
+    for i, (dtype, d, b) in enumerate(itertools.product(("bf16", "f16"), HEAD_DIMS, BLOCK_SIZES))
+] + [(dtype, 64, 64, layout, (8, 2), "long") for dtype in ("bf16", "f16")
+     for layout in ("vllm", "pallas")]
+
+
+def fp8_problem(rng, *, dtype, q_lens, kv_lens, head_dim=64, block_size=16, layout="vllm",
+                heads=(8, 2), scales=None, **kw):
+    """Random fp8 caches (NaN in every slot no row attends) and random scales; the attrs to
+    call with."""
+    k_scale, v_scale = scales or (float(rng.uniform(0.005, 0.1)), float(rng.uniform(0.005, 0.1)))
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=heads[0],
+                    num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size,
+                    dtype=dtype, layout=layout, cache_dtype=FP8, kv_scales=(k_scale, v_scale),
+                    **kw)
+    scale = float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim)
+    return x, dict(scale=scale, layout=layout, k_scale=k_scale, v_scale=v_scale)
+
+
+def dequantized(x: dict, attrs: dict) -> dict:
+    """The fp8 problem with its caches dequantized into the queries' dtype (exact for
+    power-of-two scales), and the attrs without the scales."""
+    np_dtype = x["queries"].dtype
+    y = dict(x, key_cache=(x["key_cache"].astype(np.float32) * attrs["k_scale"]).astype(np_dtype),
+             value_cache=(x["value_cache"].astype(np.float32) * attrs["v_scale"]).astype(
+                 np_dtype))
+    return y, {k: v for k, v in attrs.items() if k not in ("k_scale", "v_scale")}
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads,kind", FP8_MATRIX)
+def test_fp8_cache_cpu_kernel_matches_float64_of_the_dequantized_cache(
+        rng, dtype, head_dim, block_size, layout, heads, kind):
+    q_lens, kv_lens = mix(kind, rng)
+    x, attrs = fp8_problem(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, head_dim=head_dim,
+                           block_size=block_size, layout=layout, heads=heads)
+    assert x["key_cache"].dtype.name == "float8_e4m3fn"
+    assert np.isnan(x["key_cache"].astype(np.float32)).any(), "unattended slots are poisoned"
+    out = run_cpu_kernel(x, **attrs)
+    assert out.dtype == x["queries"].dtype
+    check(out, reference(x, **attrs), dtype, kind)
+    assert np.all(out[owned_rows(x):] == 0), "padding rows must be zeros"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+@pytest.mark.parametrize("kind", ["mixed", "decode"])
+def test_fp8_error_is_no_worse_than_the_same_kernel_on_the_dequantized_cache(rng, dtype, layout,
+                                                                           kind):
+    """Power-of-two scales make the dequantized cache exact in bf16/f16: the fp8 kernel's
+    error against float64 is then held to the bf16/f16 kernel's on the same values."""
+    q_lens, kv_lens = mix(kind, rng)
+    x, attrs = fp8_problem(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, head_dim=128,
+                           layout=layout, scales=(2.0**-5, 2.0**-6))
+    ref = reference(x, **attrs)
+    fp8_err = rel_error(run_cpu_kernel(x, **attrs), ref)
+    deq, plain = dequantized(x, attrs)
+    np.testing.assert_array_equal(reference(deq, **plain), ref)
+    same_err = rel_error(run_cpu_kernel(deq, **plain), ref)
+    assert fp8_err <= same_err * 1.01 + 1e-7, (fp8_err, same_err)
+    assert fp8_err <= TOLERANCES[dtype]
+
+
+def test_fp8_q_len_equal_kv_len_prime_lengths_and_decode_only(rng):
+    """Whole prompts (row 0 attends token 0 only: its output is V[0] * v_scale), prime
+    q_lens, and a decode-only batch padded to its sequence slots (CUDA's decode path)."""
+    x, attrs = fp8_problem(rng, dtype="bf16", q_lens=[33, 1, 64, 17], kv_lens=[33, 1, 64, 17],
+                           heads=(4, 2), head_dim=128, extra_blocks=9)
+    ref = reference(x, **attrs)
+    check(run_cpu_kernel(x, **attrs), ref, "bf16", "q_len = kv_len")
+    blk = x["block_tables"][0, 0]
+    np.testing.assert_allclose(
+        ref[0, 0], x["value_cache"][blk, 0, 0].astype(np.float64) * attrs["v_scale"],
+        rtol=1e-12)
+    x, attrs = fp8_problem(rng, dtype="f16", q_lens=[2, 3, 5, 7, 11, 13], kv_lens=[
+        3, 5, 7, 11, 13, 131], layout="pallas", heads=(6, 3), block_size=32)
+    check(run_cpu_kernel(x, **attrs), reference(x, **attrs), "f16", "primes")
+    x, attrs = fp8_problem(rng, dtype="bf16", q_lens=[1] * 5, kv_lens=[1, 17, 200, 64, 33],
+                           num_tokens=5, max_seqs=5, block_size=32, sliding_window=50)
+    attrs["sliding_window"] = 50
+    ref = reference(x, **attrs)
+    check(run_cpu_kernel(x, **attrs), ref, "bf16", "decode")
+    decode = np.asarray(paged_attention(x["queries"], x["key_cache"], x["value_cache"],
+                                        x["block_tables"], x["kv_lens"], **attrs), np.float32)
+    assert rel_error(decode, ref) <= TOLERANCES["bf16"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+@pytest.mark.parametrize("softcap,window", [(0.0, 0), (7.0, 23)])
+def test_fp8_cache_jit_op_and_xla_fallback(rng, dtype, layout, softcap, window):
+    q_lens, kv_lens = mix("mixed", rng)
+    x, attrs = fp8_problem(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, layout=layout,
+                           heads=(6, 3), block_size=32, sliding_window=window)
+    attrs.update(softcap=softcap, sliding_window=window)
+    ref = reference(x, **attrs)
+    args = [jax.device_put(x[k], jax.devices("cpu")[0]) for k in ARGS]
+    out = jax.jit(lambda *a: ragged_paged_attention(*a, **attrs))(*args)
+    assert out.dtype == x["queries"].dtype
+    check(out, ref, dtype, "jit op")
+    check(run_xla(x, **attrs), ref, dtype, "xla")
+    assert np.all(np.asarray(out, np.float32)[owned_rows(x):] == 0)
+
+
+def test_fp8_cache_clamped_metadata_and_out_of_range_ids(rng):
+    x, attrs = fp8_problem(rng, dtype="bf16", q_lens=[5, 3, 2, 4], kv_lens=[64, 50, 33, 64],
+                           heads=(8, 4), poison=False)
+    num_blocks = x["key_cache"].shape[0]
+    x["block_tables"][0, 1] = -1
+    x["block_tables"][1, 0] = num_blocks
+    x["block_tables"][3, :] = 2**31 - 1                    # every block bad: zeros
+    x["kv_lens"][2] = 1                                    # q_len > kv_len
+    ref = reference(x, **attrs)
+    rows3 = slice(x["cu_q_lens"][3], x["cu_q_lens"][4])
+    assert np.all(ref[rows3] == 0)
+    for what, out in (("kernel", run_cpu_kernel(x, **attrs)), ("xla", run_xla(x, **attrs))):
+        check(out, ref, "bf16", what)
+        np.testing.assert_array_equal(np.asarray(out, np.float32)[ref == 0], 0)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_fp8_cache_in_torch_eager(rng, dtype):
+    torch = pytest.importorskip("torch")
+    from xla_kernels.frontends.torch import torch_op
+
+    q_lens, kv_lens = mix("chunks", rng)
+    x, attrs = fp8_problem(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, layout="pallas",
+                           heads=(4, 4))
+    tdtype = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+
+    def tensor(a):
+        if a.dtype.name == "float8_e4m3fn":
+            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
+
+    out = torch_op(ragged_paged_attention)(*(tensor(x[k]) for k in ARGS), **attrs)
+    assert out.dtype == tdtype
+    check(out.float().numpy(), reference(x, **attrs), dtype, "torch")
+
+
+FP8_BAD_CALLS = [
+    ("f32 queries", _specs(dtype="f32", kdtype=FP8), {}, "queries",
+     "dtype f32 is not supported with f8e4m3fn caches. Fix: pass bf16 or f16 queries"),
+    ("one fp8 cache", [*_specs(kdtype=FP8)[:2], xk.Spec((10, 16, 2, 128), "bf16"),
+                       *_specs()[3:]], {}, "value_cache",
+     "dtype bf16 differs from the other cache's f8e4m3fn. Fix: store both caches in "
+     "f8e4m3fn"),
+    ("fp8 value only", [*_specs(kdtype="bf16")[:2], xk.Spec((10, 16, 2, 128), FP8),
+                        *_specs()[3:]], {}, "key_cache",
+     "dtype bf16 differs from the other cache's f8e4m3fn"),
+    ("zero k_scale", _specs(kdtype=FP8), {"k_scale": 0.0}, "k_scale", "must be finite and > 0"),
+    ("negative v_scale", _specs(kdtype=FP8), {"v_scale": -0.5}, "v_scale",
+     "must be finite and > 0"),
+    ("nan k_scale", _specs(kdtype=FP8), {"k_scale": float("nan")}, "k_scale",
+     "must be finite and > 0"),
+    ("inf v_scale", _specs(kdtype=FP8), {"v_scale": float("inf")}, "v_scale",
+     "must be finite and > 0"),
+    ("scale without fp8", _specs(), {"k_scale": 0.5}, "k_scale",
+     "the caches are bf16: scales apply to f8e4m3fn caches only. Fix: pass k_scale=1.0"),
+    ("v_scale without fp8", _specs(dtype="f32"), {"v_scale": 2.0}, "v_scale",
+     "the caches are f32: scales apply to f8e4m3fn caches only. Fix: pass v_scale=1.0"),
+]
+
+
+@pytest.mark.parametrize("name,specs,attrs,arg,words", FP8_BAD_CALLS,
+                         ids=[c[0] for c in FP8_BAD_CALLS])
+def test_fp8_bad_calls_name_argument_and_fix(name, specs, attrs, arg, words):
+    with pytest.raises(xk.OpInputError) as e:
+        ragged_paged_attention.bind(specs, {"scale": 0.1, **attrs})
+    msg = str(e.value)
+    assert msg.startswith("xla_kernels.ragged_paged_attention: "), msg
+    assert f"argument '{arg}'" in msg, msg
+    assert words in msg, msg
+
+
+def test_fp8_queries_are_refused_by_dtype():
+    with pytest.raises(xk.OpTypeError, match=r"argument 'queries': dtype f8e4m3fn is not "
+                                             r"supported. Fix: pass one of bf16, f16, f32"):
+        ragged_paged_attention.bind(_specs(dtype=FP8), {"scale": 0.1})
+
+
+@pytest.mark.parametrize("change,arg,words", [
+    (dict(dtype=np.float32), "queries", "dtype f32 is not supported with f8e4m3fn caches"),
+    (dict(k_scale=0.0), "k_scale", "must be finite and > 0"),
+    (dict(v_scale=float("nan")), "v_scale", "must be finite and > 0"),
+    (dict(value_cache="bf16"), "value_cache", "dtype bf16 differs from key_cache's f8e4m3fn"),
+    (dict(plain_scale=0.5), "k_scale", "scales apply to f8e4m3fn caches only"),
+])
+def test_fp8_handler_validates_itself(rng, change, arg, words):
+    """The C++ handler re-checks dtypes and scales (a hand-written call skips Python)."""
+    x, attrs = fp8_problem(rng, dtype="bf16", q_lens=[2, 3], kv_lens=[5, 9], heads=(4, 2))
+    if "dtype" in change:
+        x["queries"] = x["queries"].astype(change.pop("dtype"))
+    if "value_cache" in change:
+        x["value_cache"] = x["value_cache"].astype(np.float32).astype(
+            x["queries"].dtype)
+        change.pop("value_cache")
+    if "plain_scale" in change:
+        x, attrs = dequantized(x, attrs)
+        attrs["k_scale"] = change.pop("plain_scale")
+    attrs.update(change)
+    with pytest.raises(KernelError) as e:
+        run_cpu_kernel(x, **attrs)
+    msg = str(e.value)
+    assert e.value.code_name == "INVALID_ARGUMENT", msg
+    assert f"argument '{arg}'" in msg and words in msg and "Fix:" in msg, msg

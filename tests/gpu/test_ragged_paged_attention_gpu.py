@@ -7,7 +7,10 @@ prompts (q_len = kv_len), out-of-range block ids, padding rows and unused sequen
 inconsistent device data (clamping), agreement with ``paged_attention`` when every q_len is
 1, the torch eager path with NaN left in the allocator's free memory, and tiles that split
 a sequence's rows in the middle of a GQA group. Caches hold NaN in every slot no row
-attends.
+attends. fp8 caches (f8e4m3fn, bf16/f16 queries): a matrix against float64 of the
+dequantized cache, the error held to the bf16/f16 kernel's on the same values, softcap and
+windows, the decode path (split contexts, v_scale in the reduce kernel), GQA tiles, and
+torch float8 tensors with NaN-filled output and workspace.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pytest
 
 from xla_kernels.kernels.paged_attention import paged_attention
 from xla_kernels.kernels.ragged_paged_attention import (
+    decode_workspace_size,
     ragged_paged_attention,
     ragged_paged_attention_numpy_f64,
 )
@@ -312,3 +316,183 @@ def test_wgmma_and_mma_sync_kernels_agree(rng, monkeypatch):
     check(old, ref, "bf16", "mma.sync")
     check(new, ref, "bf16", "wgmma")
     assert rel_error(new, old.astype(np.float64)) <= 2 * TOLERANCES["bf16"]
+
+
+# ------------------------------------------------------------------ fp8 KV cache
+
+FP8 = "f8e4m3fn"
+FP8_MIXES = ("mixed", "chunks", "decode", "prefill", "primes")
+# Every query dtype x head_dim x block size x layout; GQA ratios and mixes rotate (36 cases).
+FP8_FULL = [(dtype, d, b, layout, HEADS[i % 3], FP8_MIXES[i % 5]) for i, (dtype, d, b, layout)
+            in enumerate(itertools.product(("bf16", "f16"), (64, 128, 256), (16, 32, 64),
+                                           ("vllm", "pallas")))]
+
+
+def fp8_inputs(rng, *, dtype, scales=None, **kw):
+    """make_inputs with fp8 caches quantized with random (or given) scales; the scale attrs."""
+    k_scale, v_scale = scales or (float(rng.uniform(0.005, 0.1)), float(rng.uniform(0.005, 0.1)))
+    x = make_inputs(rng, dtype=dtype, cache_dtype=FP8, kv_scales=(k_scale, v_scale), **kw)
+    return x, dict(k_scale=k_scale, v_scale=v_scale)
+
+
+def dequantized(x: dict, scales: dict) -> dict:
+    """x with its fp8 caches times the scales, in the queries' dtype (exact for power-of-two
+    scales)."""
+    np_dtype = x["queries"].dtype
+    return dict(x, **{k: (x[k].astype(np.float32) * scales[s]).astype(np_dtype)
+                      for k, s in (("key_cache", "k_scale"), ("value_cache", "v_scale"))})
+
+
+@pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads,kind", FP8_FULL)
+def test_fp8_cuda_matches_float64_of_the_dequantized_cache(rng, dtype, head_dim, block_size,
+                                                           layout, heads, kind):
+    hq, hkv = heads
+    q_lens, kv_lens = mix(kind, rng)
+    x, scales = fp8_inputs(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=hq,
+                           num_kv_heads=hkv, head_dim=head_dim, block_size=block_size,
+                           layout=layout)
+    attrs = dict(scale=float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim), layout=layout, **scales)
+    out = run_jax(x, **attrs)
+    check(out, reference(x, **attrs), dtype, kind)
+    assert np.all(out[int(x["cu_q_lens"][len(q_lens)]):] == 0), "padding rows must be zeros"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kind,decode_path", [("mixed", False), ("long", False),
+                                              ("prefill", False), ("decode", True)])
+def test_fp8_error_no_worse_than_the_bf16_kernel_on_the_dequantized_cache(
+        rng, dtype, head_dim, kind, decode_path):
+    """Power-of-two scales make the dequantized cache exact in bf16/f16, so the bf16/f16
+    kernel runs on the very values the fp8 kernel reads: at the same configuration the fp8
+    kernel's error against float64 must not exceed it (up to summation order: 1.2x).
+    decode_path pads the decode batch to its sequence slots (paged_attention's kernels)."""
+    q_lens, kv_lens = mix(kind, rng)
+    kw = dict(num_tokens=len(q_lens), max_seqs=len(q_lens)) if decode_path else {}
+    x, scales = fp8_inputs(rng, dtype=dtype, scales=(2.0**-5, 2.0**-6), q_lens=q_lens,
+                           kv_lens=kv_lens, num_q_heads=32, num_kv_heads=8, head_dim=head_dim,
+                           block_size=16, **kw)
+    attrs = dict(scale=head_dim**-0.5, **scales)
+    ref = reference(x, **attrs)
+    fp8_err = rel_error(run_jax(x, **attrs), ref)
+    deq = dequantized(x, scales)
+    np.testing.assert_array_equal(reference(deq, scale=attrs["scale"]), ref)
+    same_err = rel_error(run_jax(deq, scale=attrs["scale"]), ref)
+    print(f"{kind} d={head_dim}: fp8 {fp8_err:.3g} vs {dtype} {same_err:.3g}")
+    assert fp8_err <= 1.2 * same_err + 1e-6, (fp8_err, same_err)
+    assert fp8_err <= TOLERANCES[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("layout", ["vllm", "pallas"])
+@pytest.mark.parametrize("softcap,window", [(5.0, 0), (0.0, 1), (0.0, 31), (30.0, 333)])
+def test_fp8_softcap_and_sliding_window(rng, dtype, layout, softcap, window):
+    q_lens, kv_lens = mix("mixed", rng)
+    x, scales = fp8_inputs(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=8,
+                           num_kv_heads=2, head_dim=128, block_size=16, layout=layout,
+                           sliding_window=window)
+    attrs = dict(scale=0.09, softcap=softcap, sliding_window=window, layout=layout, **scales)
+    check(run_jax(x, **attrs), reference(x, **attrs), dtype, f"{softcap=} {window=}")
+
+
+@pytest.mark.parametrize("dtype,layout", [("bf16", "vllm"), ("f16", "pallas")])
+def test_fp8_decode_path_and_the_other_path_with_the_same_shapes(rng, dtype, layout):
+    """Decode-only, num_tokens <= max_seqs: paged_attention's fp8 kernels with long contexts
+    split over partitions (the reduce kernel applies v_scale), empty sequences, padding rows
+    and a bad block id; then one q_len of 2 sends the same shapes down the mma kernel."""
+    kv_lens = [1, 0, 9000, 64, 33, 0, 2500]
+    q_lens = [1, 0, 1, 1, 1, 1, 1]
+    kw = dict(num_q_heads=16, num_kv_heads=4, head_dim=128, block_size=16, layout=layout,
+              num_tokens=11, max_seqs=12)
+    x, scales = fp8_inputs(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, **kw)
+    x["block_tables"][2, 100] = -3
+    for attrs in ({"scale": 0.088, "layout": layout},
+                  {"scale": 0.088, "softcap": 7.0, "sliding_window": 1500, "layout": layout}):
+        out = run_jax(x, **attrs, **scales)
+        check(out, reference(x, **attrs, **scales), dtype, f"decode {attrs}")
+        assert np.all(out[6:] == 0)
+    q_lens[4] = 2
+    x, scales = fp8_inputs(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, **kw)
+    attrs = dict(scale=0.088, layout=layout, **scales)
+    check(run_jax(x, **attrs), reference(x, **attrs), dtype, "one q_len of 2")
+
+
+@pytest.mark.parametrize("group", [1, 3, 7, 24])
+def test_fp8_tiles_split_gqa_groups_and_whole_prompts(rng, group):
+    x, scales = fp8_inputs(rng, dtype="f16", q_lens=[37, 1, 11, 64], kv_lens=[90, 20, 11, 64],
+                           num_q_heads=group, num_kv_heads=1, head_dim=64, block_size=32)
+    attrs = dict(scale=0.125, **scales)
+    check(run_jax(x, **attrs), reference(x, **attrs), "f16", f"G={group}")
+
+
+def test_fp8_clamped_metadata_and_out_of_range_ids(rng):
+    x, scales = fp8_inputs(rng, dtype="bf16", q_lens=[5, 3, 40, 4], kv_lens=[64, 50, 100, 64],
+                           num_q_heads=8, num_kv_heads=4, head_dim=64, block_size=16,
+                           poison=False, num_tokens=70, max_seqs=9)
+    bt = x["block_tables"]
+    bt[0, 1] = -1
+    bt[1, 0] = x["key_cache"].shape[0]
+    bt[2, 5] = 2**31 - 1
+    bt[3, :] = -(2**31)
+    x["cu_q_lens"][3] = 6                                  # decreasing: an empty sequence
+    attrs = dict(scale=0.125, **scales)
+    ref = reference(x, **attrs)
+    out = run_jax(x, **attrs)
+    check(out, ref, "bf16")
+    np.testing.assert_array_equal(out[ref == 0], 0)
+
+
+def test_fp8_deterministic(rng):
+    q_lens, kv_lens = mix("long", rng)
+    x, scales = fp8_inputs(rng, dtype="bf16", q_lens=q_lens, kv_lens=kv_lens, num_q_heads=32,
+                           num_kv_heads=8, head_dim=128, block_size=16, poison=False)
+    a, b = run_jax(x, scale=0.1, **scales), run_jax(x, scale=0.1, **scales)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("decode", [False, True])
+def test_fp8_torch_float8_tensors_with_poisoned_output_and_workspace(rng, dtype, decode):
+    """torch float8_e4m3fn CUDA tensors through the torch operator, and the handler writing
+    into NaN-filled output and workspace (decode: the workspace holds the decode path's
+    partials and tables)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    from xla_kernels.frontends.torch import torch_op
+    from xla_kernels.runtime.eager import Buffer, call_handler
+    from xla_kernels.runtime.library import load_kernel
+
+    q_lens, kv_lens = ([1, 1, 1, 0], [5000, 33, 640, 7]) if decode else mix("mixed", rng)
+    kw = dict(num_tokens=4, max_seqs=5) if decode else {}
+    x, scales = fp8_inputs(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=16,
+                           num_kv_heads=4, head_dim=128, block_size=16, **kw)
+
+    def tensor(a):
+        if a.dtype.name == "float8_e4m3fn":
+            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+        return torch.from_numpy(a).cuda()
+
+    ins = [tensor(x[k]) for k in ARGS]
+    ref = reference(x, scale=0.1, **scales)
+    got = torch_op(ragged_paged_attention)(*ins, scale=0.1, **scales)
+    check(got.float().cpu().numpy(), ref, dtype, "torch op")
+    q = x["queries"]
+    out = torch.full(q.shape, float("nan"), dtype=ins[0].dtype, device="cuda")
+    n = decode_workspace_size(q.shape[0], x["kv_lens"].shape[0], q.shape[1], q.shape[2],
+                              x["block_tables"].shape[1], 16)
+    ws = torch.full((n,), float("nan"), dtype=torch.float32, device="cuda")
+    attrs = {"scale": np.float32(0.1), "softcap": np.float32(0.0),
+             "sliding_window": np.int64(0), "layout": "vllm",
+             "k_scale": np.float32(scales["k_scale"]), "v_scale": np.float32(scales["v_scale"])}
+    call_handler(load_kernel(ragged_paged_attention, "cuda").function,
+                 args=[Buffer.from_array(t) for t in ins],
+                 rets=[Buffer.from_array(out), Buffer.from_array(ws)], attrs=attrs,
+                 platform="cuda", stream=torch.cuda.current_stream().cuda_stream,
+                 op_name=ragged_paged_attention.name)
+    torch.cuda.synchronize()
+    got = out.float().cpu().numpy()
+    check(got, ref, dtype, "eager")
+    assert np.all(got[int(x["cu_q_lens"][len(q_lens)]):] == 0)

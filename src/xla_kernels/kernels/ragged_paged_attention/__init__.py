@@ -6,7 +6,7 @@ already in the cache); the rows of all sequences are concatenated and padded::
 
     ragged_paged_attention(queries, key_cache, value_cache, kv_lens, block_tables, cu_q_lens,
                            num_seqs, *, scale, softcap=0.0, sliding_window=0,
-                           layout="vllm") -> out
+                           layout="vllm", k_scale=1.0, v_scale=1.0) -> out
 
 * ``queries`` [num_tokens, num_q_heads, head_dim] (num_tokens static, padded); ``out`` has
   its shape and dtype.
@@ -24,6 +24,11 @@ already in the cache); the rows of all sequences are concatenated and padded::
   ``softcap > 0`` gives ``softcap * tanh(logit / softcap)`` after the scale.
 * dtypes bf16, f16, f32 (queries, caches and output share one); head_dim 64, 128, 256;
   block_size 16, 32, 64; any GQA/MQA ratio (num_q_heads % num_kv_heads == 0).
+* fp8 KV cache (vLLM's ``kv_cache_dtype="fp8"``), as in ``paged_attention``: both caches
+  ``f8e4m3fn`` with bf16 or f16 queries (and output); the keys and values are the stored
+  values times the per-tensor ``k_scale`` / ``v_scale`` (finite, > 0; they must stay 1.0
+  for other caches). The kernels fold ``k_scale`` into the logit scale and ``v_scale`` into
+  the output normalization.
 
 Inconsistent device data never causes an out-of-bounds read or write; it is defined as:
 
@@ -40,7 +45,8 @@ Inconsistent device data never causes an out-of-bounds read or write; it is defi
 
 Kernels: CUDA (``ragged_paged_attention.cu``: one CTA per (tile of query rows x q heads of
 one sequence, kv head), online softmax over 32-token K/V tiles, mma.sync for bf16/f16, CUDA
-cores for f32; on an H100 (sm_90a build) bf16/f16 with head_dim 64/128 use a wgmma kernel,
+cores for f32, e4m3 tiles converted to bf16/f16 in shared memory for fp8 caches; on an H100
+(sm_90a build) bf16/f16 with head_dim 64/128 and bf16/f16 caches use a wgmma kernel,
 ``ragged_paged_attention_sm90.cuh``, unless ``XLA_KERNELS_RAGGED_WGMMA=0``; design in
 ``ragged_paged_attention.cuh``) and CPU
 (``ragged_paged_attention_cpu.cc``). :func:`ragged_paged_attention_xla` is the plain-XLA
@@ -74,7 +80,14 @@ from xla_kernels.kernel_kit import read_constants
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
 from ..paged_attention.workspace import workspace_size
-from ..paged_cache import LAYOUTS, cache_dims, cache_factors, check_attention_caches
+from ..paged_cache import (
+    FP8,
+    LAYOUTS,
+    cache_dims,
+    cache_factors,
+    check_attention_caches,
+    check_kv_scales,
+)
 from .reference import (
     ragged_paged_attention_numpy_f64,
     ragged_paged_attention_xla,
@@ -85,6 +98,9 @@ LIMITS_HEADER = Path(__file__).with_name("ragged_paged_attention_limits.h")
 LIMITS = read_constants(LIMITS_HEADER)
 
 DTYPES = ("bf16", "f16", "f32")
+CACHE_DTYPES = (*DTYPES, FP8)
+FP8_QUERY_DTYPES = ("bf16", "f16")
+"""Query (and output) dtypes allowed with an fp8 cache."""
 HEAD_DIMS: tuple[int, ...] = LIMITS["kHeadDims"]  # type: ignore[assignment]
 BLOCK_SIZES: tuple[int, ...] = LIMITS["kBlockSizes"]  # type: ignore[assignment]
 MAX_PACKED_ROWS: int = LIMITS["kMaxPackedRows"]  # type: ignore[assignment]
@@ -114,12 +130,14 @@ def decode_workspace_size(num_tokens: int, max_seqs: int, num_q_heads: int, head
 
 def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spec,
                  block_tables: Spec, cu_q_lens: Spec, num_seqs: Spec, *, scale: float,
-                 softcap: float, sliding_window: int, layout: str) -> list[Spec]:
+                 softcap: float, sliding_window: int, layout: str, k_scale: float,
+                 v_scale: float) -> list[Spec]:
     """Validate a call; returns [out, workspace]."""
     num_tokens, num_q_heads, _ = queries.shape
     _, block_size, _, _ = check_attention_caches(
         "queries", queries, key_cache, value_cache, layout=layout, head_dims=HEAD_DIMS,
-        block_sizes=BLOCK_SIZES)
+        block_sizes=BLOCK_SIZES, fp8_query_dtypes=FP8_QUERY_DTYPES)
+    check_kv_scales(k_scale, v_scale, cache_dtype=key_cache.dtype)
     max_seqs = kv_lens.shape[0]
     if max_seqs < 1:
         raise Invalid("kv_lens", "expected shape (max_seqs,) with max_seqs >= 1, got "
@@ -169,8 +187,9 @@ ragged_paged_attention = Op(
     "xla_kernels.ragged_paged_attention",
     inputs=[
         Tensor("queries", dtypes=DTYPES, rank=3, doc="[num_tokens, num_q_heads, head_dim]"),
-        Tensor("key_cache", dtypes=DTYPES, rank=4, doc="paged keys, in `layout`"),
-        Tensor("value_cache", dtypes=DTYPES, rank=4, doc="paged values, key_cache's shape"),
+        Tensor("key_cache", dtypes=CACHE_DTYPES, rank=4, doc="paged keys, in `layout`"),
+        Tensor("value_cache", dtypes=CACHE_DTYPES, rank=4,
+               doc="paged values, key_cache's shape and dtype"),
         Tensor("kv_lens", dtypes=("i32",), rank=1, doc="[max_seqs] context lengths"),
         Tensor("block_tables", dtypes=("i32",), rank=2, doc="[max_seqs, max_blocks_per_seq]"),
         Tensor("cu_q_lens", dtypes=("i32",), rank=1, doc="[max_seqs + 1] row offsets"),
@@ -182,6 +201,8 @@ ragged_paged_attention = Op(
         Attr("sliding_window", int, default=0,
              doc="> 0: a row at position p attends only t > p - sliding_window"),
         Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
+        Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
+        Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
     ],
     outputs=_output_rule,
     output_names=("out",),
@@ -204,7 +225,8 @@ def sanitize_cases(platform: str = "gpu") -> None:
 
 
 __all__ = [
-    "BLOCK_SIZES", "DTYPES", "HEAD_DIMS", "LAYOUTS", "LIMITS", "decode_workspace_size",
+    "BLOCK_SIZES", "CACHE_DTYPES", "DTYPES", "FP8", "FP8_QUERY_DTYPES", "HEAD_DIMS", "LAYOUTS",
+    "LIMITS", "decode_workspace_size",
     "ragged_paged_attention",
     "ragged_paged_attention_numpy_f64", "ragged_paged_attention_xla", "sanitize_cases",
     "sequence_bounds",

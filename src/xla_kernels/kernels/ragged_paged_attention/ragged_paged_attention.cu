@@ -30,11 +30,11 @@ ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
                                     ffi::Result<ffi::AnyBuffer> out,
                                     ffi::Result<ffi::Buffer<ffi::F32>> workspace, float scale,
                                     float softcap, int64_t sliding_window,
-                                    std::string_view layout) {
+                                    std::string_view layout, float k_scale, float v_scale) {
   Shape s{};
   ffi::Error err = DecodeAndValidate(queries, key_cache, value_cache, kv_lens, block_tables,
                                      cu_q_lens, num_seqs, *out, scale, softcap, sliding_window,
-                                     layout, &s);
+                                     layout, k_scale, v_scale, &s);
   if (err.failure()) return err;
   const int64_t need = decode_workspace_elems(s.num_tokens, s.max_seqs, s.num_q_heads,
                                               s.head_dim, s.max_blocks_per_seq, s.block_size);
@@ -48,6 +48,9 @@ ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
   p.dtype = s.dtype == ffi::DataType::BF16  ? DType::kBF16
             : s.dtype == ffi::DataType::F16 ? DType::kF16
                                             : DType::kF32;
+  p.fp8_cache = s.cache_dtype == ffi::DataType::F8E4M3FN;
+  p.k_scale = k_scale;
+  p.v_scale = v_scale;
   p.queries = queries.untyped_data();
   p.key_cache = key_cache.untyped_data();
   p.value_cache = value_cache.untyped_data();

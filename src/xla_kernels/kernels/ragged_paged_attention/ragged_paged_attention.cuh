@@ -50,6 +50,14 @@
 //    not decode-only), and the kernels of this file exit at once when it is. Only for calls
 //    with num_tokens <= max_seqs (has_decode_path). See decode_workspace_elems() for the
 //    workspace's layout.
+//  * fp8 caches (f8e4m3fn, bf16/f16 queries): the same kernel (kFp8) streams the e4m3 bytes
+//    with cp.async into raw double-buffered staging tiles (rows of D bytes), and after the
+//    stage has landed all threads convert it (cvt e4m3x2 -> f16x2, bf16 through f32; exact)
+//    into one padded bf16/f16 K/V tile pair, which the unchanged ldmatrix/mma.sync path then
+//    reads: one more barrier and a shared-memory round trip per tile, no new fragment
+//    layouts. k_scale is folded into the logit scale and v_scale into the final 1/l, so the
+//    math is that of the bf16/f16 kernel on the dequantized cache. The decode path passes
+//    the fp8 caches and scales to paged_attention's Fp8MmaCore.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -80,7 +88,8 @@ enum class DType { kF32, kF16, kBF16 };
 //   vllm   [num_blocks, block_size, num_kv_heads, head_dim]
 //   pallas [num_kv_heads, num_blocks, block_size, head_dim]
 struct Params {
-  DType dtype = DType::kF32;
+  DType dtype = DType::kF32;              // queries and output
+  bool fp8_cache = false;                 // caches are f8e4m3fn (dtype is kBF16 or kF16)
   const void* queries = nullptr;          // [num_tokens, num_q_heads, head_dim]
   const void* key_cache = nullptr;        // layout above
   const void* value_cache = nullptr;      // same shape and layout as key_cache
@@ -93,6 +102,7 @@ struct Params {
   int64_t num_blocks = 0, block_size = 0, max_seqs = 0, max_blocks_per_seq = 0;
   int64_t stride_block = 0, stride_slot = 0, stride_head = 0;  // elements
   float scale = 1.f, softcap = 0.f;
+  float k_scale = 1.f, v_scale = 1.f;  // fp8 caches: key = stored * k_scale, value likewise
   int64_t sliding_window = 0;
   float* workspace = nullptr;  // null: no decode path; else decode_workspace_elems() floats
   int64_t workspace_elems = 0;
@@ -150,6 +160,7 @@ struct Args {
   int64_t sb, ss, sh;  // element strides: block, slot, kv head
   float qk_scale;      // scale*log2e, or scale/softcap with a softcap
   float cap_mul;       // softcap*log2e, or 0 without a softcap
+  float out_scale;     // fp8 caches: v_scale, applied with the final 1/l
 };
 
 // The (sequence, tile) a CTA works on.
@@ -318,7 +329,9 @@ __device__ __forceinline__ int64_t out_offset(const Args& a, const Work& w, int 
 
 // ------------------------------------------------------------------ bf16/f16: tensor cores
 
-template <typename T, int D>
+// Shared memory: Q, then kStages (K, V) tile pairs of T (bf16/f16 caches); with fp8 caches
+// (kFp8) Q, one converted (K, V) pair of T, then kStages raw (K, V) pairs of e4m3 bytes.
+template <typename T, int D, bool kFp8 = false>
 struct MmaConfig {
   static constexpr int RW = static_cast<int>(kRowsPerWarpMma);  // packed rows per warp (16)
   static constexpr int BM = kW * RW;                            // packed rows per CTA
@@ -326,19 +339,57 @@ struct MmaConfig {
   static constexpr int kStages = 2;
   static constexpr int kQElems = BM * RS;
   static constexpr int kTileElems = NK * RS;
-  static constexpr int kBytes = (kQElems + kStages * 2 * kTileElems) * static_cast<int>(sizeof(T));
+  static constexpr int kRawTileBytes = NK * D;  // fp8: a raw e4m3 tile, rows of D bytes
+  static constexpr int kBytes =
+      kFp8 ? (kQElems + 2 * kTileElems) * static_cast<int>(sizeof(T)) +
+                 kStages * 2 * kRawTileBytes
+           : (kQElems + kStages * 2 * kTileElems) * static_cast<int>(sizeof(T));
 };
 
-template <typename T, int D>
+// fp8: 16 e4m3 values (16 bytes of shared memory) -> 16 T values at dst (32 bytes). Exact.
+template <typename T>
+__device__ __forceinline__ void e4m3x16_to(T* dst, const uint8_t* src) {
+  using ::xla_kernels::paged_attention::detail::e4m3x2_to;
+  const uint4 x = *reinterpret_cast<const uint4*>(src);
+  const uint4 lo = make_uint4(e4m3x2_to<T>(x.x), e4m3x2_to<T>(x.x >> 16), e4m3x2_to<T>(x.y),
+                              e4m3x2_to<T>(x.y >> 16));
+  const uint4 hi = make_uint4(e4m3x2_to<T>(x.z), e4m3x2_to<T>(x.z >> 16), e4m3x2_to<T>(x.w),
+                              e4m3x2_to<T>(x.w >> 16));
+  *reinterpret_cast<uint4*>(dst) = lo;
+  *reinterpret_cast<uint4*>(dst + 8) = hi;
+}
+
+// fp8: a staged raw (K, V) tile pair (NK rows of D bytes each) -> the padded T pair (rows RS
+// elements apart) that the MMA loop reads. All threads of the CTA take part; zero-filled
+// (masked) rows convert to zeros.
+template <typename T, int D, int RS>
+__device__ __forceinline__ void convert_kv_tile(T* ks, T* vs, const uint8_t* kr,
+                                                const uint8_t* vr, int tid) {
+  constexpr int kCpr = D / 16;  // 16-byte e4m3 chunks per row
+  constexpr int kChunks = NK * kCpr;
+  static_assert(kChunks % kThreads == 0, "a tile's chunks do not split over the CTA");
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int c = tid + i * kThreads;
+    const int r = c / kCpr, col = (c % kCpr) * 16;
+    e4m3x16_to<T>(ks + r * RS + col, kr + r * D + col);
+    e4m3x16_to<T>(vs + r * RS + col, vr + r * D + col);
+  }
+}
+
+template <typename T, int D, bool kFp8 = false>
 __global__ void __launch_bounds__(kThreads) ragged_mma_kernel(const Args a) {
   if (a.skip != nullptr && __ldg(a.skip) != 0) return;
-  using C = MmaConfig<T, D>;
+  using C = MmaConfig<T, D, kFp8>;
   constexpr int RW = C::RW, BM = C::BM, RS = C::RS, KT = D / 16, DT = D / 8;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ Work work;
   __shared__ int tok_ok[C::kStages][NK];
   T* qs = reinterpret_cast<T*>(smem);
-  T* kv_base = qs + C::kQElems;  // stage st: K at 2*st tiles, V at 2*st + 1
+  // bf16/f16: stage st has K at tile 2*st, V at 2*st + 1. fp8: K at tile 0, V at tile 1
+  // (converted), raw stage st at raw + 2*st*kRawTileBytes (K), + kRawTileBytes (V).
+  T* kv_base = qs + C::kQElems;
+  uint8_t* raw = reinterpret_cast<uint8_t*>(kv_base + 2 * C::kTileElems);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int kvh = blockIdx.y;
@@ -356,8 +407,13 @@ __global__ void __launch_bounds__(kThreads) ragged_mma_kernel(const Args a) {
   const int ntiles = hi > lo ? (hi - lo + NK - 1) / NK : 0;
 
   if (ntiles > 0) {
-    load_kv_tile<T, D, RS>(kv_base, kv_base + C::kTileElems, tok_ok[0], a, w.s, kvh, lo, lo, hi,
-                           tid);
+    if constexpr (kFp8) {
+      load_kv_tile<uint8_t, D, D>(raw, raw + C::kRawTileBytes, tok_ok[0], a, w.s, kvh, lo, lo,
+                                  hi, tid);
+    } else {
+      load_kv_tile<T, D, RS>(kv_base, kv_base + C::kTileElems, tok_ok[0], a, w.s, kvh, lo, lo,
+                             hi, tid);
+    }
   }
   cp_async_commit();
   stage_q<T, T, D, RS, BM>(qs, a, w, tr, kvh, tid);
@@ -381,17 +437,32 @@ __global__ void __launch_bounds__(kThreads) ragged_mma_kernel(const Args a) {
     // Prefetch the next tile into the other stage (last read in iteration it - 1, which
     // ended with a barrier).
     if (it + 1 < ntiles) {
-      T* kn = kv_base + 2 * ((it + 1) & 1) * C::kTileElems;
-      load_kv_tile<T, D, RS>(kn, kn + C::kTileElems, tok_ok[(it + 1) & 1], a, w.s, kvh,
-                             lo + (it + 1) * NK, lo, hi, tid);
+      if constexpr (kFp8) {
+        uint8_t* kn = raw + 2 * ((it + 1) & 1) * C::kRawTileBytes;
+        load_kv_tile<uint8_t, D, D>(kn, kn + C::kRawTileBytes, tok_ok[(it + 1) & 1], a, w.s,
+                                    kvh, lo + (it + 1) * NK, lo, hi, tid);
+      } else {
+        T* kn = kv_base + 2 * ((it + 1) & 1) * C::kTileElems;
+        load_kv_tile<T, D, RS>(kn, kn + C::kTileElems, tok_ok[(it + 1) & 1], a, w.s, kvh,
+                               lo + (it + 1) * NK, lo, hi, tid);
+      }
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
     const int st = it & 1;
     const int t0 = lo + it * NK;
+    if constexpr (kFp8) {
+      // The converted pair was last read in iteration it - 1 (which ended with a barrier);
+      // this raw stage is overwritten by the prefetch of iteration it + 1, after the barrier
+      // that ends this one.
+      const uint8_t* kr = raw + 2 * st * C::kRawTileBytes;
+      convert_kv_tile<T, D, RS>(kv_base, kv_base + C::kTileElems, kr, kr + C::kRawTileBytes,
+                                tid);
+      __syncthreads();
+    }
     if (live && t0 < whi && t0 + NK > wlo) {
-      const T* ks = kv_base + 2 * st * C::kTileElems;
+      const T* ks = kv_base + (kFp8 ? 0 : 2 * st * C::kTileElems);
       const T* vs = ks + C::kTileElems;
       // S = Q K^T: rows = this warp's 16 packed rows, columns = the tile's 32 tokens.
       float sc[NK / 8][4];
@@ -477,7 +548,11 @@ __global__ void __launch_bounds__(kThreads) ragged_mma_kernel(const Args a) {
   l0 += __shfl_xor_sync(kFull, l0, 2);
   l1 += __shfl_xor_sync(kFull, l1, 1);
   l1 += __shfl_xor_sync(kFull, l1, 2);
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  if constexpr (kFp8) {  // v_scale
+    inv0 *= a.out_scale;
+    inv1 *= a.out_scale;
+  }
   const int pr0 = wr0 + g0, pr1 = wr0 + g0 + 8;
   T* out = static_cast<T*>(a.out);
   if (pr0 < tr.r_end) {
@@ -819,6 +894,9 @@ inline std::string launch_decode_path(cudaStream_t stream, const Params& p, Args
   d.dtype = p.dtype == DType::kBF16  ? paged_attention::DType::kBF16
             : p.dtype == DType::kF16 ? paged_attention::DType::kF16
                                      : paged_attention::DType::kF32;
+  d.fp8_cache = p.fp8_cache;
+  d.k_scale = p.k_scale;
+  d.v_scale = p.v_scale;
   d.query = p.queries;
   d.key_cache = p.key_cache;
   d.value_cache = p.value_cache;
@@ -935,6 +1013,20 @@ inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const 
 
 template <int D>
 inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const Args& a) {
+  if (p.fp8_cache) {
+    switch (p.dtype) {
+      case DType::kBF16:
+        return launch_main(stream, p, a, ragged_mma_kernel<__nv_bfloat16, D, true>,
+                           MmaConfig<__nv_bfloat16, D, true>::kBytes,
+                           MmaConfig<__nv_bfloat16, D, true>::BM);
+      case DType::kF16:
+        return launch_main(stream, p, a, ragged_mma_kernel<__half, D, true>,
+                           MmaConfig<__half, D, true>::kBytes, MmaConfig<__half, D, true>::BM);
+      case DType::kF32:
+        return "ragged_paged_attention: f8e4m3fn caches need bf16 or f16 queries";
+    }
+  }
+  // bf16/f16 caches on an sm_90a build: the wgmma kernel when it can serve the call.
   bool used = false;
   std::string err;
   if (p.dtype == DType::kBF16) err = try_launch_wgmma<__nv_bfloat16, D>(stream, p, a, &used);
@@ -990,13 +1082,15 @@ inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Para
   a.sb = p.stride_block;
   a.ss = p.stride_slot;
   a.sh = p.stride_head;
+  const float scale = p.scale * p.k_scale;  // k_scale: 1 unless the caches are fp8
   if (p.softcap > 0.f) {
-    a.qk_scale = p.scale / p.softcap;
+    a.qk_scale = scale / p.softcap;
     a.cap_mul = p.softcap * detail::kLog2e;
   } else {
-    a.qk_scale = p.scale * detail::kLog2e;
+    a.qk_scale = scale * detail::kLog2e;
     a.cap_mul = 0.f;
   }
+  a.out_scale = p.v_scale;
   const int64_t elem = p.dtype == DType::kF32 ? 4 : 2;
   const int64_t row_bytes = p.num_q_heads * p.head_dim * elem;
   if (row_bytes > INT_MAX) return "ragged_paged_attention: sizes out of range";

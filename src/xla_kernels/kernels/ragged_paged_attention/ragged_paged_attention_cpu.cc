@@ -1,7 +1,9 @@
 // ragged_paged_attention on the CPU: the semantics of the op (see __init__.py and
 // ragged_paged_attention.cuh), computed plainly with f32 accumulation. Per (sequence, kv
 // head) the sequence's cache rows are converted to f32 once; every query row of the sequence
-// and every q head of the group then reads them.
+// and every q head of the group then reads them. fp8 caches are read as stored (exact in
+// f32); k_scale multiplies the logit scale and v_scale the output, which equals attention over
+// the dequantized cache.
 //
 // Handler XkRaggedPagedAttentionCpu.
 #include <algorithm>
@@ -40,15 +42,19 @@ std::vector<SeqView> Sequences(const Shape& s, const int32_t* kv_lens, const int
   return seqs;
 }
 
-template <ffi::DataType DT>
+// DT: queries and output; CT: caches (DT, or F8E4M3FN).
+template <ffi::DataType DT, ffi::DataType CT>
 void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw,
          const int32_t* kv_lens, const int32_t* block_tables, const int32_t* cu_q_lens,
-         const int32_t* num_seqs, void* out_raw, float scale, float softcap, int64_t window) {
+         const int32_t* num_seqs, void* out_raw, float scale, float softcap, int64_t window,
+         float v_scale) {
   using E = Elem<DT>;
+  using EC = Elem<CT>;
   using T = typename E::T;
+  using C = typename EC::T;
   const T* q = static_cast<const T*>(q_raw);
-  const T* kc = static_cast<const T*>(k_raw);
-  const T* vc = static_cast<const T*>(v_raw);
+  const C* kc = static_cast<const C*>(k_raw);
+  const C* vc = static_cast<const C*>(v_raw);
   T* out = static_cast<T*>(out_raw);
   const int64_t D = s.head_dim, Hq = s.num_q_heads, G = s.num_q_heads / s.num_kv_heads;
 
@@ -77,11 +83,11 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
     for (int64_t kvh = 0; kvh < s.num_kv_heads; ++kvh) {
       for (int64_t t = lo_all; t < L; ++t) {
         if (offs[t] < 0) continue;
-        const T* kr = kc + offs[t] + kvh * s.stride_head;
-        const T* vr = vc + offs[t] + kvh * s.stride_head;
+        const C* kr = kc + offs[t] + kvh * s.stride_head;
+        const C* vr = vc + offs[t] + kvh * s.stride_head;
         for (int64_t d = 0; d < D; ++d) {
-          kf[t * D + d] = E::Load(kr[d]);
-          vf[t * D + d] = E::Load(vr[d]);
+          kf[t * D + d] = EC::Load(kr[d]);
+          vf[t * D + d] = EC::Load(vr[d]);
         }
       }
       for (int64_t i = 0; i < sv.q_len; ++i) {
@@ -111,7 +117,7 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
             total += w;
             for (int64_t d = 0; d < D; ++d) acc[d] += w * vf[t * D + d];
           }
-          const float inv = 1.f / total;
+          const float inv = v_scale / total;
           for (int64_t d = 0; d < D; ++d) o[d] = E::Store(acc[d] * inv);
         }
       }
@@ -127,11 +133,11 @@ ffi::Error RaggedPagedAttentionCpu(ffi::AnyBuffer queries, ffi::AnyBuffer key_ca
                                    ffi::Result<ffi::AnyBuffer> out,
                                    ffi::Result<ffi::Buffer<ffi::F32>> /*workspace: CUDA only*/,
                                    float scale, float softcap, int64_t sliding_window,
-                                   std::string_view layout) {
+                                   std::string_view layout, float k_scale, float v_scale) {
   Shape s{};
   ffi::Error err = DecodeAndValidate(queries, key_cache, value_cache, kv_lens, block_tables,
                                      cu_q_lens, num_seqs, *out, scale, softcap, sliding_window,
-                                     layout, &s);
+                                     layout, k_scale, v_scale, &s);
   if (err.failure()) return err;
   if (s.num_tokens == 0 || s.num_q_heads == 0) return ffi::Error::Success();
   const void* q = queries.untyped_data();
@@ -142,15 +148,30 @@ ffi::Error RaggedPagedAttentionCpu(ffi::AnyBuffer queries, ffi::AnyBuffer key_ca
   const int32_t* cu = cu_q_lens.typed_data();
   const int32_t* ns = num_seqs.typed_data();
   void* o = out->untyped_data();
+  const float qk = scale * k_scale;  // k_scale and v_scale are 1 unless the caches are fp8
+  using DT = ffi::DataType;
+  const bool fp8 = s.cache_dtype == DT::F8E4M3FN;
   switch (s.dtype) {
-    case ffi::DataType::F32:
-      Run<ffi::DataType::F32>(s, q, k, v, kl, bt, cu, ns, o, scale, softcap, sliding_window);
+    case DT::F32:
+      Run<DT::F32, DT::F32>(s, q, k, v, kl, bt, cu, ns, o, qk, softcap, sliding_window, v_scale);
       break;
-    case ffi::DataType::BF16:
-      Run<ffi::DataType::BF16>(s, q, k, v, kl, bt, cu, ns, o, scale, softcap, sliding_window);
+    case DT::BF16:
+      if (fp8) {
+        Run<DT::BF16, DT::F8E4M3FN>(s, q, k, v, kl, bt, cu, ns, o, qk, softcap, sliding_window,
+                                    v_scale);
+      } else {
+        Run<DT::BF16, DT::BF16>(s, q, k, v, kl, bt, cu, ns, o, qk, softcap, sliding_window,
+                                v_scale);
+      }
       break;
-    case ffi::DataType::F16:
-      Run<ffi::DataType::F16>(s, q, k, v, kl, bt, cu, ns, o, scale, softcap, sliding_window);
+    case DT::F16:
+      if (fp8) {
+        Run<DT::F16, DT::F8E4M3FN>(s, q, k, v, kl, bt, cu, ns, o, qk, softcap, sliding_window,
+                                   v_scale);
+      } else {
+        Run<DT::F16, DT::F16>(s, q, k, v, kl, bt, cu, ns, o, qk, softcap, sliding_window,
+                              v_scale);
+      }
       break;
     default:
       return Bad("queries", "unsupported dtype", "pass bf16, f16 or f32");

@@ -21,7 +21,8 @@ namespace ffi = xla::ffi;
 
 // The problem, as read from the buffers. Strides are in elements and describe either layout.
 struct Shape {
-  ffi::DataType dtype;
+  ffi::DataType dtype;        // queries and output
+  ffi::DataType cache_dtype;  // dtype, or F8E4M3FN (then dtype is BF16 or F16)
   int64_t num_tokens, num_q_heads, num_kv_heads, head_dim;
   int64_t num_blocks, block_size, max_seqs, max_blocks_per_seq;
   int64_t stride_block, stride_slot, stride_head;
@@ -41,7 +42,7 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
                                     const ffi::Buffer<ffi::S32>& num_seqs,
                                     const ffi::AnyBuffer& out, float scale, float softcap,
                                     int64_t sliding_window, std::string_view layout,
-                                    Shape* shape) {
+                                    float k_scale, float v_scale, Shape* shape) {
   const auto qd = queries.dimensions();
   const auto kd = key_cache.dimensions();
   const auto vd = value_cache.dimensions();
@@ -54,10 +55,29 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   if (dt != ffi::DataType::F32 && dt != ffi::DataType::F16 && dt != ffi::DataType::BF16)
     return Bad("queries", std::string("dtype ") + DtypeName(dt) + " is not supported",
                "pass bf16, f16 or f32");
-  if (key_cache.element_type() != dt || value_cache.element_type() != dt ||
-      out.element_type() != dt)
-    return Bad("key_cache", "queries, key_cache, value_cache and the output must share one dtype",
-               "cast the caches to the queries' dtype");
+  const ffi::DataType ct = key_cache.element_type();
+  const bool fp8 = ct == ffi::DataType::F8E4M3FN;
+  if (value_cache.element_type() != ct)
+    return Bad("value_cache", "dtype " + DtypeName(value_cache.element_type()) +
+                                  " differs from key_cache's " + DtypeName(ct),
+               "store both caches in one dtype");
+  if (out.element_type() != dt)
+    return Bad("out", "the output's dtype must be the queries'",
+               "declare the output like the queries");
+  if (fp8 && dt == ffi::DataType::F32)
+    return Bad("queries", "dtype f32 is not supported with f8e4m3fn caches",
+               "pass bf16 or f16 queries (the output has their dtype)");
+  if (!fp8 && ct != dt)
+    return Bad("key_cache", "queries, key_cache, value_cache and the output must share one "
+               "dtype (or the caches are f8e4m3fn)", "cast the caches to the queries' dtype");
+  for (const auto& [name, value] : {std::pair<const char*, float>{"k_scale", k_scale},
+                                    std::pair<const char*, float>{"v_scale", v_scale}}) {
+    if (!std::isfinite(value) || !(value > 0.f))
+      return Bad(name, "must be finite and > 0",
+                 "pass the fp8 cache's per-tensor scale, or 1.0");
+    if (!fp8 && value != 1.f)
+      return Bad(name, "scales apply to f8e4m3fn caches only", "pass 1.0, or fp8 caches");
+  }
   if (layout != "vllm" && layout != "pallas")
     return Bad("layout", "unknown layout '" + std::string(layout) + "'",
                "use \"vllm\" ([num_blocks, block_size, num_kv_heads, head_dim]) or \"pallas\" "
@@ -76,6 +96,7 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   const bool pallas = layout == "pallas";
   Shape s{};
   s.dtype = dt;
+  s.cache_dtype = ct;
   s.pallas = pallas;
   s.num_tokens = qd[0];
   s.num_q_heads = qd[1];
@@ -160,7 +181,9 @@ auto BindOperands(Binding binding) {
       .template Attr<float>("scale")
       .template Attr<float>("softcap")
       .template Attr<int64_t>("sliding_window")
-      .template Attr<std::string_view>("layout");
+      .template Attr<std::string_view>("layout")
+      .template Attr<float>("k_scale")
+      .template Attr<float>("v_scale");
 }
 
 // One sequence as the kernels see it; the rules for inconsistent device data, in one place:

@@ -9,7 +9,8 @@
   written from the op's definition alone: the test oracle.
 
 Both have the op's semantics (``xla_kernels.kernels.ragged_paged_attention``), including
-its rules for inconsistent device data (:func:`sequence_bounds`).
+its rules for inconsistent device data (:func:`sequence_bounds`), and read fp8 caches as
+the dequantized values (``stored * k_scale``, ``stored * v_scale``).
 
 Example:
     >>> import numpy as np
@@ -32,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from xla_kernels.kernels.paged_cache import LAYOUTS, cache_dims
+from xla_kernels import dtypes
+from xla_kernels.kernels.paged_cache import FP8, LAYOUTS, cache_dims
 
 
 def sequence_bounds(cu_q_lens: Any, num_seqs: Any, num_tokens: int) -> list[tuple[int, int]]:
@@ -61,20 +63,22 @@ def sequence_bounds(cu_q_lens: Any, num_seqs: Any, num_tokens: int) -> list[tupl
 
 def _token_kv(kc: np.ndarray, vc: np.ndarray, table: np.ndarray, t: int, block_size: int,
               num_blocks: int, layout: str,
-              seen: dict[int, tuple[np.ndarray, np.ndarray] | None]
+              seen: dict[int, tuple[np.ndarray, np.ndarray] | None],
+              k_scale: float = 1.0, v_scale: float = 1.0,
               ) -> tuple[np.ndarray, np.ndarray] | None:
-    """K and V [num_kv_heads, head_dim] of token ``t`` in float64, or None if its block id is
-    out of range (then nothing is read); memoized in ``seen``."""
+    """K and V [num_kv_heads, head_dim] of token ``t`` in float64 (times ``k_scale`` and
+    ``v_scale``: the dequantized fp8 cache), or None if its block id is out of range (then
+    nothing is read); memoized in ``seen``."""
     if t not in seen:
         blk = int(table[t // block_size])
         if not 0 <= blk < num_blocks:
             seen[t] = None
         elif layout == "vllm":
-            seen[t] = (kc[blk, t % block_size].astype(np.float64),
-                       vc[blk, t % block_size].astype(np.float64))
+            seen[t] = (kc[blk, t % block_size].astype(np.float64) * k_scale,
+                       vc[blk, t % block_size].astype(np.float64) * v_scale)
         else:
-            seen[t] = (kc[:, blk, t % block_size].astype(np.float64),
-                       vc[:, blk, t % block_size].astype(np.float64))
+            seen[t] = (kc[:, blk, t % block_size].astype(np.float64) * k_scale,
+                       vc[:, blk, t % block_size].astype(np.float64) * v_scale)
     return seen[t]
 
 
@@ -91,12 +95,15 @@ def ragged_paged_attention_numpy_f64(
     softcap: float = 0.0,
     sliding_window: int = 0,
     layout: str = "vllm",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> np.ndarray:
     """Ragged paged attention in float64 NumPy, one sequence and one query row at a time.
 
     Inputs may be NumPy or JAX arrays of any floating dtype; the result is float64
     [num_tokens, num_q_heads, head_dim]. Only the cache slots a row attends are read, so the
-    others may hold NaN.
+    others may hold NaN. The keys are ``key_cache * k_scale`` and the values
+    ``value_cache * v_scale`` (in float64: the dequantized fp8 cache).
 
     Example:
         >>> q = np.ones((2, 1, 64)); kc = np.ones((2, 16, 1, 64))
@@ -128,7 +135,8 @@ def ragged_paged_attention_numpy_f64(
         for i in range(q_len):
             p = kv_len - q_len + i
             lo = max(0, p - sliding_window + 1) if sliding_window > 0 else 0
-            rows = [(t, _token_kv(kc, vc, bt[s], t, block_size, num_blocks, layout, seen))
+            rows = [(t, _token_kv(kc, vc, bt[s], t, block_size, num_blocks, layout, seen,
+                                  float(k_scale), float(v_scale)))
                     for t in range(lo, p + 1)]
             rows = [(t, x) for t, x in rows if x is not None]
             if not rows:
@@ -158,6 +166,8 @@ def ragged_paged_attention_xla(
     softcap: float = 0.0,
     sliding_window: int = 0,
     layout: str = "vllm",
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     row_batch: int = 32,
 ) -> Any:
     """Ragged paged attention in plain jax.numpy (XLA gather + masked einsum), jit-compatible.
@@ -168,7 +178,8 @@ def ragged_paged_attention_xla(
             or ``"pallas"`` [num_kv_heads, num_blocks, block_size, head_dim].
         kv_lens: int32 [max_seqs]; block_tables: int32 [max_seqs, max_blocks_per_seq];
         cu_q_lens: int32 [max_seqs + 1]; num_seqs: int32 [1].
-        scale, softcap, sliding_window, layout: as in the op.
+        scale, softcap, sliding_window, layout, k_scale, v_scale: as in the op (fp8
+            caches are dequantized to f32 after the gather).
         row_batch: query rows gathered at once (memory vs. parallelism).
 
     Returns:
@@ -210,6 +221,7 @@ def ragged_paged_attention_xla(
 
     bt = jnp.asarray(block_tables, jnp.int32)
     kc, vc = jnp.asarray(key_cache), jnp.asarray(value_cache)
+    fp8 = np.dtype(kc.dtype) == dtypes.to_numpy(FP8)
     q = jnp.asarray(queries).reshape(num_tokens, num_kv_heads, group, head_dim)
     t = jnp.arange(capacity, dtype=jnp.int32)
 
@@ -227,6 +239,9 @@ def ragged_paged_attention_xla(
         else:
             k = kc[:, idx].reshape(num_kv_heads, capacity, head_dim).transpose(1, 0, 2)
             v = vc[:, idx].reshape(num_kv_heads, capacity, head_dim).transpose(1, 0, 2)
+        if fp8:  # attend over the dequantized cache, in f32
+            k = k.astype(jnp.float32) * jnp.float32(k_scale)
+            v = v.astype(jnp.float32) * jnp.float32(v_scale)
         logits = jnp.einsum("kgd,tkd->kgt", qr, k, preferred_element_type=jnp.float32) * scale
         if softcap > 0:
             logits = softcap * jnp.tanh(logits / softcap)

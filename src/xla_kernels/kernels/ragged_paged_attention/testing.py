@@ -23,13 +23,16 @@ from typing import Any
 import numpy as np
 
 from xla_kernels import dtypes
+from xla_kernels.kernels.paged_cache import FP8, quantize_fp8
 
 ARGS = ("queries", "key_cache", "value_cache", "kv_lens", "block_tables", "cu_q_lens",
         "num_seqs")
 """The op's inputs, in order (keys of :func:`make_inputs`' result)."""
 
 TOLERANCES = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
-"""Relative Frobenius error allowed against the float64 reference, per dtype."""
+"""Relative Frobenius error allowed against the float64 reference, per query dtype (with fp8
+caches too: the reference then reads the dequantized cache, so the cache's own rounding is
+not an error of the kernel, and the kernel is held to the bf16/f16 kernel's bound)."""
 
 
 def rel_error(out: Any, ref: np.ndarray) -> float:
@@ -89,6 +92,8 @@ def make_inputs(
     extra_blocks: int = 3,
     sliding_window: int = 0,
     poison: bool = True,
+    cache_dtype: str | None = None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> dict[str, np.ndarray]:
     """A random problem as NumPy arrays, keyed by :data:`ARGS`.
 
@@ -96,9 +101,12 @@ def make_inputs(
     ``len(q_lens) + 1``) adds unused sequence slots; ``max_context`` (default the longest
     kv_len) sets ``max_blocks_per_seq``. The padded query rows hold random values (the op
     must return zeros there). ``q_len <= kv_len`` is expected; the op's clamping of other
-    values is tested by editing the arrays afterwards.
+    values is tested by editing the arrays afterwards. ``cache_dtype="f8e4m3fn"`` stores
+    standard-normal keys and values quantized with ``kv_scales`` (stored = x / scale,
+    saturated), as ``reshape_and_cache`` would; the caches default to ``dtype``.
     """
     np_dtype = dtypes.to_numpy(dtype)
+    cache_np_dtype = dtypes.to_numpy(cache_dtype or dtype)
     q_lens = [int(x) for x in q_lens]
     kv = np.asarray(kv_lens, np.int64)
     n = len(q_lens)
@@ -120,12 +128,15 @@ def make_inputs(
         tables[s, :b] = perm[at:at + b]
         at += b
 
-    def cache() -> np.ndarray:
+    def cache(scale: float) -> np.ndarray:
         shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "vllm"
                  else (num_kv_heads, num_blocks, block_size, head_dim))
-        return rng.standard_normal(shape, np.float32).astype(np_dtype)
+        x = rng.standard_normal(shape, np.float32)
+        if cache_np_dtype == np_dtype:
+            return x.astype(np_dtype)
+        return quantize_fp8(x, scale)
 
-    key_cache, value_cache = cache(), cache()
+    key_cache, value_cache = cache(kv_scales[0]), cache(kv_scales[1])
     if poison:
         attended = np.zeros((num_blocks, block_size), bool)
         for s in range(n):
@@ -160,7 +171,8 @@ def sanitize_cases(platform: str = "gpu") -> None:
     """Small runs of the kernel for compute-sanitizer (memcheck, racecheck): every dtype and
     head_dim, both layouts, GQA and MQA, decode rows, prefill tiles, padding rows,
     out-of-range block ids and inconsistent cu_q_lens; decode-only batches (the CUDA decode
-    path) with empty sequences, padding rows and split contexts. Raises AssertionError if a
+    path) with empty sequences, padding rows and split contexts; fp8 caches (bf16 and f16
+    queries, every head_dim, both layouts, MQA) on both paths. Raises AssertionError if a
     result is off.
 
     Example:
@@ -172,43 +184,46 @@ def sanitize_cases(platform: str = "gpu") -> None:
 
     device = jax.devices(platform)[0]
     rng = np.random.default_rng(4321)
-    cases = [(dtype, d, layout, heads) for dtype in ("bf16", "f16", "f32") for d in (64, 128, 256)
+    cases = [(dtype, None, d, layout, heads) for dtype in ("bf16", "f16", "f32")
+             for d in (64, 128, 256)
              for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
-    cases += [("bf16", 128, "vllm", (32, 1)), ("f32", 64, "pallas", (16, 1))]
-    for dtype, d, layout, (hq, hkv) in cases:
-        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_q_heads=hq,
-                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
-                        layout=layout, num_tokens=80, max_seqs=6)
+    cases += [("bf16", None, 128, "vllm", (32, 1)), ("f32", None, 64, "pallas", (16, 1))]
+    # fp8 caches: both query dtypes, every head_dim, both layouts, MQA.
+    cases += [(dtype, FP8, d, layout, heads) for dtype in ("bf16", "f16") for d in (64, 128, 256)
+              for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
+    cases += [("bf16", FP8, 128, "vllm", (32, 1))]
+    for dtype, cache_dtype, d, layout, (hq, hkv) in cases:
+        scales = (0.05, 0.02) if cache_dtype else (1.0, 1.0)
+        kw = dict(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
+                  layout=layout, max_seqs=6, cache_dtype=cache_dtype, kv_scales=scales)
+        base = dict(scale=0.1, layout=layout, k_scale=scales[0], v_scale=scales[1])
+        what = (dtype, cache_dtype, d, layout, hq, hkv)
+        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_tokens=80, **kw)
         x["block_tables"][1, 3] = -5
         args = [jax.device_put(x[k], device) for k in ARGS]
-        out = ragged_paged_attention(*args, scale=0.1, sliding_window=50, layout=layout)
-        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1,
-                                               sliding_window=50, layout=layout)
+        out = ragged_paged_attention(*args, sliding_window=50, **base)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), sliding_window=50, **base)
         err = rel_error(out, ref)
-        assert err <= TOLERANCES[dtype], (dtype, d, layout, hq, hkv, err)
-        x = make_inputs(rng, q_lens=[1, 0, 1, 1], kv_lens=[37, 9, 700, 0], num_q_heads=hq,
-                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
-                        layout=layout, num_tokens=6, max_seqs=6)     # decode only
+        assert err <= TOLERANCES[dtype], (*what, err)
+        x = make_inputs(rng, q_lens=[1, 0, 1, 1], kv_lens=[37, 9, 700, 0], num_tokens=6,
+                        **kw)                                        # decode only
         x["block_tables"][2, 7] = 10**6
         args = [jax.device_put(x[k], device) for k in ARGS]
         for window in (0, 50):
-            out = ragged_paged_attention(*args, scale=0.1, sliding_window=window,
-                                         layout=layout)
-            ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1,
-                                                   sliding_window=window, layout=layout)
+            out = ragged_paged_attention(*args, sliding_window=window, **base)
+            ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS),
+                                                   sliding_window=window, **base)
             err = rel_error(out, ref)
-            assert err <= TOLERANCES[dtype], ("decode", dtype, d, layout, hq, hkv, window, err)
-        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_q_heads=hq,
-                        num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
-                        layout=layout, num_tokens=80, max_seqs=6, poison=False)
+            assert err <= TOLERANCES[dtype], ("decode", *what, window, err)
+        x = make_inputs(rng, q_lens=[1, 70, 3, 0], kv_lens=[37, 200, 3, 9], num_tokens=80,
+                        poison=False, **kw)
         x["cu_q_lens"][2] = 5                            # decreasing: clamped, never out of bounds
         x["kv_lens"][2] = 1                              # q_len > kv_len
         x["num_seqs"][0] = 99
-        out = ragged_paged_attention(*[jax.device_put(x[k], device) for k in ARGS], scale=0.1,
-                                     layout=layout)
-        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1, layout=layout)
+        out = ragged_paged_attention(*[jax.device_put(x[k], device) for k in ARGS], **base)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **base)
         err = rel_error(out, ref)
-        assert err <= TOLERANCES[dtype], ("clamped", dtype, d, layout, hq, hkv, err)
+        assert err <= TOLERANCES[dtype], ("clamped", *what, err)
 
 
 __all__ = ["ARGS", "TOLERANCES", "make_inputs", "mix", "rel_error", "sanitize_cases"]
