@@ -53,7 +53,7 @@ fi
 } > "$out/env.txt" 2>&1
 cat "$out/env.txt"
 
-step wgmma_unit 60 bash -c "nvcc -std=c++17 -O2 -arch=sm_90a -I src/xla_kernels/include \
+step wgmma_unit 60 bash -c "nvcc -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -I src/xla_kernels/include \
   tests/gpu/wgmma_unit_check.cu -o /tmp/wgmma_unit_check && /tmp/wgmma_unit_check"
 
 T=tests/gpu/test_ragged_paged_attention_gpu.py
