@@ -13,6 +13,7 @@
 #include "xla/ffi/api/ffi.h"
 #include "xla_kernels/dtype_dispatch.h"
 #include "xla_kernels/errors.h"
+#include "xla_kernels/paged_cache_checks.h"
 
 namespace xla_kernels::paged_attention {
 
@@ -47,32 +48,12 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& query, const ffi::AnyB
   const auto sd = seq_lens.dimensions();
   const auto od = out.dimensions();
   const ffi::DataType dt = query.element_type();
-  if (dt != ffi::DataType::F32 && dt != ffi::DataType::F16 && dt != ffi::DataType::BF16)
-    return Bad("query", std::string("dtype ") + DtypeName(dt) + " is not supported",
-               "pass bf16, f16 or f32");
   const ffi::DataType ct = key_cache.element_type();
-  const bool fp8 = ct == ffi::DataType::F8E4M3FN;
-  if (value_cache.element_type() != ct)
-    return Bad("value_cache", "dtype " + DtypeName(value_cache.element_type()) +
-                                  " differs from key_cache's " + DtypeName(ct),
-               "store both caches in one dtype");
-  if (out.element_type() != dt)
-    return Bad("out", "the output's dtype must be the query's", "declare the output like the "
-               "query");
-  if (fp8 && dt == ffi::DataType::F32)
-    return Bad("query", "dtype f32 is not supported with f8e4m3fn caches",
-               "pass bf16 or f16 queries (the output has their dtype)");
-  if (!fp8 && ct != dt)
-    return Bad("key_cache", "query, key_cache, value_cache and the output must share one dtype "
-               "(or the caches are f8e4m3fn)", "cast the caches to the query's dtype");
-  for (const auto& [name, value] : {std::pair<const char*, float>{"k_scale", k_scale},
-                                    std::pair<const char*, float>{"v_scale", v_scale}}) {
-    if (!std::isfinite(value) || !(value > 0.f))
-      return Bad(name, "must be finite and > 0",
-                 "pass the fp8 cache's per-tensor scale, or 1.0");
-    if (!fp8 && value != 1.f)
-      return Bad(name, "scales apply to f8e4m3fn caches only", "pass 1.0, or fp8 caches");
-  }
+  if (ffi::Error e = CheckPagedCacheDtypes("xla_kernels.paged_attention", "query", dt, ct,
+                                           value_cache.element_type(), out.element_type(),
+                                           k_scale, v_scale);
+      e.failure())
+    return e;
   if (layout != "vllm" && layout != "pallas")
     return Bad("layout", "unknown layout '" + std::string(layout) + "'",
                "use \"vllm\" ([num_blocks, block_size, num_kv_heads, head_dim]) or \"pallas\" "

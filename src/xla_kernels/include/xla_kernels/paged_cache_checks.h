@@ -1,0 +1,65 @@
+// The dtype and fp8-scale rules shared by the attention ops over a paged KV cache
+// (paged_attention, ragged_paged_attention): the C++ twin of kernels/paged_cache.py's
+// check_attention_caches / check_kv_scales, so every handler words a bad call the same way.
+//
+//   if (ffi::Error e = CheckPagedCacheDtypes("xla_kernels.my_op", "query", query.element_type(),
+//                                            key_cache.element_type(), value_cache.element_type(),
+//                                            out.element_type(), k_scale, v_scale);
+//       e.failure())
+//     return e;
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "xla/ffi/api/ffi.h"
+#include "xla_kernels/dtype_dispatch.h"
+#include "xla_kernels/errors.h"
+
+namespace xla_kernels {
+
+// Queries (argument `query_arg`, e.g. "query" or "queries") in f32/f16/bf16; both caches in one
+// dtype, which is the queries' or f8e4m3fn (then the queries are bf16/f16); the output in the
+// queries' dtype; k_scale/v_scale finite and > 0, and 1.0 unless the caches are fp8.
+inline xla::ffi::Error CheckPagedCacheDtypes(const std::string& op, const std::string& query_arg,
+                                             xla::ffi::DataType query,
+                                             xla::ffi::DataType key_cache,
+                                             xla::ffi::DataType value_cache,
+                                             xla::ffi::DataType out, float k_scale,
+                                             float v_scale) {
+  using DT = xla::ffi::DataType;
+  const std::string possessive = query_arg + (query_arg.back() == 's' ? "'" : "'s");
+  auto bad = [&](const std::string& arg, const std::string& problem, const std::string& fix) {
+    return InvalidArgument(op, arg, problem, fix);
+  };
+  if (query != DT::F32 && query != DT::F16 && query != DT::BF16)
+    return bad(query_arg, "dtype " + DtypeName(query) + " is not supported",
+               "pass bf16, f16 or f32");
+  const bool fp8 = key_cache == DT::F8E4M3FN;
+  if (value_cache != key_cache)
+    return bad("value_cache", "dtype " + DtypeName(value_cache) + " differs from key_cache's " +
+                                  DtypeName(key_cache),
+               "store both caches in one dtype");
+  if (out != query)
+    return bad("out", "the output's dtype must be the " + possessive,
+               "declare the output like the " + query_arg);
+  if (fp8 && query == DT::F32)
+    return bad(query_arg, "dtype f32 is not supported with f8e4m3fn caches",
+               "pass bf16 or f16 queries (the output has their dtype)");
+  if (!fp8 && key_cache != query)
+    return bad("key_cache",
+               query_arg + ", key_cache, value_cache and the output must share one dtype "
+                           "(or the caches are f8e4m3fn)",
+               "cast the caches to the " + possessive + " dtype");
+  for (const auto& [name, value] : {std::pair<const char*, float>{"k_scale", k_scale},
+                                    std::pair<const char*, float>{"v_scale", v_scale}}) {
+    if (!std::isfinite(value) || !(value > 0.f))
+      return bad(name, "must be finite and > 0", "pass the fp8 cache's per-tensor scale, or 1.0");
+    if (!fp8 && value != 1.f)
+      return bad(name, "scales apply to f8e4m3fn caches only", "pass 1.0, or fp8 caches");
+  }
+  return xla::ffi::Error::Success();
+}
+
+}  // namespace xla_kernels
