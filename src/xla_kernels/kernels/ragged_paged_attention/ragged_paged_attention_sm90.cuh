@@ -41,35 +41,46 @@ constexpr int kSm90Kv = 64;        // tokens per K/V tile
 template <int D>
 struct Sm90Config {
   static_assert(D == 64 || D == 128, "the wgmma kernel covers head_dim 64 and 128");
-  static constexpr int kStages = 3;
+  // Stages of K/V tiles: tile j + 2 loads while tile j's K and tile j - 1's V are read.
+  static constexpr int kStages = 4;
+  static constexpr int kAhead = 2;  // tiles in flight ahead of the one computed
   static constexpr int kQPanel = kSm90Rows * 128;  // bytes of one 64-column panel of Q
   static constexpr int kKvPanel = kSm90Kv * 128;   // of K or V
   static constexpr int kQBytes = kSm90Rows * D * 2;
   static constexpr int kTileBytes = kSm90Kv * D * 2;
-  static constexpr int kBytes = kQBytes + kStages * 2 * kTileBytes + 1024;  // + alignment
+  static constexpr int kZeroBytes = 2 * 16 * 128;  // zero V rows (issue_pv with no tile)
+  static constexpr int kBytes =
+      kQBytes + kStages * 2 * kTileBytes + kZeroBytes + 1024;  // + alignment
 };
 
-// Token t0 + tid / 4 of sequence s into SW128 panels (K at ks, V at vs); returns whether
-// this thread's token holds data (false: zero-filled).
+// Block id of this thread's token (t0 + tid / 4) of sequence s, or -1 where the token is
+// outside [lo, hi) or its block id is invalid (never used to form an address). Split from
+// the copy so that the block-table load of a tile is issued an iteration before its copy.
+__device__ __forceinline__ int tile_block(const Args& a, int s, int t0, int lo, int hi,
+                                          int tid) {
+  const int pos = t0 + tid / (kSm90Threads / kSm90Kv);
+  if (pos < lo || pos >= hi) return -1;
+  const int blk = __ldg(a.bt + static_cast<int64_t>(s) * a.max_blocks + (pos >> a.log2_bs));
+  return blk >= 0 && blk < a.num_blocks ? blk : -1;
+}
+
+// Token t0 + tid / 4 (block blk from tile_block; -1: zero-filled, never read) into SW128
+// panels (K at ks, V at vs); returns whether this thread's token holds data.
 template <typename T, int D>
 __device__ __forceinline__ bool load_kv_tile_sw128(unsigned char* ks, unsigned char* vs,
-                                                   int* ok, const Args& a, int s, int kvh,
-                                                   int t0, int lo, int hi, int tid) {
+                                                   int* ok, const Args& a, int kvh, int t0,
+                                                   int blk, int tid) {
   constexpr int kCpr = D / 8;  // 16-byte chunks per row
   constexpr int kTpt = kSm90Threads / kSm90Kv;
   static_assert(kCpr % kTpt == 0, "row does not split over the token's threads");
   const int j = tid / kTpt, part = tid % kTpt;
   const int pos = t0 + j;
-  bool valid = pos >= lo && pos < hi;
+  const bool valid = blk >= 0;
   int64_t off = 0;
   if (valid) {
-    const int blk = __ldg(a.bt + static_cast<int64_t>(s) * a.max_blocks + (pos >> a.log2_bs));
-    valid = blk >= 0 && blk < a.num_blocks;  // checked before any address is formed
-    if (valid) {
-      off = static_cast<int64_t>(blk) * a.sb +
-            static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss +
-            static_cast<int64_t>(kvh) * a.sh;
-    }
+    off = static_cast<int64_t>(blk) * a.sb +
+          static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss +
+          static_cast<int64_t>(kvh) * a.sh;
   }
   const T* kc = static_cast<const T*>(a.k);
   const T* vc = static_cast<const T*>(a.v);
@@ -89,12 +100,21 @@ __device__ __forceinline__ bool load_kv_tile_sw128(unsigned char* ks, unsigned c
   return valid;
 }
 
+// 2^x with ex2.approx.ftz: exp2f without its subnormal fix-up (a result below 2^-126 becomes
+// 0; softmax weights are taken relative to the row maximum, so nothing of weight is lost).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <typename T, int D>
 __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Args a) {
 #if XK_HAS_WGMMA
   if (a.skip != nullptr && __ldg(a.skip) != 0) return;
   using C = Sm90Config<D>;
-  constexpr int S = C::kStages, OR = D / 2;  // O accumulator registers per thread
+  constexpr int S = C::kStages, kAhead = C::kAhead;
+  constexpr int OR = D / 2;  // O accumulator registers per thread
   extern __shared__ unsigned char smem_raw[];
   // Static shared memory exists only in this (sm_90a) body: the host reads it as "built
   // with wgmma" (wgmma_kernel_usable).
@@ -104,10 +124,13 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
   unsigned char* qs = smem;
   unsigned char* kv = smem + C::kQBytes;  // stage st: K at 2 st tiles, V at 2 st + 1
+  unsigned char* zero_v = kv + 2 * S * C::kTileBytes;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wgi = tid >> 7, wwarp = warp & 3;
   const int kvh = blockIdx.y;
+  static_assert(C::kZeroBytes == kSm90Threads * 16, "one 16-byte store per thread");
+  *reinterpret_cast<uint4*>(zero_v + tid * 16) = make_uint4(0, 0, 0, 0);
   if (warp == 0) find_work(a, blockIdx.x, kSm90Rows, &work, lane);
   __syncthreads();
   const Work w = work;
@@ -121,18 +144,22 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
   const int ntiles = hi > lo ? (hi - lo + kSm90Kv - 1) / kSm90Kv : 0;
 
-  // Prologue: tiles 0 .. S - 2 in flight (one commit group per stage, empty or not).
+  // Prologue: tiles 0 .. kAhead - 1 in flight (one commit group each, empty or not), and
+  // the block ids of tile kAhead (blk_next: the copy of tile it + kAhead in iteration it
+  // uses the ids loaded one iteration earlier).
   uint32_t okbits = 0;  // bit st: this thread's token of the tile in stage st holds data
 #pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
+  for (int i = 0; i < kAhead; ++i) {
     if (i < ntiles) {
       unsigned char* kd = kv + 2 * i * C::kTileBytes;
-      const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[i], a, w.s, kvh,
-                                              lo + i * kSm90Kv, lo, hi, tid);
+      const int blk = tile_block(a, w.s, lo + i * kSm90Kv, lo, hi, tid);
+      const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[i], a, kvh,
+                                              lo + i * kSm90Kv, blk, tid);
       okbits |= static_cast<uint32_t>(v) << i;
     }
     cp_async_commit();
   }
+  int blk_next = tile_block(a, w.s, lo + kAhead * kSm90Kv, lo, hi, tid);
   // Q: packed rows r0 .. r0 + 127 (zeros past the tile) into SW128 panels.
   {
     constexpr int kCpr = D / 8;
@@ -165,58 +192,138 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   row_range(a, tr, pr1, &pos1, &lo1);
   const uint32_t q_addr = wg::smem_u32(qs) + wgi * 64 * 128;
 
+  // Descriptors: built once, then advanced by constant offsets (the address field is the
+  // low 14 bits, in 16-byte units; shared addresses stay below 2^18, so it never carries).
+  const uint64_t q_desc = wg::sw128_desc(q_addr, 16, 1024);
+  const uint64_t kv_desc_k = wg::sw128_desc(wg::smem_u32(kv), 16, 1024);
+  const uint64_t kv_desc_v = wg::sw128_desc(wg::smem_u32(kv), C::kKvPanel, 1024);
+  // 16 zero rows of V (two 64-column panels of 16 rows) for the P V with no pending tile.
+  const uint64_t zero_desc = wg::sw128_desc(wg::smem_u32(zero_v), C::kZeroBytes / 2, 1024);
+  // Logits without softcap and with a positive scale: the row maximum of the raw dot
+  // products times the scale is the maximum of the logits, and exp2(dot * scale - max) is
+  // one FFMA + MUFU per element.
+  const bool plain = a.cap_mul <= 0.f && a.qk_scale > 0.f;
+
   float o[OR];
 #pragma unroll
   for (int i = 0; i < OR; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  // Software pipeline inside the warpgroup (FlashAttention-3's intra-warpgroup overlap):
+  // iteration j issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, and runs the softmax of S_j
+  // while the tensor cores work on P_{j-1} V_{j-1}. pp / ap0 / ap1 / pst hold the previous
+  // tile's P (register A operand), its rescale factors and its stage while has_p.
+  uint32_t pp[4][4] = {};
+  float ap0 = 1.f, ap1 = 1.f;
+  int pst = 0;
+  bool has_p = false;
+
+  // O *= alpha of the pending tile; O += P V of it (issued and committed, not waited for).
+  // Without a pending tile (has_p false) the same instructions run on zeros: P is 0, V is
+  // the zero block and alpha 1, so the wgmma needs no divergent path (ptxas would
+  // serialize every wgmma of the kernel otherwise).
+  auto issue_pv = [&]() {
+#pragma unroll
+    for (int i = 0; i < OR / 4; ++i) {
+      o[4 * i] *= ap0;
+      o[4 * i + 1] *= ap0;
+      o[4 * i + 2] *= ap1;
+      o[4 * i + 3] *= ap1;
+    }
+    wg::fence_operands(o);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wg::fence_operands(pp[j]);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint64_t db =
+          has_p ? kv_desc_v + (((2 * pst + 1) * C::kTileBytes + j * 16 * 128) >> 4) : zero_desc;
+      if constexpr (D == 128) {
+        wg::mma_rs_m64n128k16<T>(o, pp[j], db, 1);
+      } else {
+        wg::mma_rs_m64n64k16<T>(o, pp[j], db, 1);
+      }
+    }
+    wg::wgmma_commit();
+  };
+  auto wait_pv = [&]() {
+    wg::wgmma_wait<0>();
+    wg::fence_operands(o);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wg::fence_operands(pp[j]);
+  };
 
   for (int it = 0; it < ntiles; ++it) {
-    // Issue tile it + S - 1 into the stage read in iteration it - 1 (ended by a barrier).
-    const int nx = it + S - 1;
-    if (nx < ntiles) {
-      const int sn = nx % S;
-      unsigned char* kd = kv + 2 * sn * C::kTileBytes;
-      const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[sn], a, w.s, kvh,
-                                              lo + nx * kSm90Kv, lo, hi, tid);
-      okbits = (okbits & ~(1u << sn)) | (static_cast<uint32_t>(v) << sn);
-    }
-    cp_async_commit();
-    cp_async_wait<S - 1>();
+    // Tile it has landed (this thread's copies; tile it + 1 may still be in flight); the
+    // barrier makes every thread's copies visible and means every warp has finished
+    // iteration it - 1, whose last reads were tile it - 1's V: the stage of tile it - 2
+    // is free for tile it + 2.
+    cp_async_wait<kAhead - 1>();
     wg::fence_proxy_async();  // cp.async / st.shared data -> wgmma (async proxy)
     const int st = it % S;
     const bool all_ok = __syncthreads_and((okbits >> st) & 1u) != 0;
-    const int t0 = lo + it * kSm90Kv;
-    if (live && t0 < whi && t0 + kSm90Kv > wlo) {
-      const uint32_t k_addr = wg::smem_u32(kv + 2 * st * C::kTileBytes);
-      const uint32_t v_addr = k_addr + C::kTileBytes;
-      // S = Q K^T (this warpgroup's 64 rows x 64 tokens).
-      float s[32];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = 0.f;
-      wg::fence_operands(s);
-      wg::wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t koff = (kk % 4) * 32;  // 16 columns = 32 bytes into the panel
-        const uint64_t da = wg::sw128_desc(q_addr + (kk / 4) * C::kQPanel + koff, 16, 1024);
-        const uint64_t db = wg::sw128_desc(k_addr + (kk / 4) * C::kKvPanel + koff, 16, 1024);
-        wg::mma_ss_m64n64k16<T>(s, da, db, 1);
+    // Copies of tile it + kAhead (after the wgmmas of this iteration are issued, so that
+    // the tensor cores start first), then the block ids of the tile after it.
+    auto issue_loads = [&]() {
+      const int nx = it + kAhead;
+      if (nx < ntiles) {
+        const int sn = nx % S;
+        unsigned char* kd = kv + 2 * sn * C::kTileBytes;
+        const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[sn], a, kvh,
+                                                lo + nx * kSm90Kv, blk_next, tid);
+        okbits = (okbits & ~(1u << sn)) | (static_cast<uint32_t>(v) << sn);
+        blk_next = tile_block(a, w.s, lo + (nx + 1) * kSm90Kv, lo, hi, tid);
       }
-      wg::wgmma_commit();
-      wg::fence_operands(s);
-      wg::wgmma_wait<0>();
-      wg::fence_operands(s);
-
-      // Logits; mask only where needed. Register 4i + e: row pr0 (e < 2) or pr1, token
-      // column 8i + 2 tig + (e & 1).
-      const bool full = all_ok && wg_whole && t0 + kSm90Kv - 1 <= wg_pmin &&
-                        (a.window == 0 || t0 >= wg_lomax);
-      float mx0 = -INFINITY, mx1 = -INFINITY;
-      if (full) {
+      cp_async_commit();
+    };
+    const int t0 = lo + it * kSm90Kv;
+    if (!(live && t0 < whi && t0 + kSm90Kv > wlo)) {
+      issue_loads();
+      // Not this warpgroup's tile: finish the pending P V while its stage is still intact.
+      if (has_p) {
+        issue_pv();
+        wait_pv();
+        has_p = false;
+        ap0 = ap1 = 1.f;
 #pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = logit(s[i], a);
+        for (int j = 0; j < 4; ++j) pp[j][0] = pp[j][1] = pp[j][2] = pp[j][3] = 0u;
+      }
+      continue;
+    }
+    // S = Q K^T (this warpgroup's 64 rows x 64 tokens); the first k-step overwrites.
+    float s[32];
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t koff = (kk / 4) * C::kQPanel + (kk % 4) * 32;
+      const uint32_t voff = 2 * st * C::kTileBytes + (kk / 4) * C::kKvPanel + (kk % 4) * 32;
+      if (kk == 0) {
+        wg::mma_ss_m64n64k16_init<T>(s, q_desc + (koff >> 4), kv_desc_k + (voff >> 4));
       } else {
-        const int* okr = tok_ok[st];
+        wg::mma_ss_m64n64k16<T>(s, q_desc + (koff >> 4), kv_desc_k + (voff >> 4), 1);
+      }
+    }
+    wg::wgmma_commit();
+    issue_pv();
+    issue_loads();
+    wg::wgmma_wait<1>();  // S done; P V of the previous tile may still run
+    wg::fence_operands(s);
+
+    // Logits and row maxima. Register 4i + e: row pr0 (e < 2) or pr1, token column
+    // 8i + 2 tig + (e & 1). The per-element mask runs only on tiles that need it.
+    const bool full = all_ok && wg_whole && t0 + kSm90Kv - 1 <= wg_pmin &&
+                      (a.window == 0 || t0 >= wg_lomax);
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+    float sc = 1.f;  // scale still to apply inside the exponent (plain full tiles)
+    if (full && plain) {
+      sc = a.qk_scale;
+    } else if (full) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = logit(s[i], a);
+    } else {
+      // Masked tile; the softcap test is hoisted out of the element loop (ptxas keeps a
+      // branch per element otherwise).
+      const int* okr = tok_ok[st];
+      auto mask = [&](auto f) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -224,72 +331,60 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
             const int col = i * 8 + tig * 2 + e;
             const int t = t0 + col;
             const bool ok = okr[col] != 0;
-            s[4 * i + e] = (ok && t <= pos0 && t >= lo0) ? logit(s[4 * i + e], a) : -INFINITY;
-            s[4 * i + e + 2] =
-                (ok && t <= pos1 && t >= lo1) ? logit(s[4 * i + e + 2], a) : -INFINITY;
+            s[4 * i + e] = (ok && t <= pos0 && t >= lo0) ? f(s[4 * i + e]) : -INFINITY;
+            s[4 * i + e + 2] = (ok && t <= pos1 && t >= lo1) ? f(s[4 * i + e + 2]) : -INFINITY;
           }
         }
+      };
+      if (a.cap_mul > 0.f) {
+        mask([&](float x) { return logit(x, a); });
+      } else {
+        mask([&](float x) { return x * a.qk_scale; });
       }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
-        mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const float b0 = safe_max(mn0), b1 = safe_max(mn1);
-      const float al0 = exp2f(m0 - b0), al1 = exp2f(m1 - b1);
-      m0 = mn0;
-      m1 = mn1;
-      float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        s[4 * i] = exp2f(s[4 * i] - b0);
-        s[4 * i + 1] = exp2f(s[4 * i + 1] - b0);
-        s[4 * i + 2] = exp2f(s[4 * i + 2] - b1);
-        s[4 * i + 3] = exp2f(s[4 * i + 3] - b1);
-        rs0 += s[4 * i] + s[4 * i + 1];
-        rs1 += s[4 * i + 2] + s[4 * i + 3];
-      }
-      l0 = l0 * al0 + rs0;  // per-lane partial sums; the quad is summed at the end
-      l1 = l1 * al1 + rs1;
-#pragma unroll
-      for (int i = 0; i < OR / 4; ++i) {
-        o[4 * i] *= al0;
-        o[4 * i + 1] *= al0;
-        o[4 * i + 2] *= al1;
-        o[4 * i + 3] *= al1;
-      }
-      // P as the register A operand: k-step j = token columns 16j .. 16j + 15.
-      uint32_t pa[4][4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        pa[j][0] = pack2<T>(s[8 * j], s[8 * j + 1]);
-        pa[j][1] = pack2<T>(s[8 * j + 2], s[8 * j + 3]);
-        pa[j][2] = pack2<T>(s[8 * j + 4], s[8 * j + 5]);
-        pa[j][3] = pack2<T>(s[8 * j + 6], s[8 * j + 7]);
-      }
-      // O += P V.
-      wg::fence_operands(o);
-      wg::wgmma_fence();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint64_t db = wg::sw128_desc(v_addr + j * 16 * 128, C::kKvPanel, 1024);
-        if constexpr (D == 128) {
-          wg::mma_rs_m64n128k16<T>(o, pa[j], db, 1);
-        } else {
-          wg::mma_rs_m64n64k16<T>(o, pa[j], db, 1);
-        }
-      }
-      wg::wgmma_commit();
-      wg::fence_operands(o);
-      wg::wgmma_wait<0>();
-      wg::fence_operands(o);
     }
-    __syncthreads();  // the stage is overwritten by the load of iteration it + 1
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
+      mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0 * sc), mn1 = fmaxf(m1, mx1 * sc);
+    const float b0 = safe_max(mn0), b1 = safe_max(mn1);
+    const float al0 = fast_exp2(m0 - b0), al1 = fast_exp2(m1 - b1);
+    m0 = mn0;
+    m1 = mn1;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      s[4 * i] = fast_exp2(fmaf(s[4 * i], sc, -b0));
+      s[4 * i + 1] = fast_exp2(fmaf(s[4 * i + 1], sc, -b0));
+      s[4 * i + 2] = fast_exp2(fmaf(s[4 * i + 2], sc, -b1));
+      s[4 * i + 3] = fast_exp2(fmaf(s[4 * i + 3], sc, -b1));
+      rs0 += s[4 * i] + s[4 * i + 1];
+      rs1 += s[4 * i + 2] + s[4 * i + 3];
+    }
+    l0 = l0 * al0 + rs0;  // per-lane partial sums; the quad is summed at the end
+    l1 = l1 * al1 + rs1;
+    wait_pv();
+    // P as the register A operand of the next P V: k-step j = token columns 16j .. 16j + 15.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      pp[j][0] = pack2<T>(s[8 * j], s[8 * j + 1]);
+      pp[j][1] = pack2<T>(s[8 * j + 2], s[8 * j + 3]);
+      pp[j][2] = pack2<T>(s[8 * j + 4], s[8 * j + 5]);
+      pp[j][3] = pack2<T>(s[8 * j + 6], s[8 * j + 7]);
+    }
+    ap0 = al0;
+    ap1 = al1;
+    pst = st;
+    has_p = true;
+  }
+  if (has_p) {  // the last tile's P V (no load was issued after it: its stage is intact)
+    issue_pv();
+    wait_pv();
   }
   cp_async_wait<0>();
 

@@ -1,0 +1,85 @@
+"""One profiled call each of our ragged_paged_attention kernels and FA3, for Nsight tools.
+
+For each configuration (names of :mod:`ragged_paged_attention`'s matrix, e.g.
+``"prefill 4x4096"``) it builds the data, compiles and warms up every variant (``ours``: the
+wgmma kernel on sm_90a; ``ours_mma``: the mma.sync kernel; ``fa3``: FlashAttention-3's
+paged call when importable), then runs each once between ``cuProfilerStart`` and
+``cuProfilerStop``. Run it under ``ncu --profile-from-start off`` (only those calls'
+kernels are profiled) or ``nsys profile --capture-range=cudaProfilerApi``.
+
+Example (on the GPU machine):
+    $ ncu --profile-from-start off --set full -o ragged \\
+        python benchmarks/profile_ragged.py --configs "prefill 4x4096"
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def load_benchmark() -> Any:
+    """The sibling ``ragged_paged_attention`` benchmark module (matrix, data, FA3 call)."""
+    path = Path(__file__).with_name("ragged_paged_attention.py")
+    spec = importlib.util.spec_from_file_location("ragged_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", required=True,
+                        help='config names as in ragged_paged_attention.py, e.g. "prefill 4x4096"')
+    parser.add_argument("--variants", default="ours,ours_mma,fa3",
+                        help="comma-separated subset of ours, ours_mma, fa3")
+    args = parser.parse_args()
+    rb = load_benchmark()
+    from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    known = {c["name"]: c for c in rb.matrix(quick=False)}
+    slots = ("queries", "key_cache", "value_cache", "kv_lens_slots", "block_tables_slots",
+             "cu_q_lens_slots", "num_seqs")
+    wanted = args.variants.split(",")
+    for name in args.configs:
+        cfg = known[name]
+        x = rb.make_data(cfg, np.random.default_rng(0))
+        scale = cfg["head_dim"] ** -0.5
+        calls: dict[str, Any] = {}
+        for variant in wanted:
+            if variant == "fa3":
+                fn = rb.fa3_impl(cfg)
+                if fn is None:
+                    print("fa3 not importable", flush=True)
+                    continue
+            else:
+                # The kernel choice is read at launch (and recorded in XLA's command
+                # buffer on the first run): set for the warm-up and the profiled call.
+                os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0" if variant == "ours_mma" else "1"
+
+                def fn(d: dict[str, Any], scale: float = scale) -> Any:
+                    return ragged_paged_attention(*(d[k] for k in slots), scale=scale)
+            jitted = jax.jit(fn)
+            jax.block_until_ready(jitted(x))  # compile + warm-up with this environment
+            jax.block_until_ready(jitted(x))
+            calls[variant] = jitted
+        for variant, jitted in calls.items():
+            os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0" if variant == "ours_mma" else "1"
+            cuda.cuProfilerStart()
+            jax.block_until_ready(jitted(x))
+            cuda.cuProfilerStop()
+            print(f"profiled {variant} {name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
