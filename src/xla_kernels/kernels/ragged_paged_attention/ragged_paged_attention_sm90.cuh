@@ -190,11 +190,30 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   int pos0, lo0, pos1, lo1;
   row_range(a, tr, pr0, &pos0, &lo0);
   row_range(a, tr, pr1, &pos1, &lo1);
-  const uint32_t q_addr = wg::smem_u32(qs) + wgi * 64 * 128;
+  // Q in registers: the A fragments (m16n8k16 layout) of this warp's 16 rows for every
+  // k-step of S = Q K^T, read once from the staged panels. With Q in shared memory each
+  // m64n64k16 would read 2 KB of Q besides 2 KB of K: 128 bytes per clock at the tensor
+  // cores' rate, all of the shared-memory bandwidth (and the K/V copies land there too).
+  __syncthreads();  // the staged Q
+  uint32_t qf[D / 16][4];
+  {
+    const int r = wgi * 64 + wwarp * 16 + g0;  // this thread's row in the CTA's 128
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // columns 16kk + 2tig (+ 8h), two values each
+        const int c = kk * 16 + 2 * tig + 8 * h;
+        const unsigned char* p0 = qs + (c / 64) * C::kQPanel + (c % 8) * 2;
+        qf[kk][2 * h] = *reinterpret_cast<const uint32_t*>(
+            p0 + wg::sw128_offset(r, (c % 64) / 8));
+        qf[kk][2 * h + 1] = *reinterpret_cast<const uint32_t*>(
+            p0 + wg::sw128_offset(r + 8, (c % 64) / 8));
+      }
+    }
+  }
 
   // Descriptors: built once, then advanced by constant offsets (the address field is the
   // low 14 bits, in 16-byte units; shared addresses stay below 2^18, so it never carries).
-  const uint64_t q_desc = wg::sw128_desc(q_addr, 16, 1024);
   const uint64_t kv_desc_k = wg::sw128_desc(wg::smem_u32(kv), 16, 1024);
   const uint64_t kv_desc_v = wg::sw128_desc(wg::smem_u32(kv), C::kKvPanel, 1024);
   // 16 zero rows of V (two 64-column panels of 16 rows) for the P V with no pending tile.
@@ -294,12 +313,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     wg::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = (kk / 4) * C::kQPanel + (kk % 4) * 32;
-      const uint32_t voff = 2 * st * C::kTileBytes + (kk / 4) * C::kKvPanel + (kk % 4) * 32;
+      const uint32_t koff = 2 * st * C::kTileBytes + (kk / 4) * C::kKvPanel + (kk % 4) * 32;
       if (kk == 0) {
-        wg::mma_ss_m64n64k16_init<T>(s, q_desc + (koff >> 4), kv_desc_k + (voff >> 4));
+        wg::mma_rs_m64n64k16_kmajor<T, true>(s, qf[kk], kv_desc_k + (koff >> 4));
       } else {
-        wg::mma_ss_m64n64k16<T>(s, q_desc + (koff >> 4), kv_desc_k + (voff >> 4), 1);
+        wg::mma_rs_m64n64k16_kmajor<T, false>(s, qf[kk], kv_desc_k + (koff >> 4));
       }
     }
     wg::wgmma_commit();
