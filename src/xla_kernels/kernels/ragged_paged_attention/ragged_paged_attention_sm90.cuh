@@ -3,24 +3,31 @@
 // comment); this file is included by that header after its device helpers (Args, Work,
 // find_work, token_range, row_range, logit...) and is not usable on its own.
 //
-// Design (FlashAttention-3 "lite": no producer warps, no TMA, no intra-warpgroup overlap):
+// Design (FlashAttention-3 "lite": intra-warpgroup overlap, but no producer warps, no TMA,
+// no ping-pong between the warpgroups):
 //  * CTA = 2 warpgroups (256 threads), 128 packed rows of one (sequence, kv head): 64 rows
 //    per warpgroup = one wgmma M. Grid and work search as the mma.sync kernel (find_work
 //    with 128-row tiles).
 //  * K/V: 64-token tiles, gathered through the block table with 16-byte cp.async (4 threads
-//    per token) into 128-byte-swizzled shared memory (cuda_wgmma.cuh's SW128 panels), 3
-//    stages; masked tokens (outside the CTA's range, invalid block id) are zero-filled, never
-//    read. Q (128 rows) is staged once, swizzled the same way.
-//  * S = Q K^T: wgmma m64n64k16, A = Q and B = K from shared memory (both K-major), D / 16
-//    k-steps. Online softmax in registers (base 2, f32 statistics; the accumulator layout is
-//    mma.sync's, so a row's statistics are reduced over the 4 lanes of a quad). The
-//    per-element mask (causal, window, valid token, rows past the tile) runs only on tiles
-//    that need it: a warpgroup's tile is "full" when every token is valid and every one of
-//    its 64 rows attends every token of the tile.
-//  * O += P V: P converted to bf16/f16 in registers (the A fragment of the register-A wgmma),
-//    V from shared memory as an MN-major operand (transpose bit), m64n{D}k16, 4 k-steps.
-//  * A warpgroup skips tiles outside its own rows' token range; both warpgroups still pass
-//    the CTA barriers (the K/V stages are shared).
+//    per token, offsets fixed per thread: TileCopyPlan) into 128-byte-swizzled shared memory
+//    (cuda_wgmma.cuh's SW128 panels), 4 stages, 2 tiles in flight; a tile's block ids are
+//    loaded an iteration before its copy, and the copy is issued after that iteration's
+//    wgmmas. Masked tokens (outside the CTA's range, invalid block id) are zero-filled,
+//    never read. One CTA barrier per tile (its data landed; the stage of tile j - 2 is free).
+//  * Q (128 rows) is staged once, then held in registers as the A operand of every k-step.
+//  * Iteration j of a warpgroup: issue S_j = Q K_j^T (register-A wgmma m64n64k16, K-major
+//    K from shared memory), then O = alpha_{j-1} O + P_{j-1} V_{j-1} (register-A P,
+//    MN-major V: transpose bit; m64n{D}k16), wait for S_j only, run the online softmax of
+//    S_j (base 2, f32 statistics, a row's statistics reduced over the 4 lanes of a quad)
+//    while the tensor cores work on P_{j-1} V_{j-1}, then wait for it and pack P_j. Without
+//    a pending P the same P V runs on zeros (a zero V block), so no wgmma sits in a
+//    divergent path (ptxas would serialize them all).
+//  * The per-element mask (causal, window, valid token, rows past the tile) runs only on
+//    tiles that need it: a warpgroup's tile is "full" when every token is valid and every
+//    one of its 64 rows attends every token of the tile. Full tiles without softcap take
+//    exp2(s * scale - max) as one FFMA + ex2.approx.ftz per element.
+//  * A warpgroup skips tiles outside its own rows' token range (finishing its pending P V
+//    first, while that stage is intact); both warpgroups pass every CTA barrier.
 // Dispatch (launch_ragged_paged_attention): bf16/f16, head_dim 64/128, a device of compute
 // capability 9.0, the library built for sm_90a (the kernel then has static shared memory;
 // the sm_80 / plain sm_90 builds compile it to an empty body without any), and the
@@ -64,39 +71,65 @@ __device__ __forceinline__ int tile_block(const Args& a, int s, int t0, int lo, 
   return blk >= 0 && blk < a.num_blocks ? blk : -1;
 }
 
-// Token t0 + tid / 4 (block blk from tile_block; -1: zero-filled, never read) into SW128
-// panels (K at ks, V at vs); returns whether this thread's token holds data.
-template <typename T, int D>
-__device__ __forceinline__ bool load_kv_tile_sw128(unsigned char* ks, unsigned char* vs,
-                                                   int* ok, const Args& a, int kvh, int t0,
-                                                   int blk, int tid) {
-  constexpr int kCpr = D / 8;  // 16-byte chunks per row
-  constexpr int kTpt = kSm90Threads / kSm90Kv;
-  static_assert(kCpr % kTpt == 0, "row does not split over the token's threads");
-  const int j = tid / kTpt, part = tid % kTpt;
-  const int pos = t0 + j;
-  const bool valid = blk >= 0;
-  int64_t off = 0;
-  if (valid) {
-    off = static_cast<int64_t>(blk) * a.sb +
-          static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss +
-          static_cast<int64_t>(kvh) * a.sh;
-  }
-  const T* kc = static_cast<const T*>(a.k);
-  const T* vc = static_cast<const T*>(a.v);
+// What a thread copies of every K/V tile, fixed for the whole kernel: its token row j and
+// the swizzled byte offsets of its chunks (chunk c = part + 4 i of the row; SW128 puts chunk
+// c % 8 of row j at 16 ((c % 8) ^ (j % 8)), in the panel of columns 64 (c / 8) ..).
+template <int D>
+struct TileCopyPlan {
+  static constexpr int kTpt = kSm90Threads / kSm90Kv;  // threads per token
+  static constexpr int kChunks = D / 8 / kTpt;         // 16-byte chunks per thread
+  int j;                                               // token row of the tile
+  int elem;                                            // first element of the thread's chunks
+  uint32_t dst[kChunks];                               // byte offsets in a K (or V) tile
+
+  __device__ __forceinline__ explicit TileCopyPlan(int tid) {
+    static_assert((D / 8) % kTpt == 0, "row does not split over the token's threads");
+    j = tid / kTpt;
+    const int part = tid % kTpt;
+    elem = part * 8;
 #pragma unroll
-  for (int i = 0; i < kCpr / kTpt; ++i) {
-    const int c = part + kTpt * i;
-    const uint32_t dst = (c / 8) * Sm90Config<D>::kKvPanel + wg::sw128_offset(j, c % 8);
-    if (valid) {
-      cp_async16(ks + dst, kc + off + c * 8);
-      cp_async16(vs + dst, vc + off + c * 8);
-    } else {
-      *reinterpret_cast<uint4*>(ks + dst) = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(vs + dst) = make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = part + kTpt * i;
+      dst[i] = (c / 8) * Sm90Config<D>::kKvPanel + wg::sw128_offset(j, c % 8);
     }
   }
-  if (part == 0) ok[j] = valid ? 1 : 0;
+};
+
+// 16-byte copy global -> shared (shared-space address), and a 16-byte zero store.
+__device__ __forceinline__ void cp_async16_s(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void st_zero16_s(uint32_t smem) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem), "r"(0) : "memory");
+}
+
+// The thread's token of the tile starting at t0 (block blk from tile_block; -1: zero-filled,
+// never read) into the SW128 K and V tiles at shared addresses ks and vs; returns whether it
+// holds data.
+template <typename T, int D>
+__device__ __forceinline__ bool load_kv_tile_sw128(uint32_t ks, uint32_t vs, int* ok,
+                                                   const Args& a, const T* kc, const T* vc,
+                                                   const TileCopyPlan<D>& plan, int t0,
+                                                   int blk) {
+  const bool valid = blk >= 0;
+  if (valid) {
+    const int64_t off = static_cast<int64_t>(blk) * a.sb +
+                        static_cast<int64_t>((t0 + plan.j) & ((1 << a.log2_bs) - 1)) * a.ss;
+    const T* kp = kc + off;
+    const T* vp = vc + off;
+#pragma unroll
+    for (int i = 0; i < TileCopyPlan<D>::kChunks; ++i) {
+      cp_async16_s(ks + plan.dst[i], kp + TileCopyPlan<D>::kTpt * 8 * i);
+      cp_async16_s(vs + plan.dst[i], vp + TileCopyPlan<D>::kTpt * 8 * i);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < TileCopyPlan<D>::kChunks; ++i) {
+      st_zero16_s(ks + plan.dst[i]);
+      st_zero16_s(vs + plan.dst[i]);
+    }
+  }
+  if (plan.elem == 0) ok[plan.j] = valid ? 1 : 0;
   return valid;
 }
 
@@ -144,6 +177,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
   const int ntiles = hi > lo ? (hi - lo + kSm90Kv - 1) / kSm90Kv : 0;
 
+  // This thread's part of every K/V tile copy; the caches at this kv head and its chunks.
+  const TileCopyPlan<D> plan(tid);
+  const uint32_t kv_s = wg::smem_u32(kv);
+  const T* kc = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * a.sh + plan.elem;
+  const T* vc = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * a.sh + plan.elem;
   // Prologue: tiles 0 .. kAhead - 1 in flight (one commit group each, empty or not), and
   // the block ids of tile kAhead (blk_next: the copy of tile it + kAhead in iteration it
   // uses the ids loaded one iteration earlier).
@@ -151,10 +189,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
 #pragma unroll
   for (int i = 0; i < kAhead; ++i) {
     if (i < ntiles) {
-      unsigned char* kd = kv + 2 * i * C::kTileBytes;
+      const uint32_t kd = kv_s + 2 * i * C::kTileBytes;
       const int blk = tile_block(a, w.s, lo + i * kSm90Kv, lo, hi, tid);
-      const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[i], a, kvh,
-                                              lo + i * kSm90Kv, blk, tid);
+      const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[i], a, kc, vc,
+                                              plan, lo + i * kSm90Kv, blk);
       okbits |= static_cast<uint32_t>(v) << i;
     }
     cp_async_commit();
@@ -286,9 +324,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
       const int nx = it + kAhead;
       if (nx < ntiles) {
         const int sn = nx % S;
-        unsigned char* kd = kv + 2 * sn * C::kTileBytes;
-        const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[sn], a, kvh,
-                                                lo + nx * kSm90Kv, blk_next, tid);
+        const uint32_t kd = kv_s + 2 * sn * C::kTileBytes;
+        const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[sn], a, kc, vc,
+                                                plan, lo + nx * kSm90Kv, blk_next);
         okbits = (okbits & ~(1u << sn)) | (static_cast<uint32_t>(v) << sn);
         blk_next = tile_block(a, w.s, lo + (nx + 1) * kSm90Kv, lo, hi, tid);
       }
