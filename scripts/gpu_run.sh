@@ -13,7 +13,8 @@
 # everything but "tp" (more than one 10-minute
 # device call: split it). Environment variables narrow a mode down to fit one call:
 # GPU_TESTS (pytest paths, default tests/), SERVE_STEPS (names of the serve runs below, in
-# order). Expects the torchax wheel in .whl/ (copied from
+# order), BENCH_STEPS (names of the benchmarks below, in order: BENCH_STEPS=paged runs only
+# the paged-attention peers matrix). Expects the torchax wheel in .whl/ (copied from
 # ../shared/wheels and carried along), for the FlashAttention-3 peer the flash-attn3-jax
 # wheel, and for the FlashInfer peer its two wheels in .whl-fi/.
 set -uo pipefail
@@ -75,17 +76,24 @@ fi
 
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   step "benchmarks"
-  python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1
-  python3 benchmarks/eager_dispatch.py --out "$out" 2>&1 | tee "$out/eager_dispatch.txt" \
-    || status=1
-  python3 benchmarks/ragged_paged_attention.py --out "$out" 2>&1 \
-    | tee "$out/ragged_paged_attention.txt" || status=1
-  python3 benchmarks/paged_attention.py --out "$out" $quick 2>&1 \
-    | tee "$out/paged_attention.txt" || status=1
-  python3 benchmarks/command_buffers.py --out "$out" 2>&1 | tee "$out/command_buffers.txt" \
-    || status=1
-  python3 benchmarks/flashinfer_decode.py --out "$out" $quick 2>&1 \
-    | tee "$out/flashinfer_decode.txt" || status=1
+  # BENCH_STEPS picks and orders the benchmarks (default: all). paged: ours vs plain XLA,
+  # Pallas, FlashAttention-3 and cuDNN over the "peers" matrix (--quick: six configs).
+  for name in ${BENCH_STEPS:-simple_add eager_dispatch ragged paged command_buffers flashinfer}; do
+    case $name in
+      simple_add) python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1 ;;
+      eager_dispatch) python3 benchmarks/eager_dispatch.py --out "$out" 2>&1 \
+                        | tee "$out/eager_dispatch.txt" || status=1 ;;
+      ragged) python3 benchmarks/ragged_paged_attention.py --out "$out" 2>&1 \
+                | tee "$out/ragged_paged_attention.txt" || status=1 ;;
+      paged) python3 benchmarks/paged_attention.py --out "$out" --matrix peers $quick 2>&1 \
+               | tee "$out/paged_attention.txt" || status=1 ;;
+      command_buffers) python3 benchmarks/command_buffers.py --out "$out" 2>&1 \
+                         | tee "$out/command_buffers.txt" || status=1 ;;
+      flashinfer) python3 benchmarks/flashinfer_decode.py --out "$out" $quick 2>&1 \
+                    | tee "$out/flashinfer_decode.txt" || status=1 ;;
+      *) echo "unknown bench step $name"; status=1 ;;
+    esac
+  done
 fi
 
 if [ "$mode" = serve ] || [ "$mode" = all ]; then
