@@ -125,37 +125,11 @@ __device__ __forceinline__ void mma_ss_m64n64k16(float (&d)[32], uint64_t desc_a
 #endif
 }
 
-// D (64 x 64, f32) = A * B as mma_ss_m64n64k16 with scale_d 0, but D is only written: its
-// registers are outputs, not inputs, so instructions that wrote them before (e.g. the softmax
-// of the previous tile, while another wgmma is in flight) do not make ptxas serialize the
-// warpgroup's wgmmas (C7513).
-template <typename T>
-__device__ __forceinline__ void mma_ss_m64n64k16_init(float (&d)[32], uint64_t desc_a,
-                                                    uint64_t desc_b) {
-#if XK_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0, 1, 1, 0, 0;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-        : "l"(desc_a), "l"(desc_b));
-  } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0, 1, 1, 0, 0;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-        : "l"(desc_a), "l"(desc_b));
-  }
-#else
-  (void)d; (void)desc_a; (void)desc_b;
-  __trap();
-#endif
-}
-
 // D (64 x 64, f32) = A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows)
-// * B (16 x 64, shared, K-major: stored as 64 rows of K), plus D unless kInit (then D is
-// only written, so earlier writers of its registers do not serialize wgmmas; see
-// mma_ss_m64n64k16_init). S = Q K^T with Q held in registers.
+// * B (16 x 64, shared, K-major: stored as 64 rows of K), plus D unless kInit. With kInit
+// D's registers are only outputs of the wgmma (not inputs), so instructions that wrote them
+// before (the previous tile's softmax, while another wgmma is in flight) do not make ptxas
+// serialize the warpgroup's wgmmas (its warning C7513). S = Q K^T with Q held in registers.
 template <typename T, bool kInit>
 __device__ __forceinline__ void mma_rs_m64n64k16_kmajor(float (&d)[32], const uint32_t (&a)[4],
                                                        uint64_t desc_b) {
