@@ -235,6 +235,15 @@ struct TileRows {
   int p0;         // position of query row 0 (kv_len - q_len; may be negative)
 };
 
+// The rows of work w's tile, `rows` packed rows per tile (every kernel's CTA tile).
+__device__ __forceinline__ TileRows tile_rows(const Args& a, const Work& w, int rows) {
+  TileRows tr;
+  tr.r0 = w.tile * rows;
+  tr.r_end = min(w.q_len * a.G, tr.r0 + rows);
+  tr.p0 = w.kv_len - w.q_len;
+  return tr;
+}
+
 // Position of packed row pr (kDead past the tile's rows) and the first token it attends.
 __device__ __forceinline__ void row_range(const Args& a, const TileRows& tr, int pr, int* pos,
                                           int* lo) {
@@ -398,10 +407,7 @@ __global__ void __launch_bounds__(kThreads) ragged_mma_kernel(const Args a) {
   const Work w = work;
   if (w.s < 0) return;  // uniform over the CTA
 
-  TileRows tr;
-  tr.r0 = w.tile * BM;
-  tr.r_end = min(w.q_len * a.G, tr.r0 + BM);
-  tr.p0 = w.kv_len - w.q_len;
+  const TileRows tr = tile_rows(a, w, BM);
   int lo, hi;
   token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
   const int ntiles = hi > lo ? (hi - lo + NK - 1) / NK : 0;
@@ -601,10 +607,7 @@ __global__ void __launch_bounds__(kThreads) ragged_simt_kernel(const Args a) {
   const Work w = work;
   if (w.s < 0) return;
 
-  TileRows tr;
-  tr.r0 = w.tile * BM;
-  tr.r_end = min(w.q_len * a.G, tr.r0 + BM);
-  tr.p0 = w.kv_len - w.q_len;
+  const TileRows tr = tile_rows(a, w, BM);
   int lo, hi;
   token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
   const int ntiles = hi > lo ? (hi - lo + NK - 1) / NK : 0;

@@ -169,10 +169,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   const Work w = work;
   if (w.s < 0) return;  // uniform over the CTA
 
-  TileRows tr;
-  tr.r0 = w.tile * kSm90Rows;
-  tr.r_end = min(w.q_len * a.G, tr.r0 + kSm90Rows);
-  tr.p0 = w.kv_len - w.q_len;
+  const TileRows tr = tile_rows(a, w, kSm90Rows);
   int lo, hi;
   token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
   const int ntiles = hi > lo ? (hi - lo + kSm90Kv - 1) / kSm90Kv : 0;
