@@ -15,23 +15,11 @@ Example (on the GPU machine):
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
-
-
-def load_benchmark() -> Any:
-    """The sibling ``flashinfer_decode`` module (data, FlashInfer setup, its matrix)."""
-    path = Path(__file__).with_name("flashinfer_decode.py")
-    spec = importlib.util.spec_from_file_location("flashinfer_decode", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def variants(fd: Any, fi: Any, cfg: dict[str, Any], op: Any) -> dict[str, Any]:
@@ -62,7 +50,9 @@ def main() -> None:
                         help="folder for FlashInfer's JIT build logs")
     args = parser.parse_args()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    fd = load_benchmark()
+    from xla_kernels.bench import load_script
+
+    fd = load_script(Path(__file__).with_name("flashinfer_decode.py"))
     from xla_kernels.frontends.torch import torch_op
     from xla_kernels.kernels.paged_attention import paged_attention
 

@@ -16,24 +16,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-
-
-def load_benchmark() -> Any:
-    """The sibling ``ragged_paged_attention`` benchmark module (matrix, data, FA3 call)."""
-    path = Path(__file__).with_name("ragged_paged_attention.py")
-    spec = importlib.util.spec_from_file_location("ragged_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main() -> None:
@@ -43,7 +31,9 @@ def main() -> None:
     parser.add_argument("--variants", default="ours,ours_mma,fa3",
                         help="comma-separated subset of ours, ours_mma, fa3")
     args = parser.parse_args()
-    rb = load_benchmark()
+    from xla_kernels.bench import load_script
+
+    rb = load_script(Path(__file__).with_name("ragged_paged_attention.py"))
     from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
 
     cuda = ctypes.CDLL("libcuda.so.1")

@@ -9,9 +9,12 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -120,3 +123,20 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, iters: int = 30) -> float:
 
     x = jnp.arange(nbytes // 4, dtype=jnp.float32)
     return 2 * nbytes / pipelined_seconds(lambda v: -v, x, repeats=iters) / 1e9
+
+
+def load_script(path: Path) -> Any:
+    """The module of a script file that is not in a package (e.g. a sibling benchmark),
+    imported under its file name's stem and registered in ``sys.modules`` (so that
+    dataclasses and pickling inside it work).
+
+    Example:
+        >>> fd = load_script(Path("benchmarks/flashinfer_decode.py"))  # doctest: +SKIP
+        >>> fd.matrix(quick=True, smoke=False)[0]["name"]               # doctest: +SKIP
+        '32x2048 32/8 bf16'
+    """
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
