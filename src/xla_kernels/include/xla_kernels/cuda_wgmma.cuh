@@ -223,4 +223,82 @@ __device__ __forceinline__ void mma_rs_m64n128k16(float (&d)[64], const uint32_t
 #endif
 }
 
+// Operand lists of 64 f32 accumulators (m64n128): the asm register list and the matching
+// constraints, "+f" (accumulate) or "=f" (output only).
+#define XK_WGMMA_D64_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define XK_WGMMA_R4(c, d, b) c(d[b]), c(d[b + 1]), c(d[b + 2]), c(d[b + 3])
+#define XK_WGMMA_R16(c, d, b) \
+  XK_WGMMA_R4(c, d, b), XK_WGMMA_R4(c, d, b + 4), XK_WGMMA_R4(c, d, b + 8), XK_WGMMA_R4(c, d, b + 12)
+#define XK_WGMMA_R64(c, d) \
+  XK_WGMMA_R16(c, d, 0), XK_WGMMA_R16(c, d, 16), XK_WGMMA_R16(c, d, 32), XK_WGMMA_R16(c, d, 48)
+#define XK_WGMMA_INOUT(x) "+f"(x)
+#define XK_WGMMA_OUT(x) "=f"(x)
+// m64n128k16, register A, K-major B (no transpose); SCALE_D "0" (D = A B, D output only) or
+// "1" (D += A B); TY the input type's PTX name.
+#define XK_WGMMA_RS_N128_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " XK_WGMMA_D64_REGS \
+               ", {%64, %65, %66, %67}, %68, " SCALE_D ", 1, 1, 0;\n"                      \
+               : XK_WGMMA_R64(CONSTRAINT, d)                                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+
+// D (64 x 128, f32) = A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16
+// rows) * B (16 x 128, shared, K-major: stored as 128 rows of K), plus D unless kInit (then
+// D's registers are outputs only, as in mma_rs_m64n64k16_kmajor). S = Q K^T for 128-token
+// K tiles.
+template <typename T, bool kInit>
+__device__ __forceinline__ void mma_rs_m64n128k16_kmajor(float (&d)[64], const uint32_t (&a)[4],
+                                                        uint64_t desc_b) {
+#if XK_HAS_WGMMA
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kInit) {
+      XK_WGMMA_RS_N128_KMAJOR("bf16", "0", XK_WGMMA_OUT);
+    } else {
+      XK_WGMMA_RS_N128_KMAJOR("bf16", "1", XK_WGMMA_INOUT);
+    }
+  } else {
+    if constexpr (kInit) {
+      XK_WGMMA_RS_N128_KMAJOR("f16", "0", XK_WGMMA_OUT);
+    } else {
+      XK_WGMMA_RS_N128_KMAJOR("f16", "1", XK_WGMMA_INOUT);
+    }
+  }
+#else
+  (void)d; (void)a; (void)desc_b;
+  __trap();
+#endif
+}
+
+// m64n128k16, A and B from shared memory, both K-major; SCALE_D as above.
+#define XK_WGMMA_SS_N128_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " XK_WGMMA_D64_REGS \
+               ", %64, %65, " SCALE_D ", 1, 1, 0, 0;\n"                                     \
+               : XK_WGMMA_R64(CONSTRAINT, d)                                                \
+               : "l"(desc_a), "l"(desc_b))
+
+// D (64 x 128, f32) = A (64 x 16, shared, K-major) * B (16 x 128, shared, K-major: stored as
+// 128 rows of K), plus D unless kInit. S = Q K^T with Q in shared memory, where registers do
+// not allow Q in registers (head_dim 128 with 128-token tiles).
+template <typename T, bool kInit>
+__device__ __forceinline__ void mma_ss_m64n128k16_kmajor(float (&d)[64], uint64_t desc_a,
+                                                        uint64_t desc_b) {
+#if XK_HAS_WGMMA
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kInit) {
+      XK_WGMMA_SS_N128_KMAJOR("bf16", "0", XK_WGMMA_OUT);
+    } else {
+      XK_WGMMA_SS_N128_KMAJOR("bf16", "1", XK_WGMMA_INOUT);
+    }
+  } else {
+    if constexpr (kInit) {
+      XK_WGMMA_SS_N128_KMAJOR("f16", "0", XK_WGMMA_OUT);
+    } else {
+      XK_WGMMA_SS_N128_KMAJOR("f16", "1", XK_WGMMA_INOUT);
+    }
+  }
+#else
+  (void)d; (void)desc_a; (void)desc_b;
+  __trap();
+#endif
+}
+
 }  // namespace xla_kernels::cuda_wgmma

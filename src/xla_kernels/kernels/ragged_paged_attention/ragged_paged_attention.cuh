@@ -38,7 +38,7 @@
 //  * Hopper: on a compute capability 9.0 device, with the library built for sm_90a (the op's
 //    Kernel has arch_specific=True), bf16/f16 with head_dim 64 or 128 run the wgmma kernel
 //    of ragged_paged_attention_sm90.cuh instead of the mma.sync kernel (128 packed rows per
-//    CTA in two warpgroups, 64-token swizzled K/V tiles, 3 stages; design there).
+//    CTA in two consumer warpgroups fed by a producer warpgroup; design there).
 //    XLA_KERNELS_RAGGED_WGMMA=0 in the environment switches it off ("require": fail where it
 //    cannot run; read at every launch).
 //  * Decode-only batches (every q_len <= 1; known only on the device) take paged_attention's
@@ -986,6 +986,13 @@ inline bool wgmma_kernel_usable(const void* kernel, int device) {
   return ok;
 }
 
+// K/V tile length of the wgmma kernel: 64 tokens, or 128 with
+// XLA_KERNELS_RAGGED_WGMMA_TILE=128 in the environment (read at every launch; for A/B checks).
+inline int wgmma_tile_from_env() {
+  const char* v = std::getenv("XLA_KERNELS_RAGGED_WGMMA_TILE");
+  return v != nullptr && std::string(v) == "128" ? 128 : 64;
+}
+
 // The wgmma kernel when it applies (see ragged_paged_attention_sm90.cuh); *used = false
 // leaves the choice to the caller.
 template <typename T, int D>
@@ -998,8 +1005,10 @@ inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const 
     int device = 0;
     const cudaError_t e = cudaGetDevice(&device);
     if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
-    auto kernel = ragged_wgmma_kernel<T, D>;
-    if (!wgmma_kernel_usable(reinterpret_cast<const void*>(kernel), device)) {
+    const bool tile64 = wgmma_tile_from_env() == 64;
+    const void* kernel = tile64 ? reinterpret_cast<const void*>(ragged_wgmma_kernel<T, D, 64>)
+                                : reinterpret_cast<const void*>(ragged_wgmma_kernel<T, D, 128>);
+    if (!wgmma_kernel_usable(kernel, device)) {
       return mode == WgmmaMode::kRequire
                  ? "ragged_paged_attention: XLA_KERNELS_RAGGED_WGMMA=require, but the wgmma "
                    "kernel cannot run here (needs a compute capability 9.0 device and an "
@@ -1007,7 +1016,10 @@ inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const 
                  : "";
     }
     *used = true;
-    return launch_main(stream, p, a, kernel, Sm90Config<D>::kBytes, kSm90Rows, kSm90Threads);
+    return tile64 ? launch_main(stream, p, a, ragged_wgmma_kernel<T, D, 64>,
+                                Sm90Config<D, 64>::kBytes, kSm90Rows, kSm90Threads)
+                  : launch_main(stream, p, a, ragged_wgmma_kernel<T, D, 128>,
+                                Sm90Config<D, 128>::kBytes, kSm90Rows, kSm90Threads);
   } else {
     (void)stream, (void)p, (void)a;
     return "";

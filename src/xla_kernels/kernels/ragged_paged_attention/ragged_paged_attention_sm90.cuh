@@ -3,31 +3,35 @@
 // comment); this file is included by that header after its device helpers (Args, Work,
 // find_work, token_range, row_range, logit...) and is not usable on its own.
 //
-// Design (FlashAttention-3 "lite": intra-warpgroup overlap, but no producer warps, no TMA,
-// no ping-pong between the warpgroups):
-//  * CTA = 2 warpgroups (256 threads), 128 packed rows of one (sequence, kv head): 64 rows
-//    per warpgroup = one wgmma M. Grid and work search as the mma.sync kernel (find_work
-//    with 128-row tiles).
-//  * K/V: 64-token tiles, gathered through the block table with 16-byte cp.async (4 threads
-//    per token, offsets fixed per thread: TileCopyPlan) into 128-byte-swizzled shared memory
-//    (cuda_wgmma.cuh's SW128 panels), 4 stages, 2 tiles in flight; a tile's block ids are
-//    loaded an iteration before its copy, and the copy is issued after that iteration's
-//    wgmmas. Masked tokens (outside the CTA's range, invalid block id) are zero-filled,
-//    never read. One CTA barrier per tile (its data landed; the stage of tile j - 2 is free).
-//  * Q (128 rows) is staged once, then held in registers as the A operand of every k-step.
-//  * Iteration j of a warpgroup: issue S_j = Q K_j^T (register-A wgmma m64n64k16, K-major
-//    K from shared memory), then O = alpha_{j-1} O + P_{j-1} V_{j-1} (register-A P,
-//    MN-major V: transpose bit; m64n{D}k16), wait for S_j only, run the online softmax of
-//    S_j (base 2, f32 statistics, a row's statistics reduced over the 4 lanes of a quad)
-//    while the tensor cores work on P_{j-1} V_{j-1}, then wait for it and pack P_j. Without
-//    a pending P the same P V runs on zeros (a zero V block), so no wgmma sits in a
-//    divergent path (ptxas would serialize them all).
+// Design (FlashAttention-3's warp specialization and intra-warpgroup overlap; no TMA, whose
+// boxes cannot follow a block table, and no ping-pong between the consumers):
+//  * CTA = 3 warpgroups (384 threads) on 128 packed rows of one (sequence, kv head): a
+//    producer warpgroup that only copies K/V tiles, and two consumer warpgroups with 64 rows
+//    each (one wgmma M). setmaxnreg moves registers from the producer (40) to the consumers
+//    (232). Grid and work search as the mma.sync kernel (find_work with 128-row tiles).
+//  * K/V: N-token tiles (N = 64 or 128, a template parameter), gathered through the block
+//    table with 16-byte cp.async by the producer (1 or 2 threads per token, offsets fixed
+//    per thread) into 128-byte-swizzled shared memory (cuda_wgmma.cuh's SW128 panels), in as
+//    many stages as fit. Tokens outside the CTA's range or with an invalid block id are
+//    zero-filled by the same cp.async (src-size 0: nothing read) and flagged in tok_ok.
+//  * Stage hand-off with mbarriers (cuda_async_pipeline.cuh), no CTA barrier after the
+//    start: "full" completes when the producer's copies of the stage have landed (each
+//    producer thread: cp.async arrival + an ordinary arrival that publishes tok_ok), "empty"
+//    when the 8 consumer warps have finished with it (after the P V that reads its V).
+//  * Q: each consumer thread loads its own A fragments of Q (its warp's 16 rows) from
+//    global memory into registers once; at head_dim 128 with 128-token tiles, where the
+//    registers do not suffice, each consumer warpgroup stages its rows in shared memory.
+//  * A consumer warpgroup runs over the contiguous tiles its rows attend, [jlo, jhi):
+//    prologue S_jlo and its softmax; then per tile j: issue S_j = Q K_j^T (register-A wgmma,
+//    K-major K), issue O = alpha_{j-1} O + P_{j-1} V_{j-1} (register-A P, MN-major V:
+//    transpose bit), wait for S_j only, run the online softmax of S_j (base 2, f32
+//    statistics, a row's statistics reduced over the 4 lanes of a quad) while the tensor
+//    cores work on P_{j-1} V_{j-1}, wait for it, free stage j - 1, pack P_j; epilogue
+//    P_{jhi-1} V_{jhi-1}. Tiles outside [jlo, jhi) are only waited for and freed.
 //  * The per-element mask (causal, window, valid token, rows past the tile) runs only on
 //    tiles that need it: a warpgroup's tile is "full" when every token is valid and every
 //    one of its 64 rows attends every token of the tile. Full tiles without softcap take
 //    exp2(s * scale - max) as one FFMA + ex2.approx.ftz per element.
-//  * A warpgroup skips tiles outside its own rows' token range (finishing its pending P V
-//    first, while that stage is intact); both warpgroups pass every CTA barrier.
 // Dispatch (launch_ragged_paged_attention): bf16/f16, head_dim 64/128, a device of compute
 // capability 9.0, the library built for sm_90a (the kernel then has static shared memory;
 // the sm_80 / plain sm_90 builds compile it to an empty body without any), and the
@@ -35,102 +39,56 @@
 // kernel, for A/B checks). Decode-only batches keep the decode path.
 #pragma once
 
+#include "xla_kernels/cuda_async_pipeline.cuh"
 #include "xla_kernels/cuda_wgmma.cuh"
 
 namespace xla_kernels::ragged_paged_attention::detail {
 
 namespace wg = ::xla_kernels::cuda_wgmma;
+namespace ap = ::xla_kernels::cuda_async_pipeline;
 
-constexpr int kSm90Threads = 256;  // two warpgroups
-constexpr int kSm90Rows = 128;     // packed rows per CTA (64 per warpgroup)
-constexpr int kSm90Kv = 64;        // tokens per K/V tile
+constexpr int kSm90Consumers = 2;                        // consumer warpgroups
+constexpr int kSm90Threads = 128 * (1 + kSm90Consumers);  // + the producer warpgroup
+constexpr int kSm90Rows = 64 * kSm90Consumers;           // packed rows per CTA
+constexpr int kSm90ProducerRegs = 40;   // registers per thread after setmaxnreg:
+constexpr int kSm90ConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 64 K
+static_assert(128 * kSm90ProducerRegs + 128 * kSm90Consumers * kSm90ConsumerRegs <= 65536,
+              "register budgets exceed the register file");
 
-template <int D>
+template <int D, int N>
 struct Sm90Config {
   static_assert(D == 64 || D == 128, "the wgmma kernel covers head_dim 64 and 128");
-  // Stages of K/V tiles: tile j + 2 loads while tile j's K and tile j - 1's V are read.
-  static constexpr int kStages = 4;
-  static constexpr int kAhead = 2;  // tiles in flight ahead of the one computed
-  static constexpr int kQPanel = kSm90Rows * 128;  // bytes of one 64-column panel of Q
-  static constexpr int kKvPanel = kSm90Kv * 128;   // of K or V
-  static constexpr int kQBytes = kSm90Rows * D * 2;
-  static constexpr int kTileBytes = kSm90Kv * D * 2;
-  static constexpr int kZeroBytes = 2 * 16 * 128;  // zero V rows (issue_pv with no tile)
-  static constexpr int kBytes =
-      kQBytes + kStages * 2 * kTileBytes + kZeroBytes + 1024;  // + alignment
+  static_assert(N == 64 || N == 128, "K/V tiles of 64 or 128 tokens");
+  static constexpr int kKvPanel = N * 128;  // bytes of one 64-column panel of a K or V tile
+  static constexpr int kTileBytes = N * D * 2;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
+  // Q of both consumer warpgroups in shared memory (SW128 panels of 64 rows) where the
+  // registers do not allow Q in registers (head_dim 128 with 128-token tiles: S and P take
+  // 32 registers more); the other shapes keep Q in registers.
+  static constexpr bool kQSmem = D == 128 && N == 128;
+  static constexpr int kQWgBytes = 64 * D * 2;  // one consumer warpgroup's rows
+  static constexpr int kQBytes = kQSmem ? kSm90Consumers * kQWgBytes : 0;
+  // Shared memory per CTA on sm_90 (227 KB), less the static part (barriers, tok_ok, Work:
+  // under 2 KB) and the 1024-byte alignment of the dynamic part.
+  static constexpr int kSmemLimit = 232448, kStaticReserve = 2048;
+  static constexpr int kFit = (kSmemLimit - kStaticReserve - 1024 - kQBytes) / kStageBytes;
+  static constexpr int kStages = kFit < 6 ? kFit : 6;
+  static_assert(kStages >= 2, "two stages must fit");
+  static constexpr int kBytes = kQBytes + kStages * kStageBytes + 1024;
+  // Producer: 2 threads per token (their 16-byte chunks side by side: whole 32-byte
+  // sectors per pair), tokens per thread, and chunks per thread and token of each of K, V.
+  static constexpr int kTpt = 2;
+  static constexpr int kTokens = N / (128 / kTpt);
+  static constexpr int kChunks = D / 8 / kTpt;
 };
 
-// Block id of this thread's token (t0 + tid / 4) of sequence s, or -1 where the token is
-// outside [lo, hi) or its block id is invalid (never used to form an address). Split from
-// the copy so that the block-table load of a tile is issued an iteration before its copy.
-__device__ __forceinline__ int tile_block(const Args& a, int s, int t0, int lo, int hi,
-                                          int tid) {
-  const int pos = t0 + tid / (kSm90Threads / kSm90Kv);
+// Block id of token t0 + j of sequence s, or -1 where the token is outside [lo, hi) or its
+// block id is invalid (never used to form an address).
+__device__ __forceinline__ int tile_block(const Args& a, int s, int t0, int lo, int hi, int j) {
+  const int pos = t0 + j;
   if (pos < lo || pos >= hi) return -1;
   const int blk = __ldg(a.bt + static_cast<int64_t>(s) * a.max_blocks + (pos >> a.log2_bs));
   return blk >= 0 && blk < a.num_blocks ? blk : -1;
-}
-
-// What a thread copies of every K/V tile, fixed for the whole kernel: its token row j and
-// the swizzled byte offsets of its chunks (chunk c = part + 4 i of the row; SW128 puts chunk
-// c % 8 of row j at 16 ((c % 8) ^ (j % 8)), in the panel of columns 64 (c / 8) ..).
-template <int D>
-struct TileCopyPlan {
-  static constexpr int kTpt = kSm90Threads / kSm90Kv;  // threads per token
-  static constexpr int kChunks = D / 8 / kTpt;         // 16-byte chunks per thread
-  int j;                                               // token row of the tile
-  int elem;                                            // first element of the thread's chunks
-  uint32_t dst[kChunks];                               // byte offsets in a K (or V) tile
-
-  __device__ __forceinline__ explicit TileCopyPlan(int tid) {
-    static_assert((D / 8) % kTpt == 0, "row does not split over the token's threads");
-    j = tid / kTpt;
-    const int part = tid % kTpt;
-    elem = part * 8;
-#pragma unroll
-    for (int i = 0; i < kChunks; ++i) {
-      const int c = part + kTpt * i;
-      dst[i] = (c / 8) * Sm90Config<D>::kKvPanel + wg::sw128_offset(j, c % 8);
-    }
-  }
-};
-
-// 16-byte copy global -> shared (shared-space address), and a 16-byte zero store.
-__device__ __forceinline__ void cp_async16_s(uint32_t smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void st_zero16_s(uint32_t smem) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(smem), "r"(0) : "memory");
-}
-
-// The thread's token of the tile starting at t0 (block blk from tile_block; -1: zero-filled,
-// never read) into the SW128 K and V tiles at shared addresses ks and vs; returns whether it
-// holds data.
-template <typename T, int D>
-__device__ __forceinline__ bool load_kv_tile_sw128(uint32_t ks, uint32_t vs, int* ok,
-                                                   const Args& a, const T* kc, const T* vc,
-                                                   const TileCopyPlan<D>& plan, int t0,
-                                                   int blk) {
-  const bool valid = blk >= 0;
-  if (valid) {
-    const int64_t off = static_cast<int64_t>(blk) * a.sb +
-                        static_cast<int64_t>((t0 + plan.j) & ((1 << a.log2_bs) - 1)) * a.ss;
-    const T* kp = kc + off;
-    const T* vp = vc + off;
-#pragma unroll
-    for (int i = 0; i < TileCopyPlan<D>::kChunks; ++i) {
-      cp_async16_s(ks + plan.dst[i], kp + TileCopyPlan<D>::kTpt * 8 * i);
-      cp_async16_s(vs + plan.dst[i], vp + TileCopyPlan<D>::kTpt * 8 * i);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < TileCopyPlan<D>::kChunks; ++i) {
-      st_zero16_s(ks + plan.dst[i]);
-      st_zero16_s(vs + plan.dst[i]);
-    }
-  }
-  if (plan.elem == 0) ok[plan.j] = valid ? 1 : 0;
-  return valid;
 }
 
 // 2^x with ex2.approx.ftz: exp2f without its subnormal fix-up (a result below 2^-126 becomes
@@ -141,30 +99,88 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <typename T, int D>
+// The producer warpgroup (ptid 0..127): tiles 0 .. ntiles - 1 of K and V into the stages.
+// Thread ptid copies tokens j = ptid / 2 + 64 u (u < kTokens) of every tile, chunks
+// part + 2 i of their rows (SW128 puts chunk c % 8 of row j at 16 ((c % 8) ^ (j % 8)), in
+// the panel of columns 64 (c / 8) ..).
+template <typename T, int D, int N>
+__device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh, int lo,
+                                           int hi, int ntiles, uint32_t kv_s, uint32_t full,
+                                           uint32_t empty, uint8_t* tok_ok, int ptid) {
+  using C = Sm90Config<D, N>;
+  constexpr int S = C::kStages, U = C::kTokens;
+  const int j0 = ptid / C::kTpt, part = ptid % C::kTpt;
+  const T* kc = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * a.sh + part * 8;
+  const T* vc = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * a.sh + part * 8;
+  const int slot_mask = (1 << a.log2_bs) - 1;
+  int blk[U];  // block ids of this thread's tokens of the next tile (-1: masked)
+#pragma unroll
+  for (int u = 0; u < U; ++u) blk[u] = ntiles > 0 ? tile_block(a, w.s, lo, lo, hi, j0 + 64 * u) : -1;
+  int st = 0;
+  for (int it = 0; it < ntiles; ++it) {
+    const int t0 = lo + it * N;
+    int cur[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      cur[u] = blk[u];
+      if (it + 1 < ntiles) blk[u] = tile_block(a, w.s, t0 + N, lo, hi, j0 + 64 * u);  // ahead
+    }
+    if (it >= S) ap::mbarrier_wait_parity(empty + 8 * st, ((it / S) & 1) ^ 1);
+    const uint32_t ks = kv_s + st * C::kStageBytes, vs = ks + C::kTileBytes;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + 64 * u;
+      const bool valid = cur[u] >= 0;
+      const int64_t off = valid ? static_cast<int64_t>(cur[u]) * a.sb +
+                                      static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
+                                : 0;
+#pragma unroll
+      for (int i = 0; i < C::kChunks; ++i) {
+        const int c = part + C::kTpt * i;
+        const uint32_t dst = (c / 8) * C::kKvPanel + wg::sw128_offset(j, c % 8);
+        ap::cp_async16_zfill(ks + dst, kc + off + C::kTpt * 8 * i, valid);
+        ap::cp_async16_zfill(vs + dst, vc + off + C::kTpt * 8 * i, valid);
+      }
+      if (part == 0) tok_ok[st * N + j] = valid ? 1 : 0;
+    }
+    ap::cp_async_mbarrier_arrive(full + 8 * st);  // when the copies have landed
+    ap::mbarrier_arrive(full + 8 * st);           // publishes tok_ok
+    st = st + 1 == S ? 0 : st + 1;
+  }
+  cp_async_wait<0>();  // nothing in flight when the thread exits
+}
+
+template <typename T, int D, int N>
 __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Args a) {
 #if XK_HAS_WGMMA
   if (a.skip != nullptr && __ldg(a.skip) != 0) return;
-  using C = Sm90Config<D>;
-  constexpr int S = C::kStages, kAhead = C::kAhead;
+  using C = Sm90Config<D, N>;
+  constexpr int S = C::kStages;
   constexpr int OR = D / 2;  // O accumulator registers per thread
+  constexpr int SR = N / 2;  // S accumulator registers per thread
+  constexpr int PK = N / 16; // k-steps of P V
   extern __shared__ unsigned char smem_raw[];
   // Static shared memory exists only in this (sm_90a) body: the host reads it as "built
   // with wgmma" (wgmma_kernel_usable).
   __shared__ Work work;
-  __shared__ int tok_ok[S][kSm90Kv];
-  unsigned char* smem = reinterpret_cast<unsigned char*>(
+  __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
+  __shared__ __align__(16) uint8_t tok_ok[S * N];  // stage st, token j: it holds data
+  static_assert(S * N + 16 * S + sizeof(Work) <= C::kStaticReserve, "static shared memory");
+  unsigned char* qs = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
-  unsigned char* qs = smem;
-  unsigned char* kv = smem + C::kQBytes;  // stage st: K at 2 st tiles, V at 2 st + 1
-  unsigned char* zero_v = kv + 2 * S * C::kTileBytes;
+  const uint32_t kv_s = wg::smem_u32(qs + C::kQBytes);
+  const uint32_t full = wg::smem_u32(full_bar), empty = wg::smem_u32(empty_bar);
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int wgi = tid >> 7, wwarp = warp & 3;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int wgi = __shfl_sync(kFull, tid >> 7, 0);  // warp-uniform warpgroup index
   const int kvh = blockIdx.y;
-  static_assert(C::kZeroBytes == kSm90Threads * 16, "one 16-byte store per thread");
-  *reinterpret_cast<uint4*>(zero_v + tid * 16) = make_uint4(0, 0, 0, 0);
-  if (warp == 0) find_work(a, blockIdx.x, kSm90Rows, &work, lane);
+  if (tid == 0) {
+    for (int st = 0; st < S; ++st) {
+      ap::mbarrier_init(full + 8 * st, 2 * 128);             // 2 arrivals per producer thread
+      ap::mbarrier_init(empty + 8 * st, 4 * kSm90Consumers);  // one per consumer warp
+    }
+  }
+  if (tid < 32) find_work(a, blockIdx.x, kSm90Rows, &work, lane);
   __syncthreads();
   const Work w = work;
   if (w.s < 0) return;  // uniform over the CTA
@@ -172,51 +188,28 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   const TileRows tr = tile_rows(a, w, kSm90Rows);
   int lo, hi;
   token_range(a, tr, tr.r0, tr.r_end, &lo, &hi);
-  const int ntiles = hi > lo ? (hi - lo + kSm90Kv - 1) / kSm90Kv : 0;
+  const int ntiles = hi > lo ? (hi - lo + N - 1) / N : 0;
 
-  // This thread's part of every K/V tile copy; the caches at this kv head and its chunks.
-  const TileCopyPlan<D> plan(tid);
-  const uint32_t kv_s = wg::smem_u32(kv);
-  const T* kc = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * a.sh + plan.elem;
-  const T* vc = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * a.sh + plan.elem;
-  // Prologue: tiles 0 .. kAhead - 1 in flight (one commit group each, empty or not), and
-  // the block ids of tile kAhead (blk_next: the copy of tile it + kAhead in iteration it
-  // uses the ids loaded one iteration earlier).
-  uint32_t okbits = 0;  // bit st: this thread's token of the tile in stage st holds data
-#pragma unroll
-  for (int i = 0; i < kAhead; ++i) {
-    if (i < ntiles) {
-      const uint32_t kd = kv_s + 2 * i * C::kTileBytes;
-      const int blk = tile_block(a, w.s, lo + i * kSm90Kv, lo, hi, tid);
-      const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[i], a, kc, vc,
-                                              plan, lo + i * kSm90Kv, blk);
-      okbits |= static_cast<uint32_t>(v) << i;
-    }
-    cp_async_commit();
+  if (wgi == 0) {
+    ap::setmaxnreg_dec<kSm90ProducerRegs>();
+    produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, full, empty, tok_ok, tid);
+    return;
   }
-  int blk_next = tile_block(a, w.s, lo + kAhead * kSm90Kv, lo, hi, tid);
-  // Q: packed rows r0 .. r0 + 127 (zeros past the tile) into SW128 panels.
-  {
-    constexpr int kCpr = D / 8;
-    const T* qg = static_cast<const T*>(a.q);
-    for (int c = tid; c < kSm90Rows * kCpr; c += kSm90Threads) {
-      const int r = c / kCpr, ch = c % kCpr;
-      const int pr = tr.r0 + r;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (pr < tr.r_end) {
-        const int64_t row = static_cast<int64_t>(w.start) + pr / a.G;
-        const int64_t head = static_cast<int64_t>(kvh) * a.G + pr % a.G;
-        v = *reinterpret_cast<const uint4*>(qg + (row * a.Hq + head) * D + ch * 8);
-      }
-      *reinterpret_cast<uint4*>(qs + (ch / 8) * C::kQPanel + wg::sw128_offset(r, ch % 8)) = v;
-    }
-  }
+  ap::setmaxnreg_inc<kSm90ConsumerRegs>();
 
-  // This warpgroup's rows and token range; this thread's two rows.
-  const int wr0 = tr.r0 + wgi * 64;
+  // This warpgroup's rows and the tiles they attend; this thread's two rows.
+  const int cw = wgi - 1, wwarp = (tid >> 5) & 3;
+  const int wr0 = tr.r0 + cw * 64;
   const bool live = wr0 < tr.r_end;
-  int wlo = 0, whi = 0;
-  if (live) token_range(a, tr, wr0, min(tr.r_end, wr0 + 64), &wlo, &whi);
+  int jlo = ntiles, jhi = ntiles;  // no tile of its own
+  if (live) {
+    int wlo, whi;
+    token_range(a, tr, wr0, min(tr.r_end, wr0 + 64), &wlo, &whi);
+    if (whi > wlo && ntiles > 0) {
+      jlo = (wlo - lo) / N;
+      jhi = min(ntiles, (whi - lo + N - 1) / N);
+    }
+  }
   const bool wg_whole = wr0 + 64 <= tr.r_end;
   const int wg_pmin = tr.p0 + wr0 / a.G;                        // position of row wr0
   const int wg_lomax = tr.p0 + (wr0 + 63) / a.G - a.window + 1;  // with a window
@@ -225,76 +218,125 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   int pos0, lo0, pos1, lo1;
   row_range(a, tr, pr0, &pos0, &lo0);
   row_range(a, tr, pr1, &pos1, &lo1);
+
   // Q in registers: the A fragments (m16n8k16 layout) of this warp's 16 rows for every
-  // k-step of S = Q K^T, read once from the staged panels. With Q in shared memory each
-  // m64n64k16 would read 2 KB of Q besides 2 KB of K: 128 bytes per clock at the tensor
-  // cores' rate, all of the shared-memory bandwidth (and the K/V copies land there too).
-  __syncthreads();  // the staged Q
-  uint32_t qf[D / 16][4];
-  {
-    const int r = wgi * 64 + wwarp * 16 + g0;  // this thread's row in the CTA's 128
+  // k-step of S = Q K^T, loaded once from global memory (zeros past the tile's rows). With
+  // kQSmem instead: the warpgroup's 64 rows staged once into its SW128 panels.
+  uint32_t qf[C::kQSmem ? 1 : D / 16][4];
+  const uint32_t q_s = wg::smem_u32(qs) + cw * C::kQWgBytes;
+  const T* qg = static_cast<const T*>(a.q);
+  if constexpr (C::kQSmem) {
+    constexpr int kCpr = D / 8;  // 16-byte chunks per row
+    for (int c = tid - 128 * wgi; c < 64 * kCpr; c += 128) {
+      const int r = c / kCpr, ch = c % kCpr;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (wr0 + r < tr.r_end) {
+        v = *reinterpret_cast<const uint4*>(qg + out_offset(a, w, kvh, wr0 + r, D) + ch * 8);
+      }
+      const uint32_t dst = q_s + (ch / 8) * 64 * 128 + wg::sw128_offset(r, ch % 8);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y),
+                   "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+    wg::fence_proxy_async();  // st.shared -> wgmma (async proxy)
+    ap::named_barrier_sync(1 + cw, 128);
+  } else {
+    const uint32_t* q0 = pr0 < tr.r_end ? reinterpret_cast<const uint32_t*>(
+                                              qg + out_offset(a, w, kvh, pr0, D))
+                                        : nullptr;
+    const uint32_t* q1 = pr1 < tr.r_end ? reinterpret_cast<const uint32_t*>(
+                                              qg + out_offset(a, w, kvh, pr1, D))
+                                        : nullptr;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // columns 16kk + 2tig (+ 8h), two values each
-        const int c = kk * 16 + 2 * tig + 8 * h;
-        const unsigned char* p0 = qs + (c / 64) * C::kQPanel + (c % 8) * 2;
-        qf[kk][2 * h] = *reinterpret_cast<const uint32_t*>(
-            p0 + wg::sw128_offset(r, (c % 64) / 8));
-        qf[kk][2 * h + 1] = *reinterpret_cast<const uint32_t*>(
-            p0 + wg::sw128_offset(r + 8, (c % 64) / 8));
+      for (int h = 0; h < 2; ++h) {  // columns 16 kk + 2 tig (+ 8 h), two values each
+        const int c2 = kk * 8 + tig + 4 * h;  // in 32-bit words
+        qf[kk][2 * h] = q0 != nullptr ? __ldg(q0 + c2) : 0u;
+        qf[kk][2 * h + 1] = q1 != nullptr ? __ldg(q1 + c2) : 0u;
       }
     }
   }
 
   // Descriptors: built once, then advanced by constant offsets (the address field is the
   // low 14 bits, in 16-byte units; shared addresses stay below 2^18, so it never carries).
-  const uint64_t kv_desc_k = wg::sw128_desc(wg::smem_u32(kv), 16, 1024);
-  const uint64_t kv_desc_v = wg::sw128_desc(wg::smem_u32(kv), C::kKvPanel, 1024);
-  // 16 zero rows of V (two 64-column panels of 16 rows) for the P V with no pending tile.
-  const uint64_t zero_desc = wg::sw128_desc(wg::smem_u32(zero_v), C::kZeroBytes / 2, 1024);
+  const uint64_t kv_desc_k = wg::sw128_desc(kv_s, 16, 1024);
+  const uint64_t kv_desc_v = wg::sw128_desc(kv_s, C::kKvPanel, 1024);
+  const uint64_t q_desc = wg::sw128_desc(q_s, 16, 1024);
   // Logits without softcap and with a positive scale: the row maximum of the raw dot
   // products times the scale is the maximum of the logits, and exp2(dot * scale - max) is
   // one FFMA + MUFU per element.
   const bool plain = a.cap_mul <= 0.f && a.qk_scale > 0.f;
 
+  auto wait_full = [&](int j) {
+    ap::mbarrier_wait_parity(full + 8 * (j % S), (j / S) & 1);
+  };
+  auto release = [&](int j) {  // this warp is done with tile j's stage
+    __syncwarp();
+    if (lane == 0) ap::mbarrier_arrive(empty + 8 * (j % S));
+  };
+  // Tiles this warpgroup does not compute: waited for (which orders the stage's phases)
+  // and freed.
+  auto pass = [&](int j0, int j1) {
+    for (int j = j0; j < j1; ++j) {
+      wait_full(j);
+      release(j);
+    }
+  };
+
   float o[OR];
 #pragma unroll
   for (int i = 0; i < OR; ++i) o[i] = 0.f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  // Software pipeline inside the warpgroup (FlashAttention-3's intra-warpgroup overlap):
-  // iteration j issues S_j = Q K_j^T, then O += P_{j-1} V_{j-1}, and runs the softmax of S_j
-  // while the tensor cores work on P_{j-1} V_{j-1}. pp / ap0 / ap1 / pst hold the previous
-  // tile's P (register A operand), its rescale factors and its stage while has_p.
-  uint32_t pp[4][4] = {};
-  float ap0 = 1.f, ap1 = 1.f;
-  int pst = 0;
-  bool has_p = false;
+  float ap0 = 1.f, ap1 = 1.f;  // rescale of O before the pending P V
+  uint32_t pp[PK][4];          // the pending P (register A operand of P V)
+  float s[SR];
 
-  // O *= alpha of the pending tile; O += P V of it (issued and committed, not waited for).
-  // Without a pending tile (has_p false) the same instructions run on zeros: P is 0, V is
-  // the zero block and alpha 1, so the wgmma needs no divergent path (ptxas would
-  // serialize every wgmma of the kernel otherwise).
-  auto issue_pv = [&]() {
+  // S = Q K_j^T (this warpgroup's 64 rows x N tokens), issued and committed; the first
+  // k-step overwrites S.
+  auto issue_s = [&](int j) {
+    wg::wgmma_fence();
 #pragma unroll
-    for (int i = 0; i < OR / 4; ++i) {
-      o[4 * i] *= ap0;
-      o[4 * i + 1] *= ap0;
-      o[4 * i + 2] *= ap1;
-      o[4 * i + 3] *= ap1;
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t koff = (j % S) * C::kStageBytes + (kk / 4) * C::kKvPanel + (kk % 4) * 32;
+      const uint64_t db = kv_desc_k + (koff >> 4);
+      if constexpr (C::kQSmem) {
+        const uint64_t da = q_desc + (((kk / 4) * 64 * 128 + (kk % 4) * 32) >> 4);
+        if (kk == 0) wg::mma_ss_m64n128k16_kmajor<T, true>(s, da, db);
+        else wg::mma_ss_m64n128k16_kmajor<T, false>(s, da, db);
+      } else if constexpr (N == 128) {
+        if (kk == 0) wg::mma_rs_m64n128k16_kmajor<T, true>(s, qf[kk], db);
+        else wg::mma_rs_m64n128k16_kmajor<T, false>(s, qf[kk], db);
+      } else {
+        if (kk == 0) wg::mma_rs_m64n64k16_kmajor<T, true>(s, qf[kk], db);
+        else wg::mma_rs_m64n64k16_kmajor<T, false>(s, qf[kk], db);
+      }
+    }
+    wg::wgmma_commit();
+  };
+  // O = alpha O + P V_j (V of tile j's stage), issued and committed.
+  auto issue_pv = [&](int j) {
+    if (__any_sync(kFull, ap0 != 1.f || ap1 != 1.f)) {  // rare: see softmax
+#pragma unroll
+      for (int i = 0; i < OR / 4; ++i) {
+        o[4 * i] *= ap0;
+        o[4 * i + 1] *= ap0;
+        o[4 * i + 2] *= ap1;
+        o[4 * i + 3] *= ap1;
+      }
     }
     wg::fence_operands(o);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) wg::fence_operands(pp[j]);
+    for (int k = 0; k < PK; ++k) wg::fence_operands(pp[k]);
     wg::wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int k = 0; k < PK; ++k) {
       const uint64_t db =
-          has_p ? kv_desc_v + (((2 * pst + 1) * C::kTileBytes + j * 16 * 128) >> 4) : zero_desc;
+          kv_desc_v + (((j % S) * C::kStageBytes + C::kTileBytes + k * 16 * 128) >> 4);
       if constexpr (D == 128) {
-        wg::mma_rs_m64n128k16<T>(o, pp[j], db, 1);
+        wg::mma_rs_m64n128k16<T>(o, pp[k], db, 1);
       } else {
-        wg::mma_rs_m64n64k16<T>(o, pp[j], db, 1);
+        wg::mma_rs_m64n64k16<T>(o, pp[k], db, 1);
       }
     }
     wg::wgmma_commit();
@@ -303,82 +345,34 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     wg::wgmma_wait<0>();
     wg::fence_operands(o);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) wg::fence_operands(pp[j]);
+    for (int k = 0; k < PK; ++k) wg::fence_operands(pp[k]);
   };
-
-  for (int it = 0; it < ntiles; ++it) {
-    // Tile it has landed (this thread's copies; tile it + 1 may still be in flight); the
-    // barrier makes every thread's copies visible and means every warp has finished
-    // iteration it - 1, whose last reads were tile it - 1's V: the stage of tile it - 2
-    // is free for tile it + 2.
-    cp_async_wait<kAhead - 1>();
-    wg::fence_proxy_async();  // cp.async / st.shared data -> wgmma (async proxy)
-    const int st = it % S;
-    const bool all_ok = __syncthreads_and((okbits >> st) & 1u) != 0;
-    // Copies of tile it + kAhead (after the wgmmas of this iteration are issued, so that
-    // the tensor cores start first), then the block ids of the tile after it.
-    auto issue_loads = [&]() {
-      const int nx = it + kAhead;
-      if (nx < ntiles) {
-        const int sn = nx % S;
-        const uint32_t kd = kv_s + 2 * sn * C::kTileBytes;
-        const bool v = load_kv_tile_sw128<T, D>(kd, kd + C::kTileBytes, tok_ok[sn], a, kc, vc,
-                                                plan, lo + nx * kSm90Kv, blk_next);
-        okbits = (okbits & ~(1u << sn)) | (static_cast<uint32_t>(v) << sn);
-        blk_next = tile_block(a, w.s, lo + (nx + 1) * kSm90Kv, lo, hi, tid);
-      }
-      cp_async_commit();
-    };
-    const int t0 = lo + it * kSm90Kv;
-    if (!(live && t0 < whi && t0 + kSm90Kv > wlo)) {
-      issue_loads();
-      // Not this warpgroup's tile: finish the pending P V while its stage is still intact.
-      if (has_p) {
-        issue_pv();
-        wait_pv();
-        has_p = false;
-        ap0 = ap1 = 1.f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) pp[j][0] = pp[j][1] = pp[j][2] = pp[j][3] = 0u;
-      }
-      continue;
-    }
-    // S = Q K^T (this warpgroup's 64 rows x 64 tokens); the first k-step overwrites.
-    float s[32];
-    wg::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      const uint32_t koff = 2 * st * C::kTileBytes + (kk / 4) * C::kKvPanel + (kk % 4) * 32;
-      if (kk == 0) {
-        wg::mma_rs_m64n64k16_kmajor<T, true>(s, qf[kk], kv_desc_k + (koff >> 4));
-      } else {
-        wg::mma_rs_m64n64k16_kmajor<T, false>(s, qf[kk], kv_desc_k + (koff >> 4));
-      }
-    }
-    wg::wgmma_commit();
-    issue_pv();
-    issue_loads();
-    wg::wgmma_wait<1>();  // S done; P V of the previous tile may still run
-    wg::fence_operands(s);
-
-    // Logits and row maxima. Register 4i + e: row pr0 (e < 2) or pr1, token column
-    // 8i + 2 tig + (e & 1). The per-element mask runs only on tiles that need it.
-    const bool full = all_ok && wg_whole && t0 + kSm90Kv - 1 <= wg_pmin &&
-                      (a.window == 0 || t0 >= wg_lomax);
-    float mx0 = -INFINITY, mx1 = -INFINITY;
+  // Online softmax of S (tile j): P = exp2(logit - m) in s, row sums, and the reference
+  // maxima m with their alpha. m only moves when a row's maximum exceeds it by more than
+  // kRescaleSlack (base-2 units; FlashAttention-4's conditional rescaling): below that P
+  // stays <= 2^kRescaleSlack, exact enough in f32 and bf16/f16, and O and l need no
+  // rescale (alpha = 1), because O / l does not depend on the reference.
+  auto softmax = [&](int j) {
+    const int t0 = lo + j * N;
+    const uint8_t* okr = tok_ok + (j % S) * N;
+    // Every token of the tile holds data: one 32-bit word of tok_ok per lane.
+    const bool all_ok = __all_sync(
+        kFull, lane >= N / 4 || reinterpret_cast<const uint32_t*>(okr)[lane] == 0x01010101u);
+    const bool full_tile = all_ok && wg_whole && t0 + N - 1 <= wg_pmin &&
+                           (a.window == 0 || t0 >= wg_lomax);
     float sc = 1.f;  // scale still to apply inside the exponent (plain full tiles)
-    if (full && plain) {
+    if (full_tile && plain) {
       sc = a.qk_scale;
-    } else if (full) {
+    } else if (full_tile) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = logit(s[i], a);
+      for (int i = 0; i < SR; ++i) s[i] = logit(s[i], a);
     } else {
       // Masked tile; the softcap test is hoisted out of the element loop (ptxas keeps a
-      // branch per element otherwise).
-      const int* okr = tok_ok[st];
+      // branch per element otherwise). Register 4i + e: row pr0 (e < 2) or pr1, token
+      // column 8i + 2 tig + (e & 1).
       auto mask = [&](auto f) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < N / 8; ++i) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int col = i * 8 + tig * 2 + e;
@@ -395,8 +389,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
         mask([&](float x) { return x * a.qk_scale; });
       }
     }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < N / 8; ++i) {
       mx0 = fmaxf(mx0, fmaxf(s[4 * i], s[4 * i + 1]));
       mx1 = fmaxf(mx1, fmaxf(s[4 * i + 2], s[4 * i + 3]));
     }
@@ -404,14 +399,19 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
+    constexpr float kRescaleSlack = 8.f;
     const float mn0 = fmaxf(m0, mx0 * sc), mn1 = fmaxf(m1, mx1 * sc);
-    const float b0 = safe_max(mn0), b1 = safe_max(mn1);
-    const float al0 = fast_exp2(m0 - b0), al1 = fast_exp2(m1 - b1);
-    m0 = mn0;
-    m1 = mn1;
+    // A row whose reference moves: the first tile with a finite maximum (m = -inf), or
+    // a maximum more than the slack above it.
+    const bool mv0 = mn0 - m0 > kRescaleSlack, mv1 = mn1 - m1 > kRescaleSlack;
+    ap0 = mv0 ? fast_exp2(m0 - safe_max(mn0)) : 1.f;
+    ap1 = mv1 ? fast_exp2(m1 - safe_max(mn1)) : 1.f;
+    if (mv0) m0 = mn0;
+    if (mv1) m1 = mn1;
+    const float b0 = safe_max(m0), b1 = safe_max(m1);
     float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < N / 8; ++i) {
       s[4 * i] = fast_exp2(fmaf(s[4 * i], sc, -b0));
       s[4 * i + 1] = fast_exp2(fmaf(s[4 * i + 1], sc, -b0));
       s[4 * i + 2] = fast_exp2(fmaf(s[4 * i + 2], sc, -b1));
@@ -419,27 +419,45 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
       rs0 += s[4 * i] + s[4 * i + 1];
       rs1 += s[4 * i + 2] + s[4 * i + 3];
     }
-    l0 = l0 * al0 + rs0;  // per-lane partial sums; the quad is summed at the end
-    l1 = l1 * al1 + rs1;
-    wait_pv();
-    // P as the register A operand of the next P V: k-step j = token columns 16j .. 16j + 15.
+    l0 = l0 * ap0 + rs0;  // per-lane partial sums; the quad is summed at the end
+    l1 = l1 * ap1 + rs1;
+  };
+  // P as the register A operand of the next P V: k-step k = token columns 16k .. 16k + 15.
+  auto pack_p = [&]() {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      pp[j][0] = pack2<T>(s[8 * j], s[8 * j + 1]);
-      pp[j][1] = pack2<T>(s[8 * j + 2], s[8 * j + 3]);
-      pp[j][2] = pack2<T>(s[8 * j + 4], s[8 * j + 5]);
-      pp[j][3] = pack2<T>(s[8 * j + 6], s[8 * j + 7]);
+    for (int k = 0; k < PK; ++k) {
+      pp[k][0] = pack2<T>(s[8 * k], s[8 * k + 1]);
+      pp[k][1] = pack2<T>(s[8 * k + 2], s[8 * k + 3]);
+      pp[k][2] = pack2<T>(s[8 * k + 4], s[8 * k + 5]);
+      pp[k][3] = pack2<T>(s[8 * k + 6], s[8 * k + 7]);
     }
-    ap0 = al0;
-    ap1 = al1;
-    pst = st;
-    has_p = true;
-  }
-  if (has_p) {  // the last tile's P V (no load was issued after it: its stage is intact)
-    issue_pv();
+  };
+
+  pass(0, jlo);
+  if (jhi > jlo) {
+    // Prologue: S and softmax of the first tile (O is zero: its alpha is irrelevant).
+    wait_full(jlo);
+    issue_s(jlo);
+    wg::wgmma_wait<0>();
+    wg::fence_operands(s);
+    softmax(jlo);
+    pack_p();
+    for (int j = jlo + 1; j < jhi; ++j) {
+      wait_full(j);
+      issue_s(j);
+      issue_pv(j - 1);
+      wg::wgmma_wait<1>();  // S_j done; P V of tile j - 1 may still run
+      wg::fence_operands(s);
+      softmax(j);
+      wait_pv();
+      release(j - 1);
+      pack_p();
+    }
+    issue_pv(jhi - 1);
     wait_pv();
+    release(jhi - 1);
   }
-  cp_async_wait<0>();
+  pass(jhi, ntiles);
 
   if (!live) return;
   l0 += __shfl_xor_sync(kFull, l0, 1);
