@@ -4,6 +4,15 @@
 //                        both K-major: the S = Q K^T step of ragged_paged_attention_sm90.cuh)
 //   O = P V             (wgmma m64n128k16 x 4 and m64n64k16 x 4, P 64 x 64 from registers,
 //                        V 64 x 128 in SW128 panels as an MN-major operand: the PV step)
+// and, in a second kernel, S = Q[64:128] K^T as issue_s of ragged_paged_attention_sm90.cuh
+// computes it, with the kInit wrappers (first k-step kInit = true, the other 7 false):
+//   mma_rs_m64n64k16_kmajor    Q from registers (the kernel's m16n8k16 A-fragment load from
+//                              global), K 64 x 128 in SW128 panels of 64 rows (K-major)
+//   mma_rs_m64n128k16_kmajor   the same with a 128-token K (panels of 128 rows)
+//   mma_ss_m64n128k16_kmajor   Q[64:128] in SW128 panels of 64 rows (K-major) and the
+//                              128-token K
+// where the accumulators hold 1e9f before the first (kInit) k-step, so a k-step that adds
+// to D instead of overwriting it shows;
 // for bf16 and f16 with small-integer inputs (exact in f32) and compares with the host.
 //   nvcc -std=c++17 -O2 -arch=sm_90a -I src/xla_kernels/include tests/gpu/wgmma_unit_check.cu \
 //        -o /tmp/wgmma_unit_check && /tmp/wgmma_unit_check
@@ -108,6 +117,111 @@ __global__ void check_kernel(const T* q, const T* k, const float* p, const T* v,
       o64_out[(warp * 16 + g + 8 * (e / 2)) * 64 + 8 * i + 2 * t + (e & 1)] = o64[4 * i + e];
 }
 
+// S = Q[64:128] K^T with the K-major kInit wrappers (see the top of the file). q is Q
+// (kQRows x kD), k64 a 64-token K, k128 a 128-token K (tokens x kD), all row-major; the
+// outputs are 64 x 64 (s64_rs) and 64 x 128 (s128_rs, s128_ss), row-major.
+constexpr float kPoison = 1e9f;  // in D before the kInit k-step: must not reach S
+constexpr int kSmemKmajor = 64 * kD * 2 + 64 * kD * 2 + 128 * kD * 2 + 1024;
+
+// Writes an m64nN accumulator (N / 2 registers, layout of cuda_wgmma.cuh) into out (64 x N).
+template <int N>
+__device__ void store_acc(const float (&d)[N / 2], float* out) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  for (int i = 0; i < N / 8; ++i)
+    for (int e = 0; e < 4; ++e)
+      out[(warp * 16 + g + 8 * (e / 2)) * N + 8 * i + 2 * t + (e & 1)] = d[4 * i + e];
+}
+
+template <typename T>
+__global__ void kmajor_kernel(const T* q, const T* k64, const T* k128, float* s64_rs_out,
+                              float* s128_rs_out, float* s128_ss_out) {
+  extern __shared__ unsigned char sm_raw[];  // kSmemKmajor bytes; panels 1024-byte aligned
+  unsigned char* qs = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(sm_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  unsigned char* k64s = qs + 64 * kD * 2;     // 2 panels of 64 rows (stride 64 * 128)
+  unsigned char* k128s = k64s + 64 * kD * 2;  // 2 panels of 128 rows (stride 128 * 128)
+  to_panels(qs, q + 64 * kD, 64);  // Q rows 64..127: 2 panels of 64 rows (stride 64 * 128)
+  to_panels(k64s, k64, 64);
+  to_panels(k128s, k128, 128);
+  wg::fence_proxy_async();
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+
+  // Q in registers as ragged_paged_attention_sm90.cuh loads it: for k-step kk, the m16n8k16
+  // A fragment of this warp's rows r0 = 64 + 16 warp + g and r0 + 8, i.e. the 32-bit words
+  // (two values, the lower column in the low half) kk * 8 + t + 4 h = columns
+  // 16 kk + 2 t + 8 h (+1): qf[kk][2h] of row r0, qf[kk][2h + 1] of row r0 + 8.
+  const uint32_t* q0 = reinterpret_cast<const uint32_t*>(q + (64 + warp * 16 + g) * kD);
+  const uint32_t* q1 = q0 + 8 * (kD / 2);
+  uint32_t qf[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      qf[kk][2 * h] = q0[kk * 8 + t + 4 * h];
+      qf[kk][2 * h + 1] = q1[kk * 8 + t + 4 * h];
+    }
+  const uint32_t qa = wg::smem_u32(qs), k64a = wg::smem_u32(k64s), k128a = wg::smem_u32(k128s);
+
+  // RS, 64-token K: k-step kk's B at panel kk / 4 (stride 64 * 128), 32 bytes per k-step.
+  {
+    float s[32];
+    for (int i = 0; i < 32; ++i) s[i] = kPoison;
+    wg::fence_operands(s);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t db = wg::sw128_desc(k64a + (kk / 4) * 64 * 128 + (kk % 4) * 32, 16, 1024);
+      if (kk == 0) wg::mma_rs_m64n64k16_kmajor<T, true>(s, qf[kk], db);
+      else wg::mma_rs_m64n64k16_kmajor<T, false>(s, qf[kk], db);
+    }
+    wg::wgmma_commit();
+    wg::fence_operands(s);
+    wg::wgmma_wait<0>();
+    wg::fence_operands(s);
+    store_acc<64>(s, s64_rs_out);
+  }
+  // RS, 128-token K: panels of 128 rows (stride 128 * 128).
+  {
+    float s[64];
+    for (int i = 0; i < 64; ++i) s[i] = kPoison;
+    wg::fence_operands(s);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint64_t db =
+          wg::sw128_desc(k128a + (kk / 4) * 128 * 128 + (kk % 4) * 32, 16, 1024);
+      if (kk == 0) wg::mma_rs_m64n128k16_kmajor<T, true>(s, qf[kk], db);
+      else wg::mma_rs_m64n128k16_kmajor<T, false>(s, qf[kk], db);
+    }
+    wg::wgmma_commit();
+    wg::fence_operands(s);
+    wg::wgmma_wait<0>();
+    wg::fence_operands(s);
+    store_acc<128>(s, s128_rs_out);
+  }
+  // SS, 128-token K: A = Q[64:128] from its panels of 64 rows (stride 64 * 128).
+  {
+    float s[64];
+    for (int i = 0; i < 64; ++i) s[i] = kPoison;
+    wg::fence_operands(s);
+    wg::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk % 4) * 32;
+      const uint64_t da = wg::sw128_desc(qa + (kk / 4) * 64 * 128 + off, 16, 1024);
+      const uint64_t db = wg::sw128_desc(k128a + (kk / 4) * 128 * 128 + off, 16, 1024);
+      if (kk == 0) wg::mma_ss_m64n128k16_kmajor<T, true>(s, da, db);
+      else wg::mma_ss_m64n128k16_kmajor<T, false>(s, da, db);
+    }
+    wg::wgmma_commit();
+    wg::fence_operands(s);
+    wg::wgmma_wait<0>();
+    wg::fence_operands(s);
+    store_acc<128>(s, s128_ss_out);
+  }
+}
+
 #define CK(x)                                                                  \
   do {                                                                         \
     cudaError_t e_ = (x);                                                      \
@@ -178,6 +292,70 @@ int run(const char* name) {
   return (bad_s || bad_o || bad_o64) ? 1 : 0;
 }
 
+// Compares a 64 x n S with Q[64:128] K^T (K n x kD); prints up to 5 mismatches.
+static int count_bad_s(const char* name, const char* what, const std::vector<float>& s,
+                       const std::vector<float>& q, const std::vector<float>& k, int n) {
+  int bad = 0;
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < n; ++c) {
+      float ref = 0.f;
+      for (int d = 0; d < kD; ++d) ref += q[(64 + r) * kD + d] * k[c * kD + d];
+      if (s[r * n + c] != ref && bad++ < 5)
+        std::printf("  %s %s S[%d][%d] = %g, want %g\n", name, what, r, c, s[r * n + c], ref);
+    }
+  return bad;
+}
+
+template <typename T>
+int run_kmajor(const char* name) {
+  std::srand(4321);
+  auto rnd = [] { return static_cast<float>(std::rand() % 5 - 2); };
+  std::vector<float> q(kQRows * kD), k64(64 * kD), k128(128 * kD);
+  for (auto& x : q) x = rnd();
+  for (auto& x : k64) x = rnd();
+  for (auto& x : k128) x = rnd();
+  auto conv = [](const std::vector<float>& a) {
+    std::vector<T> b(a.size());
+    for (size_t i = 0; i < a.size(); ++i) b[i] = static_cast<T>(a[i]);
+    return b;
+  };
+  std::vector<T> qh = conv(q), k64h = conv(k64), k128h = conv(k128);
+  T *dq, *dk64, *dk128;
+  float *ds64, *ds128rs, *ds128ss;
+  CK(cudaMalloc(&dq, qh.size() * sizeof(T)));
+  CK(cudaMalloc(&dk64, k64h.size() * sizeof(T)));
+  CK(cudaMalloc(&dk128, k128h.size() * sizeof(T)));
+  CK(cudaMalloc(&ds64, 64 * 64 * 4));
+  CK(cudaMalloc(&ds128rs, 64 * 128 * 4));
+  CK(cudaMalloc(&ds128ss, 64 * 128 * 4));
+  CK(cudaMemcpy(dq, qh.data(), qh.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dk64, k64h.data(), k64h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(dk128, k128h.data(), k128h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  // Outputs start as NaN so that an element the kernel does not write fails.
+  CK(cudaMemset(ds64, 0xFF, 64 * 64 * 4));
+  CK(cudaMemset(ds128rs, 0xFF, 64 * 128 * 4));
+  CK(cudaMemset(ds128ss, 0xFF, 64 * 128 * 4));
+  CK(cudaFuncSetAttribute(kmajor_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          kSmemKmajor));
+  kmajor_kernel<T><<<1, 128, kSmemKmajor>>>(dq, dk64, dk128, ds64, ds128rs, ds128ss);
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<float> s64(64 * 64), s128rs(64 * 128), s128ss(64 * 128);
+  CK(cudaMemcpy(s64.data(), ds64, s64.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(s128rs.data(), ds128rs, s128rs.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(s128ss.data(), ds128ss, s128ss.size() * 4, cudaMemcpyDeviceToHost));
+  const int bad64 = count_bad_s(name, "RS n64", s64, q, k64, 64);
+  const int bad128rs = count_bad_s(name, "RS n128", s128rs, q, k128, 128);
+  const int bad128ss = count_bad_s(name, "SS n128", s128ss, q, k128, 128);
+  const bool fail = bad64 || bad128rs || bad128ss;
+  std::printf("%s %s: S=QK^T K-major kInit (D poisoned): m64n64k16 RS: %d bad; "
+              "m64n128k16 RS: %d bad; m64n128k16 SS: %d bad\n", fail ? "FAIL" : "PASS", name,
+              bad64, bad128rs, bad128ss);
+  cudaFree(dq); cudaFree(dk64); cudaFree(dk128); cudaFree(ds64); cudaFree(ds128rs);
+  cudaFree(ds128ss);
+  return fail ? 1 : 0;
+}
+
 int main() {
   int dev = 0, major = 0, minor = 0;
   CK(cudaGetDevice(&dev));
@@ -188,5 +366,6 @@ int main() {
     return 0;
   }
   int fails = run<__nv_bfloat16>("bf16") + run<__half>("f16");
+  fails += run_kmajor<__nv_bfloat16>("bf16") + run_kmajor<__half>("f16");
   return fails ? 1 : 0;
 }
