@@ -353,12 +353,18 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   // kRescaleSlack (base-2 units; FlashAttention-4's conditional rescaling): below that P
   // stays <= 2^kRescaleSlack, exact enough in f32 and bf16/f16, and O and l need no
   // rescale (alpha = 1), because O / l does not depend on the reference.
-  auto softmax = [&](int j) {
+  // This lane's word of tile j's tok_ok (4 tokens; lanes past N / 4: all ok), read right
+  // after the stage wait: read later, behind the tile's wgmmas in the shared memory queue,
+  // its latency stalled the softmax (ncu: the top consumer stall of 351017b).
+  auto ok_word = [&](int j) -> uint32_t {
+    return lane < N / 4 ? reinterpret_cast<const uint32_t*>(tok_ok + (j % S) * N)[lane]
+                        : 0x01010101u;
+  };
+  auto softmax = [&](int j, uint32_t okw) {
     const int t0 = lo + j * N;
     const uint8_t* okr = tok_ok + (j % S) * N;
-    // Every token of the tile holds data: one 32-bit word of tok_ok per lane.
-    const bool all_ok = __all_sync(
-        kFull, lane >= N / 4 || reinterpret_cast<const uint32_t*>(okr)[lane] == 0x01010101u);
+    // Every token of the tile holds data.
+    const bool all_ok = __all_sync(kFull, okw == 0x01010101u);
     const bool full_tile = all_ok && wg_whole && t0 + N - 1 <= wg_pmin &&
                            (a.window == 0 || t0 >= wg_lomax);
     float sc = 1.f;  // scale still to apply inside the exponent (plain full tiles)
@@ -438,18 +444,20 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   if (jhi > jlo) {
     // Prologue: S and softmax of the first tile (O is zero: its alpha is irrelevant).
     wait_full(jlo);
+    const uint32_t okw0 = ok_word(jlo);
     issue_s(jlo);
     wg::wgmma_wait<0>();
     wg::fence_operands(s);
-    softmax(jlo);
+    softmax(jlo, okw0);
     pack_p();
     for (int j = jlo + 1; j < jhi; ++j) {
       wait_full(j);
+      const uint32_t okw = ok_word(j);
       issue_s(j);
       issue_pv(j - 1);
       wg::wgmma_wait<1>();  // S_j done; P V of tile j - 1 may still run
       wg::fence_operands(s);
-      softmax(j);
+      softmax(j, okw);
       wait_pv();
       release(j - 1);
       pack_p();
