@@ -256,7 +256,7 @@ def test_random_garbage_metadata_matches_the_oracle(rng, dtype):
 
 
 # --------------------------------------------------------------------------- the sm_90a path
-# bf16/f16 with head_dim 64/128 run the wgmma kernel on an H100 (ragged_paged_attention_sm90.cuh)
+# bf16/f16 (head_dim 64/128/256) run the wgmma kernel on an H100 (ragged_paged_attention_sm90.cuh)
 # unless XLA_KERNELS_RAGGED_WGMMA=0; scripts/ragged_wgmma_check.sh runs this file with
 # XLA_KERNELS_RAGGED_WGMMA=require (a call the wgmma kernel should serve fails if it cannot)
 # and again with =0. The tests above cover it too; these add long prefills (several 128-row
@@ -264,7 +264,7 @@ def test_random_garbage_metadata_matches_the_oracle(rng, dtype):
 # block size and layout, softcap, windows and invalid block ids on long sequences.
 
 WGMMA = [(dtype, d, layout, group, (16, 32, 64)[i % 3]) for i, (dtype, d, layout, group) in
-         enumerate(itertools.product(("bf16", "f16"), (64, 128), ("vllm", "pallas"),
+         enumerate(itertools.product(("bf16", "f16"), (64, 128, 256), ("vllm", "pallas"),
                                      (1, 4, 8)))]
 
 

@@ -301,4 +301,40 @@ __device__ __forceinline__ void mma_ss_m64n128k16_kmajor(float (&d)[64], uint64_
 #endif
 }
 
+// Operand list of 32 f32 accumulators (m64n64).
+#define XK_WGMMA_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define XK_WGMMA_R32(c, d) XK_WGMMA_R16(c, d, 0), XK_WGMMA_R16(c, d, 16)
+// m64n64k16, A and B from shared memory, both K-major; SCALE_D as above.
+#define XK_WGMMA_SS_N64_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " XK_WGMMA_D32_REGS \
+               ", %32, %33, " SCALE_D ", 1, 1, 0, 0;\n"                                    \
+               : XK_WGMMA_R32(CONSTRAINT, d)                                               \
+               : "l"(desc_a), "l"(desc_b))
+
+// D (64 x 64, f32) = A (64 x 16, shared, K-major) * B (16 x 64, shared, K-major: stored as
+// 64 rows of K), plus D unless kInit (D's registers then outputs only). S = Q K^T with Q in
+// shared memory at head_dim 256.
+template <typename T, bool kInit>
+__device__ __forceinline__ void mma_ss_m64n64k16_kmajor(float (&d)[32], uint64_t desc_a,
+                                                       uint64_t desc_b) {
+#if XK_HAS_WGMMA
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if constexpr (kInit) {
+      XK_WGMMA_SS_N64_KMAJOR("bf16", "0", XK_WGMMA_OUT);
+    } else {
+      XK_WGMMA_SS_N64_KMAJOR("bf16", "1", XK_WGMMA_INOUT);
+    }
+  } else {
+    if constexpr (kInit) {
+      XK_WGMMA_SS_N64_KMAJOR("f16", "0", XK_WGMMA_OUT);
+    } else {
+      XK_WGMMA_SS_N64_KMAJOR("f16", "1", XK_WGMMA_INOUT);
+    }
+  }
+#else
+  (void)d; (void)desc_a; (void)desc_b;
+  __trap();
+#endif
+}
+
 }  // namespace xla_kernels::cuda_wgmma

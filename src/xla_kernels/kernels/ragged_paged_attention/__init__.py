@@ -46,7 +46,7 @@ Inconsistent device data never causes an out-of-bounds read or write; it is defi
 Kernels: CUDA (``ragged_paged_attention.cu``: one CTA per (tile of query rows x q heads of
 one sequence, kv head), online softmax over 32-token K/V tiles, mma.sync for bf16/f16, CUDA
 cores for f32, e4m3 tiles converted to bf16/f16 in shared memory for fp8 caches; on an H100
-(sm_90a build) bf16/f16 with head_dim 64/128 and bf16/f16 caches use a wgmma kernel,
+(sm_90a build) bf16/f16 queries and caches use a wgmma kernel,
 ``ragged_paged_attention_sm90.cuh``, unless ``XLA_KERNELS_RAGGED_WGMMA=0``; design in
 ``ragged_paged_attention.cuh``) and CPU
 (``ragged_paged_attention_cpu.cc``). :func:`ragged_paged_attention_xla` is the plain-XLA

@@ -36,7 +36,7 @@
 //  * A small kernel writes zeros to the rows no sequence owns; every owned row is written by
 //    exactly one CTA of the main kernel.
 //  * Hopper: on a compute capability 9.0 device, with the library built for sm_90a (the op's
-//    Kernel has arch_specific=True), bf16/f16 with head_dim 64 or 128 run the wgmma kernel
+//    Kernel has arch_specific=True), bf16/f16 (head_dim 64, 128, 256) run the wgmma kernel
 //    of ragged_paged_attention_sm90.cuh instead of the mma.sync kernel (128 packed rows per
 //    CTA in two consumer warpgroups fed by a producer warpgroup; design there).
 //    XLA_KERNELS_RAGGED_WGMMA=0 in the environment switches it off ("require": fail where it
@@ -949,7 +949,7 @@ inline std::string launch_main(cudaStream_t stream, const Params& p, const Args&
 
 // XLA_KERNELS_RAGGED_WGMMA in the environment, read at every launch: "0" never takes the
 // wgmma kernel (A/B checks against the mma.sync kernel); "require" makes a call that the
-// wgmma kernel should serve (bf16/f16, head_dim 64/128) fail when it cannot (not an sm_90a
+// wgmma kernel should serve (bf16/f16, any head_dim) fail when it cannot (not an sm_90a
 // build, not a 9.0 device), so tests know which kernel ran; unset or anything else: use it
 // when possible.
 enum class WgmmaMode { kOff, kAuto, kRequire };
@@ -993,37 +993,40 @@ inline int wgmma_tile_from_env() {
   return v != nullptr && std::string(v) == "128" ? 128 : 64;
 }
 
-// The wgmma kernel when it applies (see ragged_paged_attention_sm90.cuh); *used = false
-// leaves the choice to the caller.
+// The wgmma kernel with N-token tiles when it applies (see ragged_paged_attention_sm90.cuh);
+// *used = false leaves the choice to the caller.
+template <typename T, int D, int N>
+inline std::string try_launch_wgmma_tile(cudaStream_t stream, const Params& p, const Args& a,
+                                         WgmmaMode mode, bool* used) {
+  int device = 0;
+  const cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
+  if (!wgmma_kernel_usable(reinterpret_cast<const void*>(ragged_wgmma_kernel<T, D, N>),
+                           device)) {
+    return mode == WgmmaMode::kRequire
+               ? "ragged_paged_attention: XLA_KERNELS_RAGGED_WGMMA=require, but the wgmma "
+                 "kernel cannot run here (needs a compute capability 9.0 device and an "
+                 "sm_90a build)"
+               : "";
+  }
+  *used = true;
+  return launch_main(stream, p, a, ragged_wgmma_kernel<T, D, N>, Sm90Config<D, N>::kBytes,
+                     kSm90Rows, kSm90Threads);
+}
+
+// The wgmma kernel when it applies: 64-token tiles, or 128 where the environment asks
+// (head_dim 64 and 128 only). *used = false leaves the choice to the caller.
 template <typename T, int D>
 inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const Args& a,
                                     bool* used) {
   *used = false;
-  if constexpr (D == 64 || D == 128) {
-    const WgmmaMode mode = wgmma_mode_from_env();
-    if (mode == WgmmaMode::kOff) return "";
-    int device = 0;
-    const cudaError_t e = cudaGetDevice(&device);
-    if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
-    const bool tile64 = wgmma_tile_from_env() == 64;
-    const void* kernel = tile64 ? reinterpret_cast<const void*>(ragged_wgmma_kernel<T, D, 64>)
-                                : reinterpret_cast<const void*>(ragged_wgmma_kernel<T, D, 128>);
-    if (!wgmma_kernel_usable(kernel, device)) {
-      return mode == WgmmaMode::kRequire
-                 ? "ragged_paged_attention: XLA_KERNELS_RAGGED_WGMMA=require, but the wgmma "
-                   "kernel cannot run here (needs a compute capability 9.0 device and an "
-                   "sm_90a build)"
-                 : "";
-    }
-    *used = true;
-    return tile64 ? launch_main(stream, p, a, ragged_wgmma_kernel<T, D, 64>,
-                                Sm90Config<D, 64>::kBytes, kSm90Rows, kSm90Threads)
-                  : launch_main(stream, p, a, ragged_wgmma_kernel<T, D, 128>,
-                                Sm90Config<D, 128>::kBytes, kSm90Rows, kSm90Threads);
-  } else {
-    (void)stream, (void)p, (void)a;
-    return "";
+  const WgmmaMode mode = wgmma_mode_from_env();
+  if (mode == WgmmaMode::kOff) return "";
+  if constexpr (D != 256) {
+    if (wgmma_tile_from_env() == 128)
+      return try_launch_wgmma_tile<T, D, 128>(stream, p, a, mode, used);
   }
+  return try_launch_wgmma_tile<T, D, 64>(stream, p, a, mode, used);
 }
 
 template <int D>

@@ -1,5 +1,5 @@
 // Ragged paged attention, Hopper prefill kernel: wgmma (sm_90a) for bf16/f16 with head_dim
-// 64 or 128. Same semantics as the kernels of ragged_paged_attention.cuh (its header
+// 64, 128 or 256. Same semantics as the kernels of ragged_paged_attention.cuh (its header
 // comment); this file is included by that header after its device helpers (Args, Work,
 // find_work, token_range, row_range, logit...) and is not usable on its own.
 //
@@ -18,7 +18,9 @@
 //  * Stage hand-off with mbarriers (cuda_async_pipeline.cuh), no CTA barrier after the
 //    start: "full" completes when the producer's copies of the stage have landed (each
 //    producer thread: cp.async arrival + an ordinary arrival that publishes tok_ok), "empty"
-//    when the 8 consumer warps have finished with it (after the P V that reads its V).
+//    when the 256 consumer threads have finished with it (after the P V that reads its V;
+//    every thread arrives, as CUTLASS's PipelineAsync consumers do, so that each thread's
+//    reads of the stage are ordered before the producer's next writes by its own arrival).
 //  * Q: each consumer thread loads its own A fragments of Q (its warp's 16 rows) from
 //    global memory into registers once; at head_dim 128 with 128-token tiles, where the
 //    registers do not suffice, each consumer warpgroup stages its rows in shared memory.
@@ -33,7 +35,7 @@
 //    tiles that need it: a warpgroup's tile is "full" when every token is valid and every
 //    one of its 64 rows attends every token of the tile. Full tiles without softcap take
 //    exp2(s * scale - max) as one FFMA + ex2.approx.ftz per element.
-// Dispatch (launch_ragged_paged_attention): bf16/f16, head_dim 64/128, a device of compute
+// Dispatch (launch_ragged_paged_attention): bf16/f16 (head_dim 64/128/256), a device of compute
 // capability 9.0, the library built for sm_90a (the kernel then has static shared memory;
 // the sm_80 / plain sm_90 builds compile it to an empty body without any), and the
 // environment variable XLA_KERNELS_RAGGED_WGMMA not "0" (the switch back to the mma.sync
@@ -58,15 +60,21 @@ static_assert(128 * kSm90ProducerRegs + 128 * kSm90Consumers * kSm90ConsumerRegs
 
 template <int D, int N>
 struct Sm90Config {
-  static_assert(D == 64 || D == 128, "the wgmma kernel covers head_dim 64 and 128");
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(N == 64 || N == 128, "K/V tiles of 64 or 128 tokens");
+  static_assert(D < 256 || N == 64, "head_dim 256 takes 64-token tiles (O alone is 128 "
+                                    "registers per thread)");
   static constexpr int kKvPanel = N * 128;  // bytes of one 64-column panel of a K or V tile
   static constexpr int kTileBytes = N * D * 2;
   static constexpr int kStageBytes = 2 * kTileBytes;  // K then V
   // Q of both consumer warpgroups in shared memory (SW128 panels of 64 rows) where the
   // registers do not allow Q in registers (head_dim 128 with 128-token tiles: S and P take
-  // 32 registers more); the other shapes keep Q in registers.
-  static constexpr bool kQSmem = D == 128 && N == 128;
+  // 32 registers more; head_dim 256: O takes 128); the other shapes keep Q in registers.
+  static constexpr bool kQSmem = D == 256 || (D == 128 && N == 128);
+  // O of a consumer thread: kOH halves of kOW f32 accumulators (m64n128 each at head_dim
+  // 256, whose P V is two wgmmas per k-step; one m64nD otherwise).
+  static constexpr int kOH = D == 256 ? 2 : 1;
+  static constexpr int kOW = D / 2 / kOH;
   static constexpr int kQWgBytes = 64 * D * 2;  // one consumer warpgroup's rows
   static constexpr int kQBytes = kQSmem ? kSm90Consumers * kQWgBytes : 0;
   // Shared memory per CTA on sm_90 (227 KB), less the static part (barriers, tok_ok, Work:
@@ -157,7 +165,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   if (a.skip != nullptr && __ldg(a.skip) != 0) return;
   using C = Sm90Config<D, N>;
   constexpr int S = C::kStages;
-  constexpr int OR = D / 2;  // O accumulator registers per thread
+  constexpr int OH = C::kOH, OW = C::kOW;  // O accumulator registers per thread: OH x OW
   constexpr int SR = N / 2;  // S accumulator registers per thread
   constexpr int PK = N / 16; // k-steps of P V
   extern __shared__ unsigned char smem_raw[];
@@ -178,7 +186,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   if (tid == 0) {
     for (int st = 0; st < S; ++st) {
       ap::mbarrier_init(full + 8 * st, 2 * 128);             // 2 arrivals per producer thread
-      ap::mbarrier_init(empty + 8 * st, 4 * kSm90Consumers);  // one per consumer warp
+      ap::mbarrier_init(empty + 8 * st, 128 * kSm90Consumers);  // every consumer thread
     }
   }
   if (tid < 32) find_work(a, blockIdx.x, kSm90Rows, &work, lane);
@@ -272,10 +280,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   auto wait_full = [&](int j) {
     ap::mbarrier_wait_parity(full + 8 * (j % S), (j / S) & 1);
   };
-  auto release = [&](int j) {  // this warp is done with tile j's stage
-    __syncwarp();
-    if (lane == 0) ap::mbarrier_arrive(empty + 8 * (j % S));
-  };
+  // This thread is done with tile j's stage. (With one arrival per warp after __syncwarp,
+  // racecheck reported the producer's next tok_ok writes racing with the other lanes' reads
+  // at head_dim 256, whose two stages are reused right away.)
+  auto release = [&](int j) { ap::mbarrier_arrive(empty + 8 * (j % S)); };
   // Tiles this warpgroup does not compute: waited for (which orders the stage's phases)
   // and freed.
   auto pass = [&](int j0, int j1) {
@@ -285,9 +293,12 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     }
   };
 
-  float o[OR];
+  float o[OH][OW];
 #pragma unroll
-  for (int i = 0; i < OR; ++i) o[i] = 0.f;
+  for (int h = 0; h < OH; ++h) {
+#pragma unroll
+    for (int i = 0; i < OW; ++i) o[h][i] = 0.f;
+  }
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   float ap0 = 1.f, ap1 = 1.f;  // rescale of O before the pending P V
   uint32_t pp[PK][4];          // the pending P (register A operand of P V)
@@ -301,10 +312,14 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t koff = (j % S) * C::kStageBytes + (kk / 4) * C::kKvPanel + (kk % 4) * 32;
       const uint64_t db = kv_desc_k + (koff >> 4);
-      if constexpr (C::kQSmem) {
+      if constexpr (C::kQSmem && N == 128) {
         const uint64_t da = q_desc + (((kk / 4) * 64 * 128 + (kk % 4) * 32) >> 4);
         if (kk == 0) wg::mma_ss_m64n128k16_kmajor<T, true>(s, da, db);
         else wg::mma_ss_m64n128k16_kmajor<T, false>(s, da, db);
+      } else if constexpr (C::kQSmem) {
+        const uint64_t da = q_desc + (((kk / 4) * 64 * 128 + (kk % 4) * 32) >> 4);
+        if (kk == 0) wg::mma_ss_m64n64k16_kmajor<T, true>(s, da, db);
+        else wg::mma_ss_m64n64k16_kmajor<T, false>(s, da, db);
       } else if constexpr (N == 128) {
         if (kk == 0) wg::mma_rs_m64n128k16_kmajor<T, true>(s, qf[kk], db);
         else wg::mma_rs_m64n128k16_kmajor<T, false>(s, qf[kk], db);
@@ -319,14 +334,18 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   auto issue_pv = [&](int j) {
     if (__any_sync(kFull, ap0 != 1.f || ap1 != 1.f)) {  // rare: see softmax
 #pragma unroll
-      for (int i = 0; i < OR / 4; ++i) {
-        o[4 * i] *= ap0;
-        o[4 * i + 1] *= ap0;
-        o[4 * i + 2] *= ap1;
-        o[4 * i + 3] *= ap1;
+      for (int h = 0; h < OH; ++h) {
+#pragma unroll
+        for (int i = 0; i < OW / 4; ++i) {
+          o[h][4 * i] *= ap0;
+          o[h][4 * i + 1] *= ap0;
+          o[h][4 * i + 2] *= ap1;
+          o[h][4 * i + 3] *= ap1;
+        }
       }
     }
-    wg::fence_operands(o);
+#pragma unroll
+    for (int h = 0; h < OH; ++h) wg::fence_operands(o[h]);
 #pragma unroll
     for (int k = 0; k < PK; ++k) wg::fence_operands(pp[k]);
     wg::wgmma_fence();
@@ -334,17 +353,21 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     for (int k = 0; k < PK; ++k) {
       const uint64_t db =
           kv_desc_v + (((j % S) * C::kStageBytes + C::kTileBytes + k * 16 * 128) >> 4);
-      if constexpr (D == 128) {
-        wg::mma_rs_m64n128k16<T>(o, pp[k], db, 1);
+      if constexpr (D == 64) {
+        wg::mma_rs_m64n64k16<T>(o[0], pp[k], db, 1);
       } else {
-        wg::mma_rs_m64n64k16<T>(o, pp[k], db, 1);
+#pragma unroll
+        for (int h = 0; h < OH; ++h) {  // columns 128 h .. : V's panels 2 h, 2 h + 1
+          wg::mma_rs_m64n128k16<T>(o[h], pp[k], db + ((2 * h * C::kKvPanel) >> 4), 1);
+        }
       }
     }
     wg::wgmma_commit();
   };
   auto wait_pv = [&]() {
     wg::wgmma_wait<0>();
-    wg::fence_operands(o);
+#pragma unroll
+    for (int h = 0; h < OH; ++h) wg::fence_operands(o[h]);
 #pragma unroll
     for (int k = 0; k < PK; ++k) wg::fence_operands(pp[k]);
   };
@@ -475,16 +498,25 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   l1 += __shfl_xor_sync(kFull, l1, 2);
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   T* out = static_cast<T*>(a.out);
+  // Register 4i + e of half h: column 128 h + 8 i + 2 tig + (e & 1), as 32-bit word
+  // 64 h + 4 i + tig of the row.
   if (pr0 < tr.r_end) {
     uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr0, D));
 #pragma unroll
-    for (int i = 0; i < OR / 4; ++i) o32[i * 4 + tig] = pack2<T>(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+    for (int h = 0; h < OH; ++h) {
+#pragma unroll
+      for (int i = 0; i < OW / 4; ++i)
+        o32[64 * h + 4 * i + tig] = pack2<T>(o[h][4 * i] * inv0, o[h][4 * i + 1] * inv0);
+    }
   }
   if (pr1 < tr.r_end) {
     uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr1, D));
 #pragma unroll
-    for (int i = 0; i < OR / 4; ++i)
-      o32[i * 4 + tig] = pack2<T>(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    for (int h = 0; h < OH; ++h) {
+#pragma unroll
+      for (int i = 0; i < OW / 4; ++i)
+        o32[64 * h + 4 * i + tig] = pack2<T>(o[h][4 * i + 2] * inv1, o[h][4 * i + 3] * inv1);
+    }
   }
 #else
   (void)a;  // not built for sm_90a: never launched (wgmma_kernel_usable is false)

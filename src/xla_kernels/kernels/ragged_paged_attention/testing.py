@@ -226,7 +226,8 @@ def sanitize_cases(platform: str = "gpu") -> None:
         assert err <= TOLERANCES[dtype], ("clamped", *what, err)
     # Long prefills: more K/V tiles than the Hopper kernel's stages, so every stage is
     # reused (its barriers go through several phases); a masked block inside the context.
-    long_cases = (("bf16", 128, "vllm", (8, 2)), ("f16", 64, "pallas", (4, 4)))
+    long_cases = (("bf16", 128, "vllm", (8, 2)), ("f16", 64, "pallas", (4, 4)),
+                  ("bf16", 256, "pallas", (8, 2)))
     for dtype, d, layout, (hq, hkv) in long_cases:
         x = make_inputs(rng, q_lens=[300, 5], kv_lens=[1100, 500], num_tokens=320,
                         num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=16,
