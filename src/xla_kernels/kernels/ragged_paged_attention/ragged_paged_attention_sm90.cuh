@@ -14,13 +14,13 @@
 //    table with 16-byte cp.async by the producer (2 threads per token, offsets fixed
 //    per thread) into 128-byte-swizzled shared memory (cuda_wgmma.cuh's SW128 panels), in as
 //    many stages as fit. Tokens outside the CTA's range or with an invalid block id are
-//    zero-filled by the same cp.async (src-size 0: nothing read) and flagged in tok_ok.
+//    zero-filled by the same cp.async (src-size 0: nothing read); the consumers mask them
+//    from the block table themselves (a few entries per tile, read a tile ahead), so a
+//    stage holds K and V only and the consumers read it through wgmma alone.
 //  * Stage hand-off with mbarriers (cuda_async_pipeline.cuh), no CTA barrier after the
-//    start: "full" completes when the producer's copies of the stage have landed (each
-//    producer thread: cp.async arrival + an ordinary arrival that publishes tok_ok), "empty"
-//    when the 256 consumer threads have finished with it (after the P V that reads its V;
-//    every thread arrives, as CUTLASS's PipelineAsync consumers do, so that each thread's
-//    reads of the stage are ordered before the producer's next writes by its own arrival).
+//    start: "full" completes when the producer's copies of the stage have landed (one
+//    cp.async arrival per producer thread), "empty" when the 8 consumer warps have finished
+//    with it (after the P V that reads its V).
 //  * Q: each consumer thread loads its own A fragments of Q (its warp's 16 rows) from
 //    global memory into registers once; at head_dim 128 with 128-token tiles, where the
 //    registers do not suffice, each consumer warpgroup stages its rows in shared memory.
@@ -77,8 +77,8 @@ struct Sm90Config {
   static constexpr int kOW = D / 2 / kOH;
   static constexpr int kQWgBytes = 64 * D * 2;  // one consumer warpgroup's rows
   static constexpr int kQBytes = kQSmem ? kSm90Consumers * kQWgBytes : 0;
-  // Shared memory per CTA on sm_90 (227 KB), less the static part (barriers, tok_ok, Work:
-  // under 2 KB) and the 1024-byte alignment of the dynamic part.
+  // Shared memory per CTA on sm_90 (227 KB), less the static part (barriers, Work: under
+  // 2 KB) and the 1024-byte alignment of the dynamic part.
   static constexpr int kSmemLimit = 232448, kStaticReserve = 2048;
   static constexpr int kFit = (kSmemLimit - kStaticReserve - 1024 - kQBytes) / kStageBytes;
   static constexpr int kStages = kFit < 6 ? kFit : 6;
@@ -115,7 +115,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 template <typename T, int D, int N>
 __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh, int lo,
                                            int hi, int ntiles, uint32_t kv_s, uint32_t full,
-                                           uint32_t empty, uint8_t* tok_ok, int ptid) {
+                                           uint32_t empty, int ptid) {
   using C = Sm90Config<D, N>;
   constexpr int S = C::kStages, U = C::kTokens;
   const int j0 = ptid / C::kTpt, part = ptid % C::kTpt;
@@ -150,10 +150,8 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
         ap::cp_async16_zfill(ks + dst, kc + off + C::kTpt * 8 * i, valid);
         ap::cp_async16_zfill(vs + dst, vc + off + C::kTpt * 8 * i, valid);
       }
-      if (part == 0) tok_ok[st * N + j] = valid ? 1 : 0;
     }
     ap::cp_async_mbarrier_arrive(full + 8 * st);  // when the copies have landed
-    ap::mbarrier_arrive(full + 8 * st);           // publishes tok_ok
     st = st + 1 == S ? 0 : st + 1;
   }
   cp_async_wait<0>();  // nothing in flight when the thread exits
@@ -173,8 +171,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   // with wgmma" (wgmma_kernel_usable).
   __shared__ Work work;
   __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
-  __shared__ __align__(16) uint8_t tok_ok[S * N];  // stage st, token j: it holds data
-  static_assert(S * N + 16 * S + sizeof(Work) <= C::kStaticReserve, "static shared memory");
+  static_assert(16 * S + sizeof(Work) <= C::kStaticReserve, "static shared memory");
   unsigned char* qs = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
   const uint32_t kv_s = wg::smem_u32(qs + C::kQBytes);
@@ -185,8 +182,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   const int kvh = blockIdx.y;
   if (tid == 0) {
     for (int st = 0; st < S; ++st) {
-      ap::mbarrier_init(full + 8 * st, 2 * 128);             // 2 arrivals per producer thread
-      ap::mbarrier_init(empty + 8 * st, 128 * kSm90Consumers);  // every consumer thread
+      ap::mbarrier_init(full + 8 * st, 128);                 // one per producer thread
+      ap::mbarrier_init(empty + 8 * st, 4 * kSm90Consumers);  // one per consumer warp
     }
   }
   if (tid < 32) find_work(a, blockIdx.x, kSm90Rows, &work, lane);
@@ -201,7 +198,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
 
   if (wgi == 0) {
     ap::setmaxnreg_dec<kSm90ProducerRegs>();
-    produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, full, empty, tok_ok, tid);
+    produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, full, empty, tid);
     return;
   }
   ap::setmaxnreg_inc<kSm90ConsumerRegs>();
@@ -280,10 +277,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   auto wait_full = [&](int j) {
     ap::mbarrier_wait_parity(full + 8 * (j % S), (j / S) & 1);
   };
-  // This thread is done with tile j's stage. (With one arrival per warp after __syncwarp,
-  // racecheck reported the producer's next tok_ok writes racing with the other lanes' reads
-  // at head_dim 256, whose two stages are reused right away.)
-  auto release = [&](int j) { ap::mbarrier_arrive(empty + 8 * (j % S)); };
+  auto release = [&](int j) {  // this warp is done with tile j's stage (its wgmmas waited)
+    __syncwarp();
+    if (lane == 0) ap::mbarrier_arrive(empty + 8 * (j % S));
+  };
   // Tiles this warpgroup does not compute: waited for (which orders the stage's phases)
   // and freed.
   auto pass = [&](int j0, int j1) {
@@ -376,18 +373,24 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   // kRescaleSlack (base-2 units; FlashAttention-4's conditional rescaling): below that P
   // stays <= 2^kRescaleSlack, exact enough in f32 and bf16/f16, and O and l need no
   // rescale (alpha = 1), because O / l does not depend on the reference.
-  // This lane's word of tile j's tok_ok (4 tokens; lanes past N / 4: all ok), read right
-  // after the stage wait: read later, behind the tile's wgmmas in the shared memory queue,
-  // its latency stalled the softmax (ncu: the top consumer stall of 351017b).
-  auto ok_word = [&](int j) -> uint32_t {
-    return lane < N / 4 ? reinterpret_cast<const uint32_t*>(tok_ok + (j % S) * N)[lane]
-                        : 0x01010101u;
+  // Which tokens of a tile hold data: lane l <= N / 16 reads the block table entry of block
+  // (t0 >> log2_bs) + l (every block the tile touches, t0 its first token; -1 past the
+  // table), a tile ahead of its use, from global memory: a flag in the stage written by the
+  // producer was read late, behind the tile's wgmmas in the shared memory queue (ncu: the
+  // top consumer stall of 351017b), and is a shared write racing the consumers' reads for
+  // racecheck.
+  const int32_t* bt_row = a.bt + static_cast<int64_t>(w.s) * a.max_blocks;
+  auto load_block_id = [&](int j) -> int {
+    const int b = ((lo + j * N) >> a.log2_bs) + lane;
+    return lane <= N / 16 && b < a.max_blocks ? __ldg(bt_row + b) : -1;
   };
-  auto softmax = [&](int j, uint32_t okw) {
+  auto softmax = [&](int j, int block_id) {
     const int t0 = lo + j * N;
-    const uint8_t* okr = tok_ok + (j % S) * N;
-    // Every token of the tile holds data.
-    const bool all_ok = __all_sync(kFull, okw == 0x01010101u);
+    // Bit l: block (t0 >> log2_bs) + l of the tile has a valid id (never read otherwise).
+    const int first_block = t0 >> a.log2_bs;
+    const uint32_t vb = __ballot_sync(kFull, block_id >= 0 && block_id < a.num_blocks);
+    const uint32_t need = (2u << (((t0 + N - 1) >> a.log2_bs) - first_block)) - 1u;
+    const bool all_ok = (vb & need) == need;  // every token of the tile holds data
     const bool full_tile = all_ok && wg_whole && t0 + N - 1 <= wg_pmin &&
                            (a.window == 0 || t0 >= wg_lomax);
     float sc = 1.f;  // scale still to apply inside the exponent (plain full tiles)
@@ -407,7 +410,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
           for (int e = 0; e < 2; ++e) {
             const int col = i * 8 + tig * 2 + e;
             const int t = t0 + col;
-            const bool ok = okr[col] != 0;
+            const bool ok = (vb >> ((t >> a.log2_bs) - first_block)) & 1u;
             s[4 * i + e] = (ok && t <= pos0 && t >= lo0) ? f(s[4 * i + e]) : -INFINITY;
             s[4 * i + e + 2] = (ok && t <= pos1 && t >= lo1) ? f(s[4 * i + e + 2]) : -INFINITY;
           }
@@ -466,21 +469,23 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   pass(0, jlo);
   if (jhi > jlo) {
     // Prologue: S and softmax of the first tile (O is zero: its alpha is irrelevant).
+    int block_id = load_block_id(jlo), next_id = -1;
+    if (jlo + 1 < jhi) next_id = load_block_id(jlo + 1);
     wait_full(jlo);
-    const uint32_t okw0 = ok_word(jlo);
     issue_s(jlo);
     wg::wgmma_wait<0>();
     wg::fence_operands(s);
-    softmax(jlo, okw0);
+    softmax(jlo, block_id);
     pack_p();
     for (int j = jlo + 1; j < jhi; ++j) {
+      block_id = next_id;
+      if (j + 1 < jhi) next_id = load_block_id(j + 1);
       wait_full(j);
-      const uint32_t okw = ok_word(j);
       issue_s(j);
       issue_pv(j - 1);
       wg::wgmma_wait<1>();  // S_j done; P V of tile j - 1 may still run
       wg::fence_operands(s);
-      softmax(j, okw);
+      softmax(j, block_id);
       wait_pv();
       release(j - 1);
       pack_p();
