@@ -986,11 +986,17 @@ inline bool wgmma_kernel_usable(const void* kernel, int device) {
   return ok;
 }
 
-// K/V tile length of the wgmma kernel: 64 tokens, or 128 with
-// XLA_KERNELS_RAGGED_WGMMA_TILE=128 in the environment (read at every launch; for A/B checks).
-inline int wgmma_tile_from_env() {
+// K/V tile length of the wgmma kernel at head_dim D: 128 tokens at 64 (measured faster
+// there: 291 vs 265 TFLOP/s at prefill 4 x 4096 on the H100), 64 at 128 (404 vs 379) and
+// 256 (O leaves no registers for 128). XLA_KERNELS_RAGGED_WGMMA_TILE=64 or =128 in the
+// environment picks one at head_dim 64 and 128 (read at every launch; for A/B checks).
+template <int D>
+inline int wgmma_tile() {
+  if constexpr (D == 256) return 64;
   const char* v = std::getenv("XLA_KERNELS_RAGGED_WGMMA_TILE");
-  return v != nullptr && std::string(v) == "128" ? 128 : 64;
+  if (v != nullptr && std::string(v) == "64") return 64;
+  if (v != nullptr && std::string(v) == "128") return 128;
+  return D == 64 ? 128 : 64;
 }
 
 // The wgmma kernel with N-token tiles when it applies (see ragged_paged_attention_sm90.cuh);
@@ -1014,8 +1020,8 @@ inline std::string try_launch_wgmma_tile(cudaStream_t stream, const Params& p, c
                      kSm90Rows, kSm90Threads);
 }
 
-// The wgmma kernel when it applies: 64-token tiles, or 128 where the environment asks
-// (head_dim 64 and 128 only). *used = false leaves the choice to the caller.
+// The wgmma kernel when it applies, with wgmma_tile's tiles. *used = false leaves the
+// choice to the caller.
 template <typename T, int D>
 inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const Args& a,
                                     bool* used) {
@@ -1023,8 +1029,7 @@ inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const 
   const WgmmaMode mode = wgmma_mode_from_env();
   if (mode == WgmmaMode::kOff) return "";
   if constexpr (D != 256) {
-    if (wgmma_tile_from_env() == 128)
-      return try_launch_wgmma_tile<T, D, 128>(stream, p, a, mode, used);
+    if (wgmma_tile<D>() == 128) return try_launch_wgmma_tile<T, D, 128>(stream, p, a, mode, used);
   }
   return try_launch_wgmma_tile<T, D, 64>(stream, p, a, mode, used);
 }

@@ -9,8 +9,8 @@
 //    producer warpgroup that only copies K/V tiles, and two consumer warpgroups with 64 rows
 //    each (one wgmma M). setmaxnreg moves registers from the producer (40) to the consumers
 //    (232). Grid and work search as the mma.sync kernel (find_work with 128-row tiles).
-//  * K/V: N-token tiles (N = 64, or 128 with XLA_KERNELS_RAGGED_WGMMA_TILE=128: slower,
-//    see PERFORMANCE.md), gathered through the block
+//  * K/V: N-token tiles (N = 128 at head_dim 64, 64 otherwise: the faster of the two where
+//    both fit, see wgmma_tile and PERFORMANCE.md), gathered through the block
 //    table with 16-byte cp.async by the producer (2 threads per token, offsets fixed
 //    per thread) into 128-byte-swizzled shared memory (cuda_wgmma.cuh's SW128 panels), in as
 //    many stages as fit. Tokens outside the CTA's range or with an invalid block id are
