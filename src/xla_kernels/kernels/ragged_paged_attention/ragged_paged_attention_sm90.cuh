@@ -18,12 +18,9 @@
 //    from the block table themselves (a few entries per tile, read a tile ahead), so a
 //    stage holds K and V only and the consumers read it through wgmma alone.
 //  * Stage hand-off with mbarriers (cuda_async_pipeline.cuh), no CTA barrier after the
-//    start, K and V of a stage separately (FA3's two pipelines): "full" completes when the
-//    producer's copies of the stage's K (V) have landed (one cp.async arrival per producer
-//    thread), "empty" when the 8 consumer warps have finished with it: K after S = Q K^T,
-//    V after the P V one tile later. So the producer refills a stage's K a tile before its
-//    V, which matters where only two stages fit (head_dim 256: with one barrier per stage
-//    the consumers waited for every tile, ncu at 774f06c).
+//    start: "full" completes when the producer's copies of the stage have landed (one
+//    cp.async arrival per producer thread), "empty" when the 8 consumer warps have finished
+//    with it (after the P V that reads its V).
 //  * Q: each consumer thread loads its own A fragments of Q (its warp's 16 rows) from
 //    global memory into registers once; at head_dim 128 with 128-token tiles, where the
 //    registers do not suffice, each consumer warpgroup stages its rows in shared memory.
@@ -88,9 +85,10 @@ struct Sm90Config {
   static_assert(kStages >= 2, "two stages must fit");
   static constexpr int kBytes = kQBytes + kStages * kStageBytes + 1024;
   // Producer: 2 threads per token (their 16-byte chunks side by side: whole 32-byte
-  // sectors per pair) and tokens per thread.
+  // sectors per pair), tokens per thread, and chunks per thread and token of each of K, V.
   static constexpr int kTpt = 2;
   static constexpr int kTokens = N / (128 / kTpt);
+  static constexpr int kChunks = D / 8 / kTpt;
 };
 
 // Block id of token t0 + j of sequence s, or -1 where the token is outside [lo, hi) or its
@@ -113,13 +111,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // The producer warpgroup (ptid 0..127): tiles 0 .. ntiles - 1 of K and V into the stages.
 // Thread ptid copies tokens j = ptid / 2 + 64 u (u < kTokens) of every tile, chunks
 // part + 2 i of their rows (SW128 puts chunk c % 8 of row j at 16 ((c % 8) ^ (j % 8)), in
-// the panel of columns 64 (c / 8) ..): first the tile's K, then its V. bar(kind, st): the
-// stage's barriers (kind: kFullK, kFullV, kEmptyK, kEmptyV).
-enum StageBarrier { kFullK, kFullV, kEmptyK, kEmptyV };
-template <typename T, int D, int N, typename Bar>
+// the panel of columns 64 (c / 8) ..).
+template <typename T, int D, int N>
 __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh, int lo,
-                                           int hi, int ntiles, uint32_t kv_s, Bar bar,
-                                           int ptid) {
+                                           int hi, int ntiles, uint32_t kv_s, uint32_t full,
+                                           uint32_t empty, int ptid) {
   using C = Sm90Config<D, N>;
   constexpr int S = C::kStages, U = C::kTokens;
   const int j0 = ptid / C::kTpt, part = ptid % C::kTpt;
@@ -138,39 +134,24 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
       cur[u] = blk[u];
       if (it + 1 < ntiles) blk[u] = tile_block(a, w.s, t0 + N, lo, hi, j0 + 64 * u);  // ahead
     }
-    int64_t off[U];
+    if (it >= S) ap::mbarrier_wait_parity(empty + 8 * st, ((it / S) & 1) ^ 1);
+    const uint32_t ks = kv_s + st * C::kStageBytes, vs = ks + C::kTileBytes;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      off[u] = cur[u] >= 0 ? static_cast<int64_t>(cur[u]) * a.sb +
-                                 static_cast<int64_t>((t0 + j0 + 64 * u) & slot_mask) * a.ss
-                           : 0;
-    }
-    // K, then V, of tile it into stage st (each when the consumers have freed it).
+      const int j = j0 + 64 * u;
+      const bool valid = cur[u] >= 0;
+      const int64_t off = valid ? static_cast<int64_t>(cur[u]) * a.sb +
+                                      static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
+                                : 0;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (it >= S) ap::mbarrier_wait_parity(bar(half ? kEmptyV : kEmptyK, st),
-                                            ((it / S) & 1) ^ 1);
-      const uint32_t dst0 = kv_s + st * C::kStageBytes + half * C::kTileBytes;
-      const T* src = half ? vc : kc;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = j0 + 64 * u;
-        // Chunk part + kTpt (kPerPanel p + q) of the row: chunk c of panel p.
-        // Panels in a loop at head_dim 256 (unrolled, the 16 addresses spilled the
-        // producer's 40 registers).
-        constexpr int kPanels = D / 64, kPerPanel = 8 / C::kTpt;
-#pragma unroll(D == 256 ? 1 : kPanels)
-        for (int p = 0; p < kPanels; ++p) {
-#pragma unroll
-          for (int q = 0; q < kPerPanel; ++q) {
-            const int c = part + C::kTpt * q;
-            ap::cp_async16_zfill(dst0 + p * C::kKvPanel + wg::sw128_offset(j, c),
-                                 src + off[u] + 64 * p + C::kTpt * 8 * q, cur[u] >= 0);
-          }
-        }
+      for (int i = 0; i < C::kChunks; ++i) {
+        const int c = part + C::kTpt * i;
+        const uint32_t dst = (c / 8) * C::kKvPanel + wg::sw128_offset(j, c % 8);
+        ap::cp_async16_zfill(ks + dst, kc + off + C::kTpt * 8 * i, valid);
+        ap::cp_async16_zfill(vs + dst, vc + off + C::kTpt * 8 * i, valid);
       }
-      ap::cp_async_mbarrier_arrive(bar(half ? kFullV : kFullK, st));  // when they have landed
     }
+    ap::cp_async_mbarrier_arrive(full + 8 * st);  // when the copies have landed
     st = st + 1 == S ? 0 : st + 1;
   }
   cp_async_wait<0>();  // nothing in flight when the thread exits
@@ -189,23 +170,20 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   // Static shared memory exists only in this (sm_90a) body: the host reads it as "built
   // with wgmma" (wgmma_kernel_usable).
   __shared__ Work work;
-  __shared__ __align__(8) uint64_t stage_bars[4 * S];  // [kind][stage], see StageBarrier
-  static_assert(32 * S + sizeof(Work) <= C::kStaticReserve, "static shared memory");
+  __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
+  static_assert(16 * S + sizeof(Work) <= C::kStaticReserve, "static shared memory");
   unsigned char* qs = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
   const uint32_t kv_s = wg::smem_u32(qs + C::kQBytes);
-  const uint32_t bars = wg::smem_u32(stage_bars);
-  auto bar = [bars](int kind, int st) -> uint32_t { return bars + 8 * (kind * S + st); };
+  const uint32_t full = wg::smem_u32(full_bar), empty = wg::smem_u32(empty_bar);
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wgi = __shfl_sync(kFull, tid >> 7, 0);  // warp-uniform warpgroup index
   const int kvh = blockIdx.y;
   if (tid == 0) {
     for (int st = 0; st < S; ++st) {
-      ap::mbarrier_init(bar(kFullK, st), 128);  // one per producer thread
-      ap::mbarrier_init(bar(kFullV, st), 128);
-      ap::mbarrier_init(bar(kEmptyK, st), 4 * kSm90Consumers);  // one per consumer warp
-      ap::mbarrier_init(bar(kEmptyV, st), 4 * kSm90Consumers);
+      ap::mbarrier_init(full + 8 * st, 128);                 // one per producer thread
+      ap::mbarrier_init(empty + 8 * st, 4 * kSm90Consumers);  // one per consumer warp
     }
   }
   if (tid < 32) find_work(a, blockIdx.x, kSm90Rows, &work, lane);
@@ -220,7 +198,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
 
   if (wgi == 0) {
     ap::setmaxnreg_dec<kSm90ProducerRegs>();
-    produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bar, tid);
+    produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, full, empty, tid);
     return;
   }
   ap::setmaxnreg_inc<kSm90ConsumerRegs>();
@@ -296,25 +274,19 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   // one FFMA + MUFU per element.
   const bool plain = a.cap_mul <= 0.f && a.qk_scale > 0.f;
 
-  auto wait_k = [&](int j) { ap::mbarrier_wait_parity(bar(kFullK, j % S), (j / S) & 1); };
-  auto wait_v = [&](int j) { ap::mbarrier_wait_parity(bar(kFullV, j % S), (j / S) & 1); };
-  // This warp is done with tile j's K (V): the wgmmas that read it have been waited for.
-  auto release_k = [&](int j) {
-    __syncwarp();
-    if (lane == 0) ap::mbarrier_arrive(bar(kEmptyK, j % S));
+  auto wait_full = [&](int j) {
+    ap::mbarrier_wait_parity(full + 8 * (j % S), (j / S) & 1);
   };
-  auto release_v = [&](int j) {
+  auto release = [&](int j) {  // this warp is done with tile j's stage (its wgmmas waited)
     __syncwarp();
-    if (lane == 0) ap::mbarrier_arrive(bar(kEmptyV, j % S));
+    if (lane == 0) ap::mbarrier_arrive(empty + 8 * (j % S));
   };
   // Tiles this warpgroup does not compute: waited for (which orders the stage's phases)
   // and freed.
   auto pass = [&](int j0, int j1) {
     for (int j = j0; j < j1; ++j) {
-      wait_k(j);
-      release_k(j);
-      wait_v(j);
-      release_v(j);
+      wait_full(j);
+      release(j);
     }
   };
 
@@ -499,32 +471,28 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     // Prologue: S and softmax of the first tile (O is zero: its alpha is irrelevant).
     int block_id = load_block_id(jlo), next_id = -1;
     if (jlo + 1 < jhi) next_id = load_block_id(jlo + 1);
-    wait_k(jlo);
+    wait_full(jlo);
     issue_s(jlo);
     wg::wgmma_wait<0>();
     wg::fence_operands(s);
-    release_k(jlo);
     softmax(jlo, block_id);
     pack_p();
     for (int j = jlo + 1; j < jhi; ++j) {
       block_id = next_id;
       if (j + 1 < jhi) next_id = load_block_id(j + 1);
-      wait_k(j);
+      wait_full(j);
       issue_s(j);
-      wait_v(j - 1);
       issue_pv(j - 1);
       wg::wgmma_wait<1>();  // S_j done; P V of tile j - 1 may still run
       wg::fence_operands(s);
-      release_k(j);
       softmax(j, block_id);
       wait_pv();
-      release_v(j - 1);
+      release(j - 1);
       pack_p();
     }
-    wait_v(jhi - 1);
     issue_pv(jhi - 1);
     wait_pv();
-    release_v(jhi - 1);
+    release(jhi - 1);
   }
   pass(jhi, ntiles);
 
