@@ -10,7 +10,7 @@
 #      one O = P V wgmma tile (descriptors, 128-byte swizzle, register-A and transposed-V
 #      operands) against the host, bf16 and f16, isolated from the attention kernel.
 #   2. tests_wgmma.txt: the wgmma tests of tests/gpu/test_ragged_paged_attention_gpu.py with
-#      XLA_KERNELS_RAGGED_WGMMA=require (a bf16/f16 d 64/128 call fails if the wgmma kernel
+#      XLA_KERNELS_RAGGED_WGMMA=require (a bf16/f16 call fails if the wgmma kernel
 #      cannot run, so a pass means it ran); builds the library (sm_90a) first.
 #   3. bench.txt: benchmarks/ragged_paged_attention.py --quick, prefill and chunked rows:
 #      "ours" (wgmma) and "ours_mma" (mma.sync) TFLOP/s, and FA3 / cuDNN when importable.
