@@ -22,8 +22,8 @@
 //    cp.async arrival per producer thread), "empty" when the 8 consumer warps have finished
 //    with it (after the P V that reads its V).
 //  * Q: each consumer thread loads its own A fragments of Q (its warp's 16 rows) from
-//    global memory into registers once; at head_dim 128 with 128-token tiles, where the
-//    registers do not suffice, each consumer warpgroup stages its rows in shared memory.
+//    global memory into registers once; at head_dim 256, and 128 with 128-token tiles, where
+//    the registers do not suffice, each consumer warpgroup stages its rows in shared memory.
 //  * A consumer warpgroup runs over the contiguous tiles its rows attend, [jlo, jhi):
 //    prologue S_jlo and its softmax; then per tile j: issue S_j = Q K_j^T (register-A wgmma,
 //    K-major K), issue O = alpha_{j-1} O + P_{j-1} V_{j-1} (register-A P, MN-major V:
@@ -35,9 +35,9 @@
 //    tiles that need it: a warpgroup's tile is "full" when every token is valid and every
 //    one of its 64 rows attends every token of the tile. Full tiles without softcap take
 //    exp2(s * scale - max) as one FFMA + ex2.approx.ftz per element.
-// Dispatch (launch_ragged_paged_attention): bf16/f16 (head_dim 64/128/256), a device of compute
-// capability 9.0, the library built for sm_90a (the kernel then has static shared memory;
-// the sm_80 / plain sm_90 builds compile it to an empty body without any), and the
+// Dispatch (launch_ragged_paged_attention): bf16/f16 (head_dim 64/128/256), a device of
+// compute capability 9.0, the library built for sm_90a (the kernel then has static shared
+// memory; the sm_80 / plain sm_90 builds compile it to an empty body without any), and the
 // environment variable XLA_KERNELS_RAGGED_WGMMA not "0" (the switch back to the mma.sync
 // kernel, for A/B checks). Decode-only batches keep the decode path.
 #pragma once
@@ -376,9 +376,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   // Which tokens of a tile hold data: lane l <= N / 16 reads the block table entry of block
   // (t0 >> log2_bs) + l (every block the tile touches, t0 its first token; -1 past the
   // table), a tile ahead of its use, from global memory: a flag in the stage written by the
-  // producer was read late, behind the tile's wgmmas in the shared memory queue (ncu: the
-  // top consumer stall of 351017b), and is a shared write racing the consumers' reads for
-  // racecheck.
+  // producer was read late, behind the tile's wgmmas in the shared memory queue (ncu at
+  // a881c31: the top consumer stall), and racecheck saw its writes race the consumers'
+  // reads at two stages (the warp's arrival on "empty" came from lane 0).
   const int32_t* bt_row = a.bt + static_cast<int64_t>(w.s) * a.max_blocks;
   auto load_block_id = [&](int j) -> int {
     const int b = ((lo + j * N) >> a.log2_bs) + lane;
