@@ -125,44 +125,53 @@ __device__ __forceinline__ void mma_ss_m64n64k16(float (&d)[32], uint64_t desc_a
 #endif
 }
 
+// Operand lists of 64 f32 accumulators (m64n128): the asm register list and the matching
+// constraints, "+f" (accumulate) or "=f" (output only).
+#define XK_WGMMA_D64_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define XK_WGMMA_R4(c, d, b) c(d[b]), c(d[b + 1]), c(d[b + 2]), c(d[b + 3])
+#define XK_WGMMA_R16(c, d, b) \
+  XK_WGMMA_R4(c, d, b), XK_WGMMA_R4(c, d, b + 4), XK_WGMMA_R4(c, d, b + 8), XK_WGMMA_R4(c, d, b + 12)
+#define XK_WGMMA_R64(c, d) \
+  XK_WGMMA_R16(c, d, 0), XK_WGMMA_R16(c, d, 16), XK_WGMMA_R16(c, d, 32), XK_WGMMA_R16(c, d, 48)
+#define XK_WGMMA_INOUT(x) "+f"(x)
+#define XK_WGMMA_OUT(x) "=f"(x)
+// Operand list of 32 f32 accumulators (m64n64).
+#define XK_WGMMA_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define XK_WGMMA_R32(c, d) XK_WGMMA_R16(c, d, 0), XK_WGMMA_R16(c, d, 16)
+// m64n64k16, register A, K-major B; SCALE_D "0" (D = A B, D output only) or "1" (D += A B);
+// TY the input type's PTX name.
+#define XK_WGMMA_RS_N64_KMAJOR(TY, SCALE_D, CONSTRAINT)                                    \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " XK_WGMMA_D32_REGS \
+               ", {%32, %33, %34, %35}, %36, " SCALE_D ", 1, 1, 0;\n"                      \
+               : XK_WGMMA_R32(CONSTRAINT, d)                                               \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
+// The body of a K-major wrapper (template parameters T and kInit): OP(TY, SCALE_D,
+// CONSTRAINT) for bf16 or f16, with kInit D = A B (D's registers outputs only: instructions
+// that wrote them before, while another wgmma is in flight, do not make ptxas serialize the
+// warpgroup's wgmmas, its warning C7513), else D += A B.
+#define XK_WGMMA_KMAJOR_BODY(OP)                          \
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {       \
+    if constexpr (kInit) {                                \
+      OP("bf16", "0", XK_WGMMA_OUT);                      \
+    } else {                                              \
+      OP("bf16", "1", XK_WGMMA_INOUT);                    \
+    }                                                     \
+  } else {                                                \
+    if constexpr (kInit) {                                \
+      OP("f16", "0", XK_WGMMA_OUT);                       \
+    } else {                                              \
+      OP("f16", "1", XK_WGMMA_INOUT);                     \
+    }                                                     \
+  }
+
 // D (64 x 64, f32) = A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows)
-// * B (16 x 64, shared, K-major: stored as 64 rows of K), plus D unless kInit. With kInit
-// D's registers are only outputs of the wgmma (not inputs), so instructions that wrote them
-// before (the previous tile's softmax, while another wgmma is in flight) do not make ptxas
-// serialize the warpgroup's wgmmas (its warning C7513). S = Q K^T with Q held in registers.
+// * B (16 x 64, shared, K-major: stored as 64 rows of K), plus D unless kInit (D's registers
+// then outputs only: see XK_WGMMA_KMAJOR_BODY). S = Q K^T with Q held in registers.
 template <typename T, bool kInit>
 __device__ __forceinline__ void mma_rs_m64n64k16_kmajor(float (&d)[32], const uint32_t (&a)[4],
                                                        uint64_t desc_b) {
 #if XK_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if constexpr (kInit) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 0, 1, 1, 0;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-    } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-    }
-  } else {
-    if constexpr (kInit) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 0, 1, 1, 0;\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-    } else {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
-    }
-  }
+  XK_WGMMA_KMAJOR_BODY(XK_WGMMA_RS_N64_KMAJOR)
 #else
   (void)d; (void)a; (void)desc_b;
   __trap();
@@ -223,16 +232,6 @@ __device__ __forceinline__ void mma_rs_m64n128k16(float (&d)[64], const uint32_t
 #endif
 }
 
-// Operand lists of 64 f32 accumulators (m64n128): the asm register list and the matching
-// constraints, "+f" (accumulate) or "=f" (output only).
-#define XK_WGMMA_D64_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define XK_WGMMA_R4(c, d, b) c(d[b]), c(d[b + 1]), c(d[b + 2]), c(d[b + 3])
-#define XK_WGMMA_R16(c, d, b) \
-  XK_WGMMA_R4(c, d, b), XK_WGMMA_R4(c, d, b + 4), XK_WGMMA_R4(c, d, b + 8), XK_WGMMA_R4(c, d, b + 12)
-#define XK_WGMMA_R64(c, d) \
-  XK_WGMMA_R16(c, d, 0), XK_WGMMA_R16(c, d, 16), XK_WGMMA_R16(c, d, 32), XK_WGMMA_R16(c, d, 48)
-#define XK_WGMMA_INOUT(x) "+f"(x)
-#define XK_WGMMA_OUT(x) "=f"(x)
 // m64n128k16, register A, K-major B (no transpose); SCALE_D "0" (D = A B, D output only) or
 // "1" (D += A B); TY the input type's PTX name.
 #define XK_WGMMA_RS_N128_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
@@ -249,19 +248,7 @@ template <typename T, bool kInit>
 __device__ __forceinline__ void mma_rs_m64n128k16_kmajor(float (&d)[64], const uint32_t (&a)[4],
                                                         uint64_t desc_b) {
 #if XK_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if constexpr (kInit) {
-      XK_WGMMA_RS_N128_KMAJOR("bf16", "0", XK_WGMMA_OUT);
-    } else {
-      XK_WGMMA_RS_N128_KMAJOR("bf16", "1", XK_WGMMA_INOUT);
-    }
-  } else {
-    if constexpr (kInit) {
-      XK_WGMMA_RS_N128_KMAJOR("f16", "0", XK_WGMMA_OUT);
-    } else {
-      XK_WGMMA_RS_N128_KMAJOR("f16", "1", XK_WGMMA_INOUT);
-    }
-  }
+  XK_WGMMA_KMAJOR_BODY(XK_WGMMA_RS_N128_KMAJOR)
 #else
   (void)d; (void)a; (void)desc_b;
   __trap();
@@ -282,28 +269,13 @@ template <typename T, bool kInit>
 __device__ __forceinline__ void mma_ss_m64n128k16_kmajor(float (&d)[64], uint64_t desc_a,
                                                         uint64_t desc_b) {
 #if XK_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if constexpr (kInit) {
-      XK_WGMMA_SS_N128_KMAJOR("bf16", "0", XK_WGMMA_OUT);
-    } else {
-      XK_WGMMA_SS_N128_KMAJOR("bf16", "1", XK_WGMMA_INOUT);
-    }
-  } else {
-    if constexpr (kInit) {
-      XK_WGMMA_SS_N128_KMAJOR("f16", "0", XK_WGMMA_OUT);
-    } else {
-      XK_WGMMA_SS_N128_KMAJOR("f16", "1", XK_WGMMA_INOUT);
-    }
-  }
+  XK_WGMMA_KMAJOR_BODY(XK_WGMMA_SS_N128_KMAJOR)
 #else
   (void)d; (void)desc_a; (void)desc_b;
   __trap();
 #endif
 }
 
-// Operand list of 32 f32 accumulators (m64n64).
-#define XK_WGMMA_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define XK_WGMMA_R32(c, d) XK_WGMMA_R16(c, d, 0), XK_WGMMA_R16(c, d, 16)
 // m64n64k16, A and B from shared memory, both K-major; SCALE_D as above.
 #define XK_WGMMA_SS_N64_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
   asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " XK_WGMMA_D32_REGS \
@@ -318,19 +290,7 @@ template <typename T, bool kInit>
 __device__ __forceinline__ void mma_ss_m64n64k16_kmajor(float (&d)[32], uint64_t desc_a,
                                                        uint64_t desc_b) {
 #if XK_HAS_WGMMA
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    if constexpr (kInit) {
-      XK_WGMMA_SS_N64_KMAJOR("bf16", "0", XK_WGMMA_OUT);
-    } else {
-      XK_WGMMA_SS_N64_KMAJOR("bf16", "1", XK_WGMMA_INOUT);
-    }
-  } else {
-    if constexpr (kInit) {
-      XK_WGMMA_SS_N64_KMAJOR("f16", "0", XK_WGMMA_OUT);
-    } else {
-      XK_WGMMA_SS_N64_KMAJOR("f16", "1", XK_WGMMA_INOUT);
-    }
-  }
+  XK_WGMMA_KMAJOR_BODY(XK_WGMMA_SS_N64_KMAJOR)
 #else
   (void)d; (void)desc_a; (void)desc_b;
   __trap();
