@@ -132,6 +132,24 @@ __device__ void store_acc(const float (&d)[N / 2], float* out) {
       out[(warp * 16 + g + 8 * (e / 2)) * N + 8 * i + 2 * t + (e & 1)] = d[4 * i + e];
 }
 
+// S (64 x N) of one K tile: the accumulators poisoned, then k-steps 0 .. kD / 16 - 1 issued
+// by mma(s, kk) (k-step 0 through a kInit wrapper, which must overwrite the poison),
+// committed, waited for and stored into out.
+template <int N, typename Mma>
+__device__ __forceinline__ void s_tile(Mma mma, float* out) {
+  float s[N / 2];
+  for (int i = 0; i < N / 2; ++i) s[i] = kPoison;
+  wg::fence_operands(s);
+  wg::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) mma(s, kk);
+  wg::wgmma_commit();
+  wg::fence_operands(s);
+  wg::wgmma_wait<0>();
+  wg::fence_operands(s);
+  store_acc<N>(s, out);
+}
+
 template <typename T>
 __global__ void kmajor_kernel(const T* q, const T* k64, const T* k128, float* s64_rs_out,
                               float* s128_rs_out, float* s128_ss_out) {
@@ -164,62 +182,32 @@ __global__ void kmajor_kernel(const T* q, const T* k64, const T* k128, float* s6
   const uint32_t qa = wg::smem_u32(qs), k64a = wg::smem_u32(k64s), k128a = wg::smem_u32(k128s);
 
   // RS, 64-token K: k-step kk's B at panel kk / 4 (stride 64 * 128), 32 bytes per k-step.
-  {
-    float s[32];
-    for (int i = 0; i < 32; ++i) s[i] = kPoison;
-    wg::fence_operands(s);
-    wg::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t db = wg::sw128_desc(k64a + (kk / 4) * 64 * 128 + (kk % 4) * 32, 16, 1024);
-      if (kk == 0) wg::mma_rs_m64n64k16_kmajor<T, true>(s, qf[kk], db);
-      else wg::mma_rs_m64n64k16_kmajor<T, false>(s, qf[kk], db);
-    }
-    wg::wgmma_commit();
-    wg::fence_operands(s);
-    wg::wgmma_wait<0>();
-    wg::fence_operands(s);
-    store_acc<64>(s, s64_rs_out);
-  }
+  s_tile<64>(
+      [&](float (&s)[32], int kk) {
+        const uint64_t db = wg::sw128_desc(k64a + (kk / 4) * 64 * 128 + (kk % 4) * 32, 16, 1024);
+        if (kk == 0) wg::mma_rs_m64n64k16_kmajor<T, true>(s, qf[kk], db);
+        else wg::mma_rs_m64n64k16_kmajor<T, false>(s, qf[kk], db);
+      },
+      s64_rs_out);
   // RS, 128-token K: panels of 128 rows (stride 128 * 128).
-  {
-    float s[64];
-    for (int i = 0; i < 64; ++i) s[i] = kPoison;
-    wg::fence_operands(s);
-    wg::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint64_t db =
-          wg::sw128_desc(k128a + (kk / 4) * 128 * 128 + (kk % 4) * 32, 16, 1024);
-      if (kk == 0) wg::mma_rs_m64n128k16_kmajor<T, true>(s, qf[kk], db);
-      else wg::mma_rs_m64n128k16_kmajor<T, false>(s, qf[kk], db);
-    }
-    wg::wgmma_commit();
-    wg::fence_operands(s);
-    wg::wgmma_wait<0>();
-    wg::fence_operands(s);
-    store_acc<128>(s, s128_rs_out);
-  }
+  s_tile<128>(
+      [&](float (&s)[64], int kk) {
+        const uint64_t db =
+            wg::sw128_desc(k128a + (kk / 4) * 128 * 128 + (kk % 4) * 32, 16, 1024);
+        if (kk == 0) wg::mma_rs_m64n128k16_kmajor<T, true>(s, qf[kk], db);
+        else wg::mma_rs_m64n128k16_kmajor<T, false>(s, qf[kk], db);
+      },
+      s128_rs_out);
   // SS, 128-token K: A = Q[64:128] from its panels of 64 rows (stride 64 * 128).
-  {
-    float s[64];
-    for (int i = 0; i < 64; ++i) s[i] = kPoison;
-    wg::fence_operands(s);
-    wg::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t off = (kk % 4) * 32;
-      const uint64_t da = wg::sw128_desc(qa + (kk / 4) * 64 * 128 + off, 16, 1024);
-      const uint64_t db = wg::sw128_desc(k128a + (kk / 4) * 128 * 128 + off, 16, 1024);
-      if (kk == 0) wg::mma_ss_m64n128k16_kmajor<T, true>(s, da, db);
-      else wg::mma_ss_m64n128k16_kmajor<T, false>(s, da, db);
-    }
-    wg::wgmma_commit();
-    wg::fence_operands(s);
-    wg::wgmma_wait<0>();
-    wg::fence_operands(s);
-    store_acc<128>(s, s128_ss_out);
-  }
+  s_tile<128>(
+      [&](float (&s)[64], int kk) {
+        const uint32_t off = (kk % 4) * 32;
+        const uint64_t da = wg::sw128_desc(qa + (kk / 4) * 64 * 128 + off, 16, 1024);
+        const uint64_t db = wg::sw128_desc(k128a + (kk / 4) * 128 * 128 + off, 16, 1024);
+        if (kk == 0) wg::mma_ss_m64n128k16_kmajor<T, true>(s, da, db);
+        else wg::mma_ss_m64n128k16_kmajor<T, false>(s, da, db);
+      },
+      s128_ss_out);
 }
 
 #define CK(x)                                                                  \
