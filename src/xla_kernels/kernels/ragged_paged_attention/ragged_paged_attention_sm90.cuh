@@ -503,26 +503,21 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   l1 += __shfl_xor_sync(kFull, l1, 2);
   const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
   T* out = static_cast<T*>(a.out);
-  // Register 4i + e of half h: column 128 h + 8 i + 2 tig + (e & 1), as 32-bit word
-  // 64 h + 4 i + tig of the row.
-  if (pr0 < tr.r_end) {
-    uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr0, D));
+  // Row pr's outputs (e = 0: this thread's row pr0, registers 4i, 4i + 1; e = 2: pr1, 4i + 2,
+  // 4i + 3). Register 4i + e of half h: column 128 h + 8 i + 2 tig + (e & 1), as 32-bit
+  // word 64 h + 4 i + tig of the row.
+  auto store_row = [&](int pr, float inv, int e) {
+    if (pr >= tr.r_end) return;
+    uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr, D));
 #pragma unroll
     for (int h = 0; h < OH; ++h) {
 #pragma unroll
       for (int i = 0; i < OW / 4; ++i)
-        o32[64 * h + 4 * i + tig] = pack2<T>(o[h][4 * i] * inv0, o[h][4 * i + 1] * inv0);
+        o32[64 * h + 4 * i + tig] = pack2<T>(o[h][4 * i + e] * inv, o[h][4 * i + e + 1] * inv);
     }
-  }
-  if (pr1 < tr.r_end) {
-    uint32_t* o32 = reinterpret_cast<uint32_t*>(out + out_offset(a, w, kvh, pr1, D));
-#pragma unroll
-    for (int h = 0; h < OH; ++h) {
-#pragma unroll
-      for (int i = 0; i < OW / 4; ++i)
-        o32[64 * h + 4 * i + tig] = pack2<T>(o[h][4 * i + 2] * inv1, o[h][4 * i + 3] * inv1);
-    }
-  }
+  };
+  store_row(pr0, inv0, 0);
+  store_row(pr1, inv1, 2);
 #else
   (void)a;  // not built for sm_90a: never launched (wgmma_kernel_usable is false)
 #endif
