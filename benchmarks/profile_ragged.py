@@ -38,8 +38,6 @@ def main() -> None:
 
     cuda = ctypes.CDLL("libcuda.so.1")
     known = {c["name"]: c for c in rb.matrix(quick=False)}
-    slots = ("queries", "key_cache", "value_cache", "kv_lens_slots", "block_tables_slots",
-             "cu_q_lens_slots", "num_seqs")
     wanted = args.variants.split(",")
     for name in args.configs:
         cfg = known[name]
@@ -58,7 +56,7 @@ def main() -> None:
                 os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0" if variant == "ours_mma" else "1"
 
                 def fn(d: dict[str, Any], scale: float = scale) -> Any:
-                    return ragged_paged_attention(*(d[k] for k in slots), scale=scale)
+                    return ragged_paged_attention(*(d[k] for k in rb.OURS_ARGS), scale=scale)
             jitted = jax.jit(fn)
             jax.block_until_ready(jitted(x))  # compile + warm-up with this environment
             jax.block_until_ready(jitted(x))

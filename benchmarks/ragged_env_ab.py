@@ -24,9 +24,6 @@ from typing import Any
 import jax
 import numpy as np
 
-SLOTS = ("queries", "key_cache", "value_cache", "kv_lens_slots", "block_tables_slots",
-         "cu_q_lens_slots", "num_seqs")
-
 
 def parse_variants(spec: str) -> dict[str, dict[str, str]]:
     """``"name:VAR=value,VAR=value;name2:..."`` as {name: {VAR: value}}.
@@ -72,7 +69,7 @@ def main() -> None:
                 os.environ.update(env)
 
                 def call(d: dict[str, Any], scale: float = scale) -> Any:
-                    return ragged_paged_attention(*(d[k] for k in SLOTS), scale=scale)
+                    return ragged_paged_attention(*(d[k] for k in rb.OURS_ARGS), scale=scale)
 
                 sec = budgeted_seconds(jax.jit(call), (x,), args.budget)
                 tflops.setdefault(vname, []).append(round(flops / sec / 1e12, 1))

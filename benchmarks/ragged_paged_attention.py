@@ -86,6 +86,11 @@ def work(cfg: dict[str, Any], elem: int = 2) -> tuple[float, float]:
     return flops, float(kv + qo)
 
 
+# Our op's arguments in make_data's dict: the sequence metadata with the free slot.
+OURS_ARGS = ("queries", "key_cache", "value_cache", "kv_lens_slots", "block_tables_slots",
+             "cu_q_lens_slots", "num_seqs")
+
+
 def make_data(cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """Device arrays for one configuration: shuffled blocks, one padding row. Our op also
     gets one free sequence slot (``*_slots``, as a serving engine has), so that a decode
@@ -187,16 +192,14 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
         row[f"{name}_tflops"] = flops / sec / 1e12
         row[f"{name}_gbs"] = floor / sec / 1e9
 
-    slots = ("queries", "key_cache", "value_cache", "kv_lens_slots", "block_tables_slots",
-             "cu_q_lens_slots", "num_seqs")
-    run("ours", lambda d: ragged_paged_attention(*(d[k] for k in slots), scale=scale))
+    run("ours", lambda d: ragged_paged_attention(*(d[k] for k in OURS_ARGS), scale=scale))
     if any(q > 1 for q in cfg["q_lens"]):
         # The same op with the sm_90a wgmma kernel switched off (the mma.sync kernel; equal
         # to "ours" where the wgmma kernel does not apply).
         saved = os.environ.get("XLA_KERNELS_RAGGED_WGMMA")
         os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0"
         try:
-            run("ours_mma", lambda d: ragged_paged_attention(*(d[k] for k in slots),
+            run("ours_mma", lambda d: ragged_paged_attention(*(d[k] for k in OURS_ARGS),
                                                              scale=scale))
         finally:
             if saved is None:
