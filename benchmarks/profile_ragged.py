@@ -42,7 +42,6 @@ def main() -> None:
     for name in args.configs:
         cfg = known[name]
         x = rb.make_data(cfg, np.random.default_rng(0))
-        scale = cfg["head_dim"] ** -0.5
         calls: dict[str, Any] = {}
         for variant in wanted:
             if variant == "fa3":
@@ -55,8 +54,8 @@ def main() -> None:
                 # buffer on the first run): set for the warm-up and the profiled call.
                 os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0" if variant == "ours_mma" else "1"
 
-                def fn(d: dict[str, Any], scale: float = scale) -> Any:
-                    return ragged_paged_attention(*(d[k] for k in rb.OURS_ARGS), scale=scale)
+                def fn(d: dict[str, Any], kw: dict[str, Any] = rb.attrs(cfg)) -> Any:
+                    return ragged_paged_attention(*(d[k] for k in rb.OURS_ARGS), **kw)
             jitted = jax.jit(fn)
             jax.block_until_ready(jitted(x))  # compile + warm-up with this environment
             jax.block_until_ready(jitted(x))

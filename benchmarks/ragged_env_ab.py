@@ -59,7 +59,7 @@ def main() -> None:
         cfg = known[name.strip()]
         x = rb.make_data(cfg, np.random.default_rng(0))
         flops, _ = rb.work(cfg)
-        scale = cfg["head_dim"] ** -0.5
+        kw = rb.attrs(cfg)
         fa3 = rb.fa3_impl(cfg) if cfg["head_dim"] <= 128 else None
         tflops: dict[str, list[float]] = {}
         for _ in range(2):
@@ -68,8 +68,8 @@ def main() -> None:
                     os.environ.pop(k, None)
                 os.environ.update(env)
 
-                def call(d: dict[str, Any], scale: float = scale) -> Any:
-                    return ragged_paged_attention(*(d[k] for k in rb.OURS_ARGS), scale=scale)
+                def call(d: dict[str, Any], kw: dict[str, Any] = kw) -> Any:
+                    return ragged_paged_attention(*(d[k] for k in rb.OURS_ARGS), **kw)
 
                 sec = budgeted_seconds(jax.jit(call), (x,), args.budget)
                 tflops.setdefault(vname, []).append(round(flops / sec / 1e12, 1))

@@ -5,7 +5,10 @@ Batches (bf16, block 16, vLLM layout, 32 q / 8 kv heads, d 128 unless noted):
 * ``prefill``: a few long prompts (q_len = kv_len);
 * ``chunked``: prompt chunks appended to long contexts (q_len < kv_len);
 * ``mixed``: decode tokens plus chunks, as a serving engine batches them;
-* ``decode``: every q_len 1 (also timed with ``paged_attention``, the decode op).
+* ``decode``: every q_len 1 (also timed with ``paged_attention``, the decode op);
+* ``... fp8``: the same batches on ``float8_e4m3fn`` caches (vLLM's ``kv_cache_dtype="fp8"``,
+  per-tensor ``k_scale`` / ``v_scale``); no peer takes bf16 queries on fp8 caches, so these
+  rows compare with our bf16 rows.
 
 Per configuration it reports the time per call (median of windows of back-to-back calls
 under ``jax.jit``), FLOPs (4 · q heads · head_dim per attended (row, token) pair) and the
@@ -70,18 +73,23 @@ def matrix(quick: bool) -> list[dict[str, Any]]:
         ("prefill 4x4096 d256", [4096] * 4, [4096] * 4, 16, 4, 256),
         ("prefill 4x4096 MQA", [4096] * 4, [4096] * 4, 32, 1, 128),
     ]
+    fp8 = [(f"{n} fp8", q, k, hq, hkv, d) for n, q, k, hq, hkv, d in rows
+           if n in ("prefill 4x4096", "chunked 8x512 of 8192", "mixed 64 decode + 4x512")]
     if quick:
         rows = rows[:1] + rows[2:5]
-    return [dict(name=n, q_lens=q, kv_lens=k, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
-            for n, q, k, hq, hkv, d in rows]
+    return [dict(name=n, q_lens=q, kv_lens=k, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
+                 fp8=n.endswith(" fp8"))
+            for n, q, k, hq, hkv, d in rows + ([] if quick else fp8)]
 
 
 def work(cfg: dict[str, Any], elem: int = 2) -> tuple[float, float]:
-    """(FLOPs, floor bytes) of a configuration (causal, no window)."""
+    """(FLOPs, floor bytes) of a configuration (causal, no window); K/V take one byte per
+    element on fp8 caches."""
     pairs = sum(q * (k - q) + q * (q + 1) // 2
                 for q, k in zip(cfg["q_lens"], cfg["kv_lens"], strict=True))
     flops = 4.0 * cfg["num_q_heads"] * cfg["head_dim"] * pairs
-    kv = 2 * sum(cfg["kv_lens"]) * cfg["num_kv_heads"] * cfg["head_dim"] * elem
+    kv_elem = 1 if cfg.get("fp8") else elem
+    kv = 2 * sum(cfg["kv_lens"]) * cfg["num_kv_heads"] * cfg["head_dim"] * kv_elem
     qo = 2 * sum(cfg["q_lens"]) * cfg["num_q_heads"] * cfg["head_dim"] * elem
     return flops, float(kv + qo)
 
@@ -89,6 +97,18 @@ def work(cfg: dict[str, Any], elem: int = 2) -> tuple[float, float]:
 # Our op's arguments in make_data's dict: the sequence metadata with the free slot.
 OURS_ARGS = ("queries", "key_cache", "value_cache", "kv_lens_slots", "block_tables_slots",
              "cu_q_lens_slots", "num_seqs")
+# fp8 caches: stored = value / scale (values of about unit size fill e4m3's range well).
+FP8_SCALES = {"k_scale": 0.0625, "v_scale": 0.0625}
+
+
+def attrs(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Our op's attributes for a configuration: the scale, and the fp8 caches' scales.
+
+    Example:
+        >>> attrs({"head_dim": 64, "fp8": True})
+        {'scale': 0.125, 'k_scale': 0.0625, 'v_scale': 0.0625}
+    """
+    return {"scale": cfg["head_dim"] ** -0.5, **(FP8_SCALES if cfg.get("fp8") else {})}
 
 
 def make_data(cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
@@ -105,10 +125,18 @@ def make_data(cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     key = jax.random.PRNGKey(0)
     k1, k2, k3 = jax.random.split(key, 3)
     shape = (num_blocks, BLOCK, hkv, d)
+    if cfg.get("fp8"):
+        def cache(k: Any, scale: float) -> Any:
+            return (jax.random.normal(k, shape) / scale).astype(jnp.float8_e4m3fn)
+        key_cache = cache(k2, FP8_SCALES["k_scale"])
+        value_cache = cache(k3, FP8_SCALES["v_scale"])
+    else:
+        key_cache = jax.random.normal(k2, shape, jnp.bfloat16)
+        value_cache = jax.random.normal(k3, shape, jnp.bfloat16)
     return {
         "queries": jax.random.normal(k1, (tokens, hq, d), jnp.bfloat16),
-        "key_cache": jax.random.normal(k2, shape, jnp.bfloat16),
-        "value_cache": jax.random.normal(k3, shape, jnp.bfloat16),
+        "key_cache": key_cache,
+        "value_cache": value_cache,
         "kv_lens": jnp.asarray(kv_lens, jnp.int32),
         "block_tables": jnp.asarray(tables),
         "cu_q_lens": jnp.asarray(cu),
@@ -121,6 +149,8 @@ def make_data(cfg: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
 
 def fa3_impl(cfg: dict[str, Any]) -> Any:
     """FlashAttention-3's paged KV-cache call on a padded [batch, max_q_len] query, or None."""
+    if cfg.get("fp8"):
+        return None
     try:
         from flash_attn3_jax import flash_mha_with_kvcache
     except ImportError:
@@ -153,7 +183,7 @@ def cudnn_impl(cfg: dict[str, Any]) -> Any:
     except ImportError:
         return None
     q_lens, kv_lens = cfg["q_lens"], cfg["kv_lens"]
-    if len(set(q_lens)) != 1 or not (q_lens[0] == 1 or q_lens == kv_lens):
+    if cfg.get("fp8") or len(set(q_lens)) != 1 or not (q_lens[0] == 1 or q_lens == kv_lens):
         return None
     n, q_len = len(q_lens), q_lens[0]
     mask = cudnn.MaskType.NO_MASK if q_len == 1 else cudnn.MaskType.CAUSAL
@@ -177,7 +207,7 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
                                                "head_dim")}
     row.update(tokens=sum(cfg["q_lens"]), seqs=len(cfg["q_lens"]), gflop=flops / 1e9,
                floor_mb=floor / 1e6)
-    scale = cfg["head_dim"] ** -0.5
+    kw = attrs(cfg)
     names = ("queries", "key_cache", "value_cache", "kv_lens", "block_tables", "cu_q_lens",
              "num_seqs")
 
@@ -192,15 +222,14 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
         row[f"{name}_tflops"] = flops / sec / 1e12
         row[f"{name}_gbs"] = floor / sec / 1e9
 
-    run("ours", lambda d: ragged_paged_attention(*(d[k] for k in OURS_ARGS), scale=scale))
-    if any(q > 1 for q in cfg["q_lens"]):
+    run("ours", lambda d: ragged_paged_attention(*(d[k] for k in OURS_ARGS), **kw))
+    if any(q > 1 for q in cfg["q_lens"]) and not cfg.get("fp8"):
         # The same op with the sm_90a wgmma kernel switched off (the mma.sync kernel; equal
         # to "ours" where the wgmma kernel does not apply).
         saved = os.environ.get("XLA_KERNELS_RAGGED_WGMMA")
         os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0"
         try:
-            run("ours_mma", lambda d: ragged_paged_attention(*(d[k] for k in OURS_ARGS),
-                                                             scale=scale))
+            run("ours_mma", lambda d: ragged_paged_attention(*(d[k] for k in OURS_ARGS), **kw))
         finally:
             if saved is None:
                 del os.environ["XLA_KERNELS_RAGGED_WGMMA"]
@@ -208,12 +237,12 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
                 os.environ["XLA_KERNELS_RAGGED_WGMMA"] = saved
     gathered = 2 * 32 * max(cfg["kv_lens"]) * cfg["num_kv_heads"] * cfg["head_dim"] * 2
     if gathered <= XLA_CAP:
-        run("xla", lambda d: ragged_paged_attention_xla(*(d[k] for k in names), scale=scale))
+        run("xla", lambda d: ragged_paged_attention_xla(*(d[k] for k in names), **kw))
     if all(q == 1 for q in cfg["q_lens"]):
         n = len(cfg["q_lens"])
         run("paged_attention", lambda d: paged_attention(
             d["queries"][:n], d["key_cache"], d["value_cache"], d["block_tables"],
-            d["kv_lens"], scale=scale))
+            d["kv_lens"], **kw))
     for name, make in (("fa3", fa3_impl), ("cudnn", cudnn_impl)):
         fn = make(cfg)
         if fn is None:
@@ -243,6 +272,12 @@ def markdown(result: dict[str, Any]) -> str:
         ratio = f"{min(peers) / r['ours_ms']:.2f}x" if peers and "ours_ms" in r else "-"
         lines.append(f"| {r['name']} | {r['tokens']} | {r['gflop']:.1f} | {r['floor_mb']:.0f} | "
                      + " | ".join(cells) + f" | {ratio} |")
+    bf16 = {r["name"]: r for r in result["rows"]}
+    speedups = [f"{r['name']}: {bf16[r['name'][:-4]]['ours_ms'] / r['ours_ms']:.2f}x"
+                for r in result["rows"] if r["name"].endswith(" fp8") and "ours_ms" in r
+                and "ours_ms" in bf16.get(r["name"][:-4], {})]
+    if speedups:
+        lines += ["", "fp8 caches, our bf16 time / our fp8 time: " + ", ".join(speedups) + "."]
     return "\n".join(lines) + "\n"
 
 

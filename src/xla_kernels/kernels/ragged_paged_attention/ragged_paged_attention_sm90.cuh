@@ -20,7 +20,10 @@
 //  * Stage hand-off with mbarriers (cuda_async_pipeline.cuh), no CTA barrier after the
 //    start: "full" completes when the producer's copies of the stage have landed (one
 //    cp.async arrival per producer thread), "empty" when the 8 consumer warps have finished
-//    with it (after the P V that reads its V).
+//    with it (after the P V that reads its V). Where only two stages fit (head_dim 256), K
+//    and V of a stage have barriers of their own (FA3's two pipelines): K is freed after
+//    S = Q K^T and refilled while the P V of the tile before still reads V; with one pair
+//    the producer could not run ahead of the consumers (ncu at 774f06c).
 //  * Q: each consumer thread loads its own A fragments of Q (its warp's 16 rows) from
 //    global memory into registers once; at head_dim 256, and 128 with 128-token tiles, where
 //    the registers do not suffice, each consumer warpgroup stages its rows in shared memory.
@@ -55,8 +58,14 @@ constexpr int kSm90Threads = 128 * (1 + kSm90Consumers);  // + the producer warp
 constexpr int kSm90Rows = 64 * kSm90Consumers;           // packed rows per CTA
 constexpr int kSm90ProducerRegs = 40;   // registers per thread after setmaxnreg:
 constexpr int kSm90ConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 64 K
-static_assert(128 * kSm90ProducerRegs + 128 * kSm90Consumers * kSm90ConsumerRegs <= 65536,
-              "register budgets exceed the register file");
+// setmaxnreg.inc takes registers only from those the CTA's producer gave back from its
+// launch allocation (__launch_bounds__(kSm90Threads, 1): 168 per thread), so the two
+// budgets must balance there, not only fit the register file; 24 / 240 balances too
+// (FA3's split): measured no faster at 128-token tiles (PERFORMANCE.md), so not used.
+constexpr int kSm90LaunchRegs = 65536 / kSm90Threads / 8 * 8;
+static_assert((kSm90LaunchRegs - kSm90ProducerRegs) * 128 >=
+                  (kSm90ConsumerRegs - kSm90LaunchRegs) * 128 * kSm90Consumers,
+              "the consumers would wait for registers the producer never gives back");
 
 template <int D, int N>
 struct Sm90Config {
@@ -84,6 +93,8 @@ struct Sm90Config {
   static constexpr int kStages = kFit < 6 ? kFit : 6;
   static_assert(kStages >= 2, "two stages must fit");
   static constexpr int kBytes = kQBytes + kStages * kStageBytes + 1024;
+  // K and V of a stage behind barriers of their own where two stages are all that fit.
+  static constexpr bool kSplitKV = kStages == 2;
   // Producer: 2 threads per token (their 16-byte chunks side by side: whole 32-byte
   // sectors per pair), tokens per thread, and chunks per thread and token of each of K, V.
   static constexpr int kTpt = 2;
@@ -108,14 +119,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// Shared-memory addresses of the stages' mbarriers (stage st's at + 8 st). full / empty
+// guard the whole stage, or only its K where the config splits K and V (full_v / empty_v
+// then guard V).
+struct StageBarriers {
+  uint32_t full, empty, full_v, empty_v;
+};
+
 // The producer warpgroup (ptid 0..127): tiles 0 .. ntiles - 1 of K and V into the stages.
 // Thread ptid copies tokens j = ptid / 2 + 64 u (u < kTokens) of every tile, chunks
 // part + 2 i of their rows (SW128 puts chunk c % 8 of row j at 16 ((c % 8) ^ (j % 8)), in
 // the panel of columns 64 (c / 8) ..).
 template <typename T, int D, int N>
 __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh, int lo,
-                                           int hi, int ntiles, uint32_t kv_s, uint32_t full,
-                                           uint32_t empty, int ptid) {
+                                           int hi, int ntiles, uint32_t kv_s,
+                                           const StageBarriers& b, int ptid) {
   using C = Sm90Config<D, N>;
   constexpr int S = C::kStages, U = C::kTokens;
   const int j0 = ptid / C::kTpt, part = ptid % C::kTpt;
@@ -134,8 +152,39 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
       cur[u] = blk[u];
       if (it + 1 < ntiles) blk[u] = tile_block(a, w.s, t0 + N, lo, hi, j0 + 64 * u);  // ahead
     }
-    if (it >= S) ap::mbarrier_wait_parity(empty + 8 * st, ((it / S) & 1) ^ 1);
     const uint32_t ks = kv_s + st * C::kStageBytes, vs = ks + C::kTileBytes;
+    const uint32_t free_parity = ((it / S) & 1) ^ 1;
+    if constexpr (C::kSplitKV) {
+      // K, then V, each as soon as the consumers have freed it. Panels in a loop (unrolled,
+      // the 16 addresses of head_dim 256 spilled the producer's registers).
+      constexpr int kPanels = D / 64, kPerPanel = 8 / C::kTpt;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (it >= S) ap::mbarrier_wait_parity((half ? b.empty_v : b.empty) + 8 * st, free_parity);
+        const T* src = half ? vc : kc;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int j = j0 + 64 * u;
+          const bool valid = cur[u] >= 0;
+          const int64_t off = valid ? static_cast<int64_t>(cur[u]) * a.sb +
+                                          static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
+                                    : 0;
+#pragma unroll 1
+          for (int p = 0; p < kPanels; ++p) {
+#pragma unroll
+            for (int q = 0; q < kPerPanel; ++q) {
+              const int c = part + C::kTpt * q;
+              ap::cp_async16_zfill((half ? vs : ks) + p * C::kKvPanel + wg::sw128_offset(j, c),
+                                   src + off + 64 * p + C::kTpt * 8 * q, valid);
+            }
+          }
+        }
+        ap::cp_async_mbarrier_arrive((half ? b.full_v : b.full) + 8 * st);
+      }
+      st = st + 1 == S ? 0 : st + 1;
+      continue;
+    }
+    if (it >= S) ap::mbarrier_wait_parity(b.empty + 8 * st, free_parity);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int j = j0 + 64 * u;
@@ -151,7 +200,7 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
         ap::cp_async16_zfill(vs + dst, vc + off + C::kTpt * 8 * i, valid);
       }
     }
-    ap::cp_async_mbarrier_arrive(full + 8 * st);  // when the copies have landed
+    ap::cp_async_mbarrier_arrive(b.full + 8 * st);  // when the copies have landed
     st = st + 1 == S ? 0 : st + 1;
   }
   cp_async_wait<0>();  // nothing in flight when the thread exits
@@ -170,18 +219,20 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   // Static shared memory exists only in this (sm_90a) body: the host reads it as "built
   // with wgmma" (wgmma_kernel_usable).
   __shared__ Work work;
-  __shared__ __align__(8) uint64_t full_bar[S], empty_bar[S];
-  static_assert(16 * S + sizeof(Work) <= C::kStaticReserve, "static shared memory");
+  constexpr int SV = C::kSplitKV ? S : 0;  // stages with V barriers of their own
+  __shared__ __align__(8) uint64_t full_bar[S + SV], empty_bar[S + SV];  // K's (stage's), V's
+  static_assert(16 * (S + SV) + sizeof(Work) <= C::kStaticReserve, "static shared memory");
   unsigned char* qs = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
   const uint32_t kv_s = wg::smem_u32(qs + C::kQBytes);
   const uint32_t full = wg::smem_u32(full_bar), empty = wg::smem_u32(empty_bar);
+  const StageBarriers bars{full, empty, full + 8 * S, empty + 8 * S};
 
   const int tid = threadIdx.x, lane = tid & 31;
   const int wgi = __shfl_sync(kFull, tid >> 7, 0);  // warp-uniform warpgroup index
   const int kvh = blockIdx.y;
   if (tid == 0) {
-    for (int st = 0; st < S; ++st) {
+    for (int st = 0; st < S + SV; ++st) {
       ap::mbarrier_init(full + 8 * st, 128);                 // one per producer thread
       ap::mbarrier_init(empty + 8 * st, 4 * kSm90Consumers);  // one per consumer warp
     }
@@ -198,7 +249,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
 
   if (wgi == 0) {
     ap::setmaxnreg_dec<kSm90ProducerRegs>();
-    produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, full, empty, tid);
+    produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
     return;
   }
   ap::setmaxnreg_inc<kSm90ConsumerRegs>();
@@ -274,19 +325,29 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   // one FFMA + MUFU per element.
   const bool plain = a.cap_mul <= 0.f && a.qk_scale > 0.f;
 
-  auto wait_full = [&](int j) {
-    ap::mbarrier_wait_parity(full + 8 * (j % S), (j / S) & 1);
+  // Tile j's K (the whole stage unless split) has landed; its V has landed (split only).
+  auto wait_k = [&](int j) { ap::mbarrier_wait_parity(full + 8 * (j % S), (j / S) & 1); };
+  auto wait_v = [&](int j) {
+    if constexpr (C::kSplitKV) ap::mbarrier_wait_parity(bars.full_v + 8 * (j % S), (j / S) & 1);
   };
-  auto release = [&](int j) {  // this warp is done with tile j's stage (its wgmmas waited)
+  // This warp is done with tile j's K (split only: after S = Q K^T), with its V (the whole
+  // stage unless split: after P V); the wgmmas that read them have been waited for.
+  auto arrive = [&](uint32_t bar, int j) {
     __syncwarp();
-    if (lane == 0) ap::mbarrier_arrive(empty + 8 * (j % S));
+    if (lane == 0) ap::mbarrier_arrive(bar + 8 * (j % S));
   };
+  auto release_k = [&](int j) {
+    if constexpr (C::kSplitKV) arrive(empty, j);
+  };
+  auto release_v = [&](int j) { arrive(C::kSplitKV ? bars.empty_v : empty, j); };
   // Tiles this warpgroup does not compute: waited for (which orders the stage's phases)
   // and freed.
   auto pass = [&](int j0, int j1) {
     for (int j = j0; j < j1; ++j) {
-      wait_full(j);
-      release(j);
+      wait_k(j);
+      release_k(j);
+      wait_v(j);
+      release_v(j);
     }
   };
 
@@ -471,28 +532,32 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     // Prologue: S and softmax of the first tile (O is zero: its alpha is irrelevant).
     int block_id = load_block_id(jlo), next_id = -1;
     if (jlo + 1 < jhi) next_id = load_block_id(jlo + 1);
-    wait_full(jlo);
+    wait_k(jlo);
     issue_s(jlo);
     wg::wgmma_wait<0>();
     wg::fence_operands(s);
+    release_k(jlo);
     softmax(jlo, block_id);
     pack_p();
     for (int j = jlo + 1; j < jhi; ++j) {
       block_id = next_id;
       if (j + 1 < jhi) next_id = load_block_id(j + 1);
-      wait_full(j);
+      wait_k(j);
       issue_s(j);
+      wait_v(j - 1);
       issue_pv(j - 1);
       wg::wgmma_wait<1>();  // S_j done; P V of tile j - 1 may still run
       wg::fence_operands(s);
+      release_k(j);
       softmax(j, block_id);
       wait_pv();
-      release(j - 1);
+      release_v(j - 1);
       pack_p();
     }
+    wait_v(jhi - 1);
     issue_pv(jhi - 1);
     wait_pv();
-    release(jhi - 1);
+    release_v(jhi - 1);
   }
   pass(jhi, ntiles);
 
