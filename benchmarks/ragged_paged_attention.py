@@ -223,7 +223,7 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
         row[f"{name}_gbs"] = floor / sec / 1e9
 
     run("ours", lambda d: ragged_paged_attention(*(d[k] for k in OURS_ARGS), **kw))
-    if any(q > 1 for q in cfg["q_lens"]) and not cfg.get("fp8"):
+    if any(q > 1 for q in cfg["q_lens"]):
         # The same op with the sm_90a wgmma kernel switched off (the mma.sync kernel; equal
         # to "ours" where the wgmma kernel does not apply).
         saved = os.environ.get("XLA_KERNELS_RAGGED_WGMMA")

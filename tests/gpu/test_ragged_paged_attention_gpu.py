@@ -343,6 +343,21 @@ def dequantized(x: dict, scales: dict) -> dict:
                       for k, s in (("key_cache", "k_scale"), ("value_cache", "v_scale"))})
 
 
+@pytest.mark.parametrize("dtype,head_dim,layout,group,block_size", WGMMA)
+def test_fp8_long_prefills(rng, dtype, head_dim, layout, group, block_size):
+    # test_wgmma_long_prefills on fp8 caches (more K/V tiles than stages, every stage reused);
+    # a block id hole inside the long prompt.
+    q_lens, kv_lens = [1037, 300, 1, 5, 70], [1037, 1100, 77, 5, 70]
+    x, scales = fp8_inputs(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens,
+                           num_q_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
+                           block_size=block_size, layout=layout)
+    x["block_tables"][0, 5] = -1
+    attrs = dict(scale=float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim), layout=layout, **scales)
+    out = run_jax(x, **attrs)
+    check(out, reference(x, **attrs), dtype, f"fp8 G={group}")
+    assert np.all(out[int(x["cu_q_lens"][len(q_lens)]):] == 0), "padding rows must be zeros"
+
+
 @pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads,kind", FP8_FULL)
 def test_fp8_cuda_matches_float64_of_the_dequantized_cache(rng, dtype, head_dim, block_size,
                                                            layout, heads, kind):

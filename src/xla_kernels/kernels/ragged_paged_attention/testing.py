@@ -225,19 +225,23 @@ def sanitize_cases(platform: str = "gpu") -> None:
         err = rel_error(out, ref)
         assert err <= TOLERANCES[dtype], ("clamped", *what, err)
     # Long prefills: more K/V tiles than the Hopper kernel's stages, so every stage is
-    # reused (its barriers go through several phases); a masked block inside the context.
-    long_cases = (("bf16", 128, "vllm", (8, 2)), ("f16", 64, "pallas", (4, 4)),
-                  ("bf16", 256, "pallas", (8, 2)))
-    for dtype, d, layout, (hq, hkv) in long_cases:
+    # reused (its barriers go through several phases); a masked block inside the context;
+    # fp8 caches too.
+    long_cases = (("bf16", None, 128, "vllm", (8, 2)), ("f16", None, 64, "pallas", (4, 4)),
+                  ("bf16", None, 256, "pallas", (8, 2)), ("bf16", FP8, 128, "pallas", (8, 2)),
+                  ("f16", FP8, 64, "vllm", (4, 4)), ("bf16", FP8, 256, "vllm", (8, 2)))
+    for dtype, cache_dtype, d, layout, (hq, hkv) in long_cases:
+        scales = (0.05, 0.02) if cache_dtype else (1.0, 1.0)
         x = make_inputs(rng, q_lens=[300, 5], kv_lens=[1100, 500], num_tokens=320,
                         num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=16,
-                        dtype=dtype, layout=layout, max_seqs=3)
+                        dtype=dtype, layout=layout, max_seqs=3, cache_dtype=cache_dtype,
+                        kv_scales=scales)
         x["block_tables"][0, 20] = -1
-        out = ragged_paged_attention(*[jax.device_put(x[k], device) for k in ARGS], scale=0.1,
-                                     layout=layout)
-        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1, layout=layout)
+        base = dict(scale=0.1, layout=layout, k_scale=scales[0], v_scale=scales[1])
+        out = ragged_paged_attention(*[jax.device_put(x[k], device) for k in ARGS], **base)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **base)
         err = rel_error(out, ref)
-        assert err <= TOLERANCES[dtype], ("long prefill", dtype, d, layout, err)
+        assert err <= TOLERANCES[dtype], ("long prefill", dtype, cache_dtype, d, layout, err)
 
 
 __all__ = ["ARGS", "TOLERANCES", "make_inputs", "mix", "rel_error", "sanitize_cases"]
