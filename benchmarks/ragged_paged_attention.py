@@ -28,7 +28,8 @@ head, plus Q and the output) and the GB/s it implies. Implementations:
   cuDNN accepts the call; only for batches with one q_len (decode without a mask, whole
   prompts with a causal mask), where its mask semantics match ours unambiguously.
 
-Writes ``ragged_paged_attention.json`` and ``.md`` to ``--out``. Not yet run on a GPU (see
+Writes ``ragged_paged_attention.json`` and ``.md`` to ``--out``; measured tables are in
+``benchmarks/results/<device>/`` (see
 ``src/xla_kernels/kernels/ragged_paged_attention/PERFORMANCE.md``).
 
 Example:
