@@ -42,6 +42,7 @@ def main() -> None:
     for name in args.configs:
         cfg = known[name]
         x = rb.make_data(cfg, np.random.default_rng(0))
+        attrs = rb.attrs(cfg)
         calls: dict[str, Any] = {}
         for variant in wanted:
             if variant == "fa3":
@@ -54,7 +55,7 @@ def main() -> None:
                 # buffer on the first run): set for the warm-up and the profiled call.
                 os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0" if variant == "ours_mma" else "1"
 
-                def fn(d: dict[str, Any], kw: dict[str, Any] = rb.attrs(cfg)) -> Any:
+                def fn(d: dict[str, Any], kw: dict[str, Any] = attrs) -> Any:
                     return ragged_paged_attention(*(d[k] for k in rb.OURS_ARGS), **kw)
             jitted = jax.jit(fn)
             jax.block_until_ready(jitted(x))  # compile + warm-up with this environment
