@@ -48,9 +48,12 @@ def gpu() -> jax.Device:
 _jitted: dict = {}
 
 
-def run_jax(x: dict, **attrs) -> np.ndarray:
+def run_jax(x: dict, fresh: bool = False, **attrs) -> np.ndarray:
+    """The op under jax.jit on the GPU, as float32. fresh: a newly compiled program (the
+    kernel switches in the environment are read at launch, and XLA replays the launches
+    its command buffer recorded on a program's first run)."""
     key = tuple(sorted(attrs.items()))
-    if key not in _jitted:
+    if fresh or key not in _jitted:
         _jitted[key] = jax.jit(lambda *a: ragged_paged_attention(*a, **attrs))
     args = [jax.device_put(x[k], gpu()) for k in ARGS]
     return np.asarray(_jitted[key](*args)).astype(np.float32)
@@ -310,9 +313,9 @@ def test_wgmma_and_mma_sync_kernels_agree(rng, monkeypatch):
                     num_kv_heads=4, head_dim=128, block_size=64, dtype="bf16")
     ref = reference(x, scale=0.088)
     monkeypatch.setenv("XLA_KERNELS_RAGGED_WGMMA", "0")
-    old = run_jax(x, scale=0.088)
+    old = run_jax(x, fresh=True, scale=0.088)
     monkeypatch.delenv("XLA_KERNELS_RAGGED_WGMMA")
-    new = run_jax(x, scale=0.088)
+    new = run_jax(x, fresh=True, scale=0.088)
     check(old, ref, "bf16", "mma.sync")
     check(new, ref, "bf16", "wgmma")
     assert rel_error(new, old.astype(np.float64)) <= 2 * TOLERANCES["bf16"]
@@ -455,6 +458,24 @@ def test_fp8_clamped_metadata_and_out_of_range_ids(rng):
     out = run_jax(x, **attrs)
     check(out, ref, "bf16")
     np.testing.assert_array_equal(out[ref == 0], 0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp8_wgmma_and_mma_sync_kernels_agree(rng, monkeypatch, head_dim):
+    """fp8 caches through both kernels (the wgmma kernel's producer converts a ring of raw
+    e4m3 tiles; the mma.sync kernel converts in its own loop): both match float64 of the
+    dequantized cache and each other."""
+    x, scales = fp8_inputs(rng, dtype="bf16", q_lens=[777, 64, 3, 1],
+                           kv_lens=[900, 64, 500, 300], num_q_heads=16, num_kv_heads=4,
+                           head_dim=head_dim, block_size=32)
+    ref = reference(x, scale=0.088, **scales)
+    monkeypatch.setenv("XLA_KERNELS_RAGGED_WGMMA", "0")
+    old = run_jax(x, fresh=True, scale=0.088, **scales)
+    monkeypatch.delenv("XLA_KERNELS_RAGGED_WGMMA")
+    new = run_jax(x, fresh=True, scale=0.088, **scales)
+    check(old, ref, "bf16", "fp8 mma.sync")
+    check(new, ref, "bf16", "fp8 wgmma")
+    assert rel_error(new, old.astype(np.float64)) <= 2 * TOLERANCES["bf16"]
 
 
 def test_fp8_deterministic(rng):

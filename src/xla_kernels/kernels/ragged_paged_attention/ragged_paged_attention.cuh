@@ -1001,14 +1001,14 @@ inline int wgmma_tile() {
 
 // The wgmma kernel with N-token tiles when it applies (see ragged_paged_attention_sm90.cuh);
 // *used = false leaves the choice to the caller.
-template <typename T, int D, int N>
+template <typename T, int D, int N, bool kFp8 = false>
 inline std::string try_launch_wgmma_tile(cudaStream_t stream, const Params& p, const Args& a,
                                          WgmmaMode mode, bool* used) {
   int device = 0;
   const cudaError_t e = cudaGetDevice(&device);
   if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
-  if (!wgmma_kernel_usable(reinterpret_cast<const void*>(ragged_wgmma_kernel<T, D, N>),
-                           device)) {
+  const auto kernel = ragged_wgmma_kernel<T, D, N, kFp8>;
+  if (!wgmma_kernel_usable(reinterpret_cast<const void*>(kernel), device)) {
     return mode == WgmmaMode::kRequire
                ? "ragged_paged_attention: XLA_KERNELS_RAGGED_WGMMA=require, but the wgmma "
                  "kernel cannot run here (needs a compute capability 9.0 device and an "
@@ -1016,19 +1016,21 @@ inline std::string try_launch_wgmma_tile(cudaStream_t stream, const Params& p, c
                : "";
   }
   *used = true;
-  return launch_main(stream, p, a, ragged_wgmma_kernel<T, D, N>, Sm90Config<D, N>::kBytes,
-                     kSm90Rows, kSm90Threads);
+  return launch_main(stream, p, a, kernel, Sm90Config<D, N, kFp8>::kBytes, kSm90Rows,
+                     kSm90Threads);
 }
 
-// The wgmma kernel when it applies, with wgmma_tile's tiles. *used = false leaves the
-// choice to the caller.
-template <typename T, int D>
+// The wgmma kernel when it applies, with wgmma_tile's tiles (fp8 caches: the default tiles
+// only). *used = false leaves the choice to the caller.
+template <typename T, int D, bool kFp8 = false>
 inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const Args& a,
                                     bool* used) {
   *used = false;
   const WgmmaMode mode = wgmma_mode_from_env();
   if (mode == WgmmaMode::kOff) return "";
-  if constexpr (D != 256) {
+  if constexpr (kFp8) {
+    return try_launch_wgmma_tile<T, D, D == 64 ? 128 : 64, true>(stream, p, a, mode, used);
+  } else if constexpr (D != 256) {
     if (wgmma_tile<D>() == 128) return try_launch_wgmma_tile<T, D, 128>(stream, p, a, mode, used);
   }
   return try_launch_wgmma_tile<T, D, 64>(stream, p, a, mode, used);
@@ -1037,6 +1039,12 @@ inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const 
 template <int D>
 inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const Args& a) {
   if (p.fp8_cache) {
+    // The wgmma kernel when it can serve the call, else the mma.sync kernel.
+    bool used = false;
+    std::string err;
+    if (p.dtype == DType::kBF16) err = try_launch_wgmma<__nv_bfloat16, D, true>(stream, p, a, &used);
+    if (p.dtype == DType::kF16) err = try_launch_wgmma<__half, D, true>(stream, p, a, &used);
+    if (used || !err.empty()) return err;
     switch (p.dtype) {
       case DType::kBF16:
         return launch_main(stream, p, a, ragged_mma_kernel<__nv_bfloat16, D, true>,

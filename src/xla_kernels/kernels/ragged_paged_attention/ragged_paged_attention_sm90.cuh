@@ -67,7 +67,7 @@ static_assert((kSm90LaunchRegs - kSm90ProducerRegs) * 128 >=
                   (kSm90ConsumerRegs - kSm90LaunchRegs) * 128 * kSm90Consumers,
               "the consumers would wait for registers the producer never gives back");
 
-template <int D, int N>
+template <int D, int N, bool kFp8 = false>
 struct Sm90Config {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(N == 64 || N == 128, "K/V tiles of 64 or 128 tokens");
@@ -89,10 +89,18 @@ struct Sm90Config {
   // Shared memory per CTA on sm_90 (227 KB), less the static part (barriers, Work: under
   // 2 KB) and the 1024-byte alignment of the dynamic part.
   static constexpr int kSmemLimit = 232448, kStaticReserve = 2048;
-  static constexpr int kFit = (kSmemLimit - kStaticReserve - 1024 - kQBytes) / kStageBytes;
+  // fp8 caches: a ring of raw e4m3 units (one K or one V tile, N x D bytes each) that the
+  // producer copies with cp.async and converts into the stages: 32 KB, i.e. 4 units (2 tiles)
+  // at head_dim 64 and 128, 2 (one tile) at 256.
+  static constexpr int kRawUnitBytes = N * D;
+  static constexpr int kRawUnits = kFp8 ? 32768 / kRawUnitBytes : 0;
+  static constexpr int kRawBytes = kRawUnits * kRawUnitBytes;
+  static constexpr int kFit =
+      (kSmemLimit - kStaticReserve - 1024 - kQBytes - kRawBytes) / kStageBytes;
   static constexpr int kStages = kFit < 6 ? kFit : 6;
   static_assert(kStages >= 2, "two stages must fit");
-  static constexpr int kBytes = kQBytes + kStages * kStageBytes + 1024;
+  static_assert(!kFp8 || kRawUnits >= 2, "fp8: the raw ring needs two units");
+  static constexpr int kBytes = kQBytes + kStages * kStageBytes + kRawBytes + 1024;
   // K and V of a stage behind barriers of their own where two stages are all that fit.
   static constexpr bool kSplitKV = kStages == 2;
   // Producer: 2 threads per token (their 16-byte chunks side by side: whole 32-byte
@@ -206,11 +214,127 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
   cp_async_wait<0>();  // nothing in flight when the thread exits
 }
 
+// fp8 caches: the same stages of T, filled by the producer from a ring of raw e4m3 units
+// (C::kRawUnits of N x D bytes; unit v = 2 it + half is tile it's K, half 0, or its V).
+// Each thread copies its own 16-byte e4m3 chunks of a unit with cp.async (masked tokens are
+// zero-filled, nothing read) kRawUnits - 1 units ahead of the unit it converts, so later
+// units' loads are in flight while it converts (a synchronous producer kept one tile's load
+// latency per tile: PERFORMANCE.md). It converts exactly the chunks it copied, so no barrier
+// is needed among the producer threads (cp.async.wait_group orders a thread's own copies
+// before its reads), each to two 16-byte chunks of T (exact: e4m3x2_to), stored where
+// produce_kv's copies would land; a proxy fence before its arrival on "full" makes the
+// stores visible to the consumers' wgmma (the async proxy).
+// Raw layout: chunk q = u kF + f (token u of the thread, chunk f of its part of the row) of
+// thread ptid at unit + 2048 q + 16 ptid (consecutive threads, consecutive 16 bytes).
 template <typename T, int D, int N>
+__device__ __forceinline__ void produce_kv_fp8(const Args& a, const Work& w, int kvh, int lo,
+                                               int hi, int ntiles, uint32_t kv_s,
+                                               uint32_t raw_s, const StageBarriers& b,
+                                               int ptid) {
+  using ::xla_kernels::paged_attention::detail::e4m3x2_to;
+  using C = Sm90Config<D, N, true>;
+  constexpr int S = C::kStages, U = C::kTokens, R = C::kRawUnits;
+  constexpr int kF = D / 16 / C::kTpt;  // e4m3 chunks per thread and token
+  static_assert((R & (R - 1)) == 0, "the raw ring's length is a power of two");
+  const int j0 = ptid / C::kTpt, part = ptid % C::kTpt;
+  const uint8_t* kc =
+      static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * a.sh + part * 16;
+  const uint8_t* vc =
+      static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * a.sh + part * 16;
+  const int slot_mask = (1 << a.log2_bs) - 1;
+  const int nunits = 2 * ntiles;
+  // Copy side: offsets of this thread's tokens in the tile being copied (-1: masked), and
+  // the block ids of the tile after it (read a tile ahead).
+  int64_t off[U];
+  int nxt[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    off[u] = -1;
+    nxt[u] = ntiles > 0 ? tile_block(a, w.s, lo, lo, hi, j0 + 64 * u) : -1;
+  }
+  // Unit v's copies (nothing past the last unit), always one commit group.
+  auto copy_unit = [&](int v) {
+    if (v < nunits) {
+      const int it = v >> 1;
+      if ((v & 1) == 0) {  // a new tile: its offsets, and the next tile's block ids
+        const int t0 = lo + it * N;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int j = j0 + 64 * u;
+          off[u] = nxt[u] >= 0 ? static_cast<int64_t>(nxt[u]) * a.sb +
+                                     static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
+                               : -1;
+          if (it + 1 < ntiles) nxt[u] = tile_block(a, w.s, t0 + N, lo, hi, j);
+        }
+      }
+      const uint8_t* src = (v & 1) ? vc : kc;
+      const uint32_t dst = raw_s + (v & (R - 1)) * C::kRawUnitBytes + 16 * ptid;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const bool valid = off[u] >= 0;
+        const uint8_t* row = src + (valid ? off[u] : 0);
+#pragma unroll
+        for (int f = 0; f < kF; ++f) {
+          ap::cp_async16_zfill(dst + 2048 * (u * kF + f), row + 32 * f, valid);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll 1
+  for (int v = 0; v < R - 1; ++v) copy_unit(v);
+  int st = 0, phase = 0;  // stage of the unit being converted, and its use count's parity
+#pragma unroll 1
+  for (int v = 0; v < nunits; ++v) {
+    copy_unit(v + R - 1);
+    cp_async_wait<R - 1>();  // this thread's chunks of unit v have landed
+    const int half = v & 1;
+    // V's own barriers (split), or the stage's: waited for before K, arrived on after V.
+    const bool own = half == 1 && C::kSplitKV;
+    if (v >= 2 * S && (half == 0 || own)) {
+      ap::mbarrier_wait_parity((own ? b.empty_v : b.empty) + 8 * st, phase ^ 1);
+    }
+    const uint32_t src0 = raw_s + (v & (R - 1)) * C::kRawUnitBytes + 16 * ptid;
+    const uint32_t dst0 = kv_s + st * C::kStageBytes + half * C::kTileBytes;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = j0 + 64 * u;
+#pragma unroll 2
+      for (int f = 0; f < kF; ++f) {
+        uint32_t x[4];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                     : "r"(src0 + 2048 * (u * kF + f))
+                     : "memory");
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // T chunk c = 2 (part + 2 f) + h of the row
+          const int c = 2 * (part + C::kTpt * f) + h;
+          const uint32_t dst = dst0 + (c / 8) * C::kKvPanel + wg::sw128_offset(j, c % 8);
+          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst),
+                       "r"(e4m3x2_to<T>(x[2 * h])), "r"(e4m3x2_to<T>(x[2 * h] >> 16)),
+                       "r"(e4m3x2_to<T>(x[2 * h + 1])), "r"(e4m3x2_to<T>(x[2 * h + 1] >> 16))
+                       : "memory");
+        }
+      }
+    }
+    if (half == 1 || C::kSplitKV) {
+      wg::fence_proxy_async();  // st.shared -> wgmma (async proxy)
+      ap::mbarrier_arrive((own ? b.full_v : b.full) + 8 * st);
+    }
+    if (half == 1 && ++st == S) {
+      st = 0;
+      phase ^= 1;
+    }
+  }
+  cp_async_wait<0>();  // nothing in flight when the thread exits
+}
+
+template <typename T, int D, int N, bool kFp8 = false>
 __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Args a) {
 #if XK_HAS_WGMMA
   if (a.skip != nullptr && __ldg(a.skip) != 0) return;
-  using C = Sm90Config<D, N>;
+  using C = Sm90Config<D, N, kFp8>;
   constexpr int S = C::kStages;
   constexpr int OH = C::kOH, OW = C::kOW;  // O accumulator registers per thread: OH x OW
   constexpr int SR = N / 2;  // S accumulator registers per thread
@@ -249,7 +373,12 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
 
   if (wgi == 0) {
     ap::setmaxnreg_dec<kSm90ProducerRegs>();
-    produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
+    if constexpr (kFp8) {
+      produce_kv_fp8<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s,
+                              kv_s + S * C::kStageBytes, bars, tid);
+    } else {
+      produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
+    }
     return;
   }
   ap::setmaxnreg_inc<kSm90ConsumerRegs>();
@@ -566,7 +695,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   l0 += __shfl_xor_sync(kFull, l0, 2);
   l1 += __shfl_xor_sync(kFull, l1, 1);
   l1 += __shfl_xor_sync(kFull, l1, 2);
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  if constexpr (kFp8) {  // v_scale (k_scale is in qk_scale)
+    inv0 *= a.out_scale;
+    inv1 *= a.out_scale;
+  }
   T* out = static_cast<T*>(a.out);
   // Row pr's outputs (e = 0: this thread's row pr0, registers 4i, 4i + 1; e = 2: pr1, 4i + 2,
   // 4i + 3). Register 4i + e of half h: column 128 h + 8 i + 2 tig + (e & 1), as 32-bit
