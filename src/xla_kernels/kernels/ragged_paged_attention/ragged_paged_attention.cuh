@@ -50,9 +50,11 @@
 //    not decode-only), and the kernels of this file exit at once when it is. Only for calls
 //    with num_tokens <= max_seqs (has_decode_path). See decode_workspace_elems() for the
 //    workspace's layout.
-//  * fp8 caches (f8e4m3fn, bf16/f16 queries): the same kernel (kFp8) streams the e4m3 bytes
-//    with cp.async into raw double-buffered staging tiles (rows of D bytes), and after the
-//    stage has landed all threads convert it (cvt e4m3x2 -> f16x2, bf16 through f32; exact)
+//  * fp8 caches (f8e4m3fn, bf16/f16 queries): on an sm_90a build and a compute capability
+//    9.0 device, the wgmma kernel (its producer converts the e4m3 tiles: produce_kv_fp8);
+//    otherwise (or with XLA_KERNELS_RAGGED_WGMMA=0) the mma.sync kernel (kFp8) streams the
+//    e4m3 bytes with cp.async into raw double-buffered staging tiles (rows of D bytes), and
+//    after the stage has landed all threads convert it (cvt e4m3x2 -> f16x2, bf16 through f32; exact)
 //    into one padded bf16/f16 K/V tile pair, which the unchanged ldmatrix/mma.sync path then
 //    reads: one more barrier and a shared-memory round trip per tile, no new fragment
 //    layouts. k_scale is folded into the logit scale and v_scale into the final 1/l, so the

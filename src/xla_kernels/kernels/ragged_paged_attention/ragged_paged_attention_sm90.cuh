@@ -38,6 +38,10 @@
 //    tiles that need it: a warpgroup's tile is "full" when every token is valid and every
 //    one of its 64 rows attends every token of the tile. Full tiles without softcap take
 //    exp2(s * scale - max) as one FFMA + ex2.approx.ftz per element.
+//  * fp8 caches (f8e4m3fn, bf16/f16 queries): the producer copies the raw e4m3 tiles into a
+//    ring of its own (cp.async, a tile ahead) and converts them into the same stages (K to
+//    the query dtype, V to f16); the consumers run P V in f16, fold k_scale into the logit
+//    scale and v_scale into the final 1/l (produce_kv_fp8).
 // Dispatch (launch_ragged_paged_attention): bf16/f16 (head_dim 64/128/256), a device of
 // compute capability 9.0, the library built for sm_90a (the kernel then has static shared
 // memory; the sm_80 / plain sm_90 builds compile it to an empty body without any), and the
@@ -221,9 +225,9 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
 // units' loads are in flight while it converts (a synchronous producer kept one tile's load
 // latency per tile: PERFORMANCE.md). It converts exactly the chunks it copied, so no barrier
 // is needed among the producer threads (cp.async.wait_group orders a thread's own copies
-// before its reads), each to two 16-byte chunks of T (exact: e4m3x2_to), stored where
-// produce_kv's copies would land; a proxy fence before its arrival on "full" makes the
-// stores visible to the consumers' wgmma (the async proxy).
+// before its reads), each to two 16-byte chunks (exact: e4m3x2_to; K to T, V to f16),
+// stored where produce_kv's copies would land; a proxy fence before its arrival on "full"
+// makes the stores visible to the consumers' wgmma (the async proxy).
 // Raw layout: chunk q = u kF + f (token u of the thread, chunk f of its part of the row) of
 // thread ptid at unit + 2048 q + 16 ptid (consecutive threads, consecutive 16 bytes).
 template <typename T, int D, int N>
@@ -297,26 +301,37 @@ __device__ __forceinline__ void produce_kv_fp8(const Args& a, const Work& w, int
     }
     const uint32_t src0 = raw_s + (v & (R - 1)) * C::kRawUnitBytes + 16 * ptid;
     const uint32_t dst0 = kv_s + st * C::kStageBytes + half * C::kTileBytes;
+    // The unit's chunks as TC: T for K, f16 for V (the consumers' P V runs in f16 on fp8
+    // caches: one cvt per pair instead of four for bf16, and P is kept more exactly).
+    auto convert = [&](auto tag) {
+      using TC = decltype(tag);
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + 64 * u;
+      for (int u = 0; u < U; ++u) {
+        const int j = j0 + 64 * u;
 #pragma unroll 2
-      for (int f = 0; f < kF; ++f) {
-        uint32_t x[4];
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                     : "r"(src0 + 2048 * (u * kF + f))
-                     : "memory");
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // T chunk c = 2 (part + 2 f) + h of the row
-          const int c = 2 * (part + C::kTpt * f) + h;
-          const uint32_t dst = dst0 + (c / 8) * C::kKvPanel + wg::sw128_offset(j, c % 8);
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst),
-                       "r"(e4m3x2_to<T>(x[2 * h])), "r"(e4m3x2_to<T>(x[2 * h] >> 16)),
-                       "r"(e4m3x2_to<T>(x[2 * h + 1])), "r"(e4m3x2_to<T>(x[2 * h + 1] >> 16))
+        for (int f = 0; f < kF; ++f) {
+          uint32_t x[4];
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                       : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                       : "r"(src0 + 2048 * (u * kF + f))
                        : "memory");
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // chunk c = 2 (part + 2 f) + h of the row
+            const int c = 2 * (part + C::kTpt * f) + h;
+            const uint32_t dst = dst0 + (c / 8) * C::kKvPanel + wg::sw128_offset(j, c % 8);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst),
+                         "r"(e4m3x2_to<TC>(x[2 * h])), "r"(e4m3x2_to<TC>(x[2 * h] >> 16)),
+                         "r"(e4m3x2_to<TC>(x[2 * h + 1])),
+                         "r"(e4m3x2_to<TC>(x[2 * h + 1] >> 16))
+                         : "memory");
+          }
         }
       }
+    };
+    if (half) {
+      convert(__half{});
+    } else {
+      convert(T{});
     }
     if (half == 1 || C::kSplitKV) {
       wg::fence_proxy_async();  // st.shared -> wgmma (async proxy)
@@ -339,6 +354,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   constexpr int OH = C::kOH, OW = C::kOW;  // O accumulator registers per thread: OH x OW
   constexpr int SR = N / 2;  // S accumulator registers per thread
   constexpr int PK = N / 16; // k-steps of P V
+  // P and V: f16 on fp8 caches (the producer converts V to f16 whatever the query dtype),
+  // the query dtype otherwise.
+  using TV = std::conditional_t<kFp8, __half, T>;
   extern __shared__ unsigned char smem_raw[];
   // Static shared memory exists only in this (sm_90a) body: the host reads it as "built
   // with wgmma" (wgmma_kernel_usable).
@@ -541,11 +559,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
       const uint64_t db =
           kv_desc_v + (((j % S) * C::kStageBytes + C::kTileBytes + k * 16 * 128) >> 4);
       if constexpr (D == 64) {
-        wg::mma_rs_m64n64k16<T>(o[0], pp[k], db, 1);
+        wg::mma_rs_m64n64k16<TV>(o[0], pp[k], db, 1);
       } else {
 #pragma unroll
         for (int h = 0; h < OH; ++h) {  // columns 128 h .. : V's panels 2 h, 2 h + 1
-          wg::mma_rs_m64n128k16<T>(o[h], pp[k], db + ((2 * h * C::kKvPanel) >> 4), 1);
+          wg::mma_rs_m64n128k16<TV>(o[h], pp[k], db + ((2 * h * C::kKvPanel) >> 4), 1);
         }
       }
     }
@@ -649,10 +667,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   auto pack_p = [&]() {
 #pragma unroll
     for (int k = 0; k < PK; ++k) {
-      pp[k][0] = pack2<T>(s[8 * k], s[8 * k + 1]);
-      pp[k][1] = pack2<T>(s[8 * k + 2], s[8 * k + 3]);
-      pp[k][2] = pack2<T>(s[8 * k + 4], s[8 * k + 5]);
-      pp[k][3] = pack2<T>(s[8 * k + 6], s[8 * k + 7]);
+      pp[k][0] = pack2<TV>(s[8 * k], s[8 * k + 1]);
+      pp[k][1] = pack2<TV>(s[8 * k + 2], s[8 * k + 3]);
+      pp[k][2] = pack2<TV>(s[8 * k + 4], s[8 * k + 5]);
+      pp[k][3] = pack2<TV>(s[8 * k + 6], s[8 * k + 7]);
     }
   };
 
