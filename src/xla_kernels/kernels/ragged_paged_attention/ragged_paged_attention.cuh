@@ -54,12 +54,12 @@
 //    9.0 device, the wgmma kernel (its producer converts the e4m3 tiles: produce_kv_fp8);
 //    otherwise (or with XLA_KERNELS_RAGGED_WGMMA=0) the mma.sync kernel (kFp8) streams the
 //    e4m3 bytes with cp.async into raw double-buffered staging tiles (rows of D bytes), and
-//    after the stage has landed all threads convert it (cvt e4m3x2 -> f16x2, bf16 through f32; exact)
-//    into one padded bf16/f16 K/V tile pair, which the unchanged ldmatrix/mma.sync path then
-//    reads: one more barrier and a shared-memory round trip per tile, no new fragment
-//    layouts. k_scale is folded into the logit scale and v_scale into the final 1/l, so the
-//    math is that of the bf16/f16 kernel on the dequantized cache. The decode path passes
-//    the fp8 caches and scales to paged_attention's Fp8MmaCore.
+//    after the stage has landed all threads convert it (cvt e4m3x2 -> f16x2, bf16 through
+//    f32; exact) into one padded bf16/f16 K/V tile pair, which the unchanged
+//    ldmatrix/mma.sync path then reads: one more barrier and a shared-memory round trip per
+//    tile, no new fragment layouts. k_scale is folded into the logit scale and v_scale into
+//    the final 1/l, so the math is that of the bf16/f16 kernel on the dequantized cache. The
+//    decode path passes the fp8 caches and scales to paged_attention's Fp8MmaCore.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -1044,7 +1044,9 @@ inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const A
     // The wgmma kernel when it can serve the call, else the mma.sync kernel.
     bool used = false;
     std::string err;
-    if (p.dtype == DType::kBF16) err = try_launch_wgmma<__nv_bfloat16, D, true>(stream, p, a, &used);
+    if (p.dtype == DType::kBF16) {
+      err = try_launch_wgmma<__nv_bfloat16, D, true>(stream, p, a, &used);
+    }
     if (p.dtype == DType::kF16) err = try_launch_wgmma<__half, D, true>(stream, p, a, &used);
     if (used || !err.empty()) return err;
     switch (p.dtype) {

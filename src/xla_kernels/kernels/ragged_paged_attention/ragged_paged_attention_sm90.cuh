@@ -39,9 +39,9 @@
 //    one of its 64 rows attends every token of the tile. Full tiles without softcap take
 //    exp2(s * scale - max) as one FFMA + ex2.approx.ftz per element.
 //  * fp8 caches (f8e4m3fn, bf16/f16 queries): the producer copies the raw e4m3 tiles into a
-//    ring of its own (cp.async, a tile ahead) and converts them into the same stages (K to
-//    the query dtype, V to f16); the consumers run P V in f16, fold k_scale into the logit
-//    scale and v_scale into the final 1/l (produce_kv_fp8).
+//    ring of its own (cp.async, up to 3 K/V units ahead) and converts them into the same
+//    stages (K to the query dtype, V to f16); the consumers run P V in f16, fold k_scale
+//    into the logit scale and v_scale into the final 1/l (produce_kv_fp8).
 // Dispatch (launch_ragged_paged_attention): bf16/f16 (head_dim 64/128/256), a device of
 // compute capability 9.0, the library built for sm_90a (the kernel then has static shared
 // memory; the sm_80 / plain sm_90 builds compile it to an empty body without any), and the
