@@ -307,10 +307,10 @@ def time_fa3(timer: Timer, fa3: Any, scale: float, args: tuple) -> None:
         del timer.fns[f"fa3_n{n}"]
 
 
-def events_ms(data: dict[str, Any], k: Any, v: Any, scale: float, layout: str,
-              budget: float) -> float | None:
-    """Our kernel's device time per call from CUDA events (torch), calling the handler
-    eagerly on torch's stream: no XLA, no dispatch in the number. None without torch."""
+def eager_caller(data: dict[str, Any], k: Any, v: Any, scale: float,
+                 layout: str) -> Callable[[int], None] | None:
+    """``call(i)``: our handler called eagerly on torch's current stream with query and
+    block table ``i`` of ``data`` (no XLA, no dispatch); None without torch or a GPU."""
     try:
         import torch
 
@@ -343,6 +343,19 @@ def events_ms(data: dict[str, Any], k: Any, v: Any, scale: float, layout: str,
                      attrs=attrs, platform="cuda", stream=stream.cuda_stream,
                      op_name=paged_attention.name)
 
+    return call
+
+
+def events_ms(data: dict[str, Any], k: Any, v: Any, scale: float, layout: str,
+              budget: float) -> float | None:
+    """Our kernel's device time per call from CUDA events (torch), calling the handler
+    eagerly on torch's stream (:func:`eager_caller`): no XLA, no dispatch in the number.
+    None without torch."""
+    call = eager_caller(data, k, v, scale, layout)
+    if call is None:
+        return None
+    import torch
+
     for i in range(3):
         call(i)
     torch.cuda.synchronize()
@@ -362,6 +375,7 @@ def events_ms(data: dict[str, Any], k: Any, v: Any, scale: float, layout: str,
         samples.append(start.elapsed_time(end) / n)
     return statistics.median(samples)
 
+
 def time_ours_events(row: dict[str, Any], data: dict[str, Any], scale: float,
                      budget: float) -> None:
     try:
@@ -370,11 +384,22 @@ def time_ours_events(row: dict[str, Any], data: dict[str, Any], scale: float,
         row["ours_events_error"] = error_text(e)
 
 
+def input_sets(nbytes: int) -> int:
+    """How many disjoint input sets a config of ``nbytes`` of KV rotates over: enough to
+    read 3x the L2 between reuses, at most CHAIN and what fits in KV_CAP.
+
+    Example:
+        >>> input_sets(268_435_456), input_sets(2_097_152)
+        (1, 16)
+    """
+    return max(1, min(CHAIN, math.ceil(3 * L2_BYTES / nbytes), int(KV_CAP // nbytes)))
+
+
 def measure(cfg: dict[str, Any], budget: float, peers: dict[str, Any]) -> dict[str, Any]:
     """Times every implementation on one config; see the module docstring."""
     began = time.perf_counter()
     nbytes = kv_bytes(cfg)
-    sets = max(1, min(CHAIN, math.ceil(3 * L2_BYTES / nbytes), int(KV_CAP // nbytes)))
+    sets = input_sets(nbytes)
     row: dict[str, Any] = {**cfg, "kv_bytes": nbytes, "sets": sets}
     data = make_data(cfg, sets)
     scale = cfg["head_dim"] ** -0.5

@@ -12,11 +12,13 @@
 # --tp 2, JAX and torchax, the JAX run checked token for token; "all" (default):
 # everything but "tp" (more than one 10-minute
 # device call: split it). Environment variables narrow a mode down to fit one call:
-# GPU_TESTS (pytest paths, default tests/), SERVE_STEPS (names of the serve runs below, in
-# order), BENCH_STEPS (names of the benchmarks below, in order: BENCH_STEPS=paged runs only
-# the paged-attention peers matrix). Expects the torchax wheel in .whl/ (copied from
-# ../shared/wheels and carried along), for the FlashAttention-3 peer the flash-attn3-jax
-# wheel, and for the FlashInfer peer its two wheels in .whl-fi/.
+# GPU_TESTS (pytest paths, default tests/), GPU_TESTS_K (a pytest -k expression: the ragged
+# attention GPU file alone outlasts one call, e.g. GPU_TESTS_K="wgmma or fp8"), SERVE_STEPS
+# (names of the serve runs below, in order), BENCH_STEPS (names of the benchmarks below, in
+# order: BENCH_STEPS=paged runs only the paged-attention peers matrix). Expects the
+# torchax wheel in .whl/ (copied from ../shared/wheels and carried along), for the
+# FlashAttention-3 peer the flash-attn3-jax wheel, and for the FlashInfer peer its two
+# wheels in .whl-fi/.
 set -uo pipefail
 out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench] [--quick]}
 mode=${2:-all}
@@ -57,8 +59,8 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
   python3 -m xla_kernels.demo --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
 
   step "GPU tests"
-  python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${GPU_TESTS:-tests/} 2>&1 | tee "$out/gpu_tests.txt" \
-    || status=1
+  python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${GPU_TESTS:-tests/} \
+    ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 | tee "$out/gpu_tests.txt" || status=1
   step "GPU torch tests through the Python eager kernels (the native kernel's fallback)"
   XLA_KERNELS_TORCH_NATIVE=0 python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/gpu/test_torch_gpu.py 2>&1 | tee "$out/gpu_tests_python_path.txt" || status=1

@@ -11,6 +11,8 @@
 //   mma_rs_m64n128k16_kmajor   the same with a 128-token K (panels of 128 rows)
 //   mma_ss_m64n128k16_kmajor   Q[64:128] in SW128 panels of 64 rows (K-major) and the
 //                              128-token K
+//   mma_ss_m64n64k16_kmajor    Q[64:128] from the same panels and the 64-token K (the
+//                              head_dim 256 kernel's S step, here over head_dim 128)
 // where the accumulators hold 1e9f before the first (kInit) k-step, so a k-step that adds
 // to D instead of overwriting it shows;
 // for bf16 and f16 with small-integer inputs (exact in f32) and compares with the host.
@@ -152,7 +154,7 @@ __device__ __forceinline__ void s_tile(Mma mma, float* out) {
 
 template <typename T>
 __global__ void kmajor_kernel(const T* q, const T* k64, const T* k128, float* s64_rs_out,
-                              float* s128_rs_out, float* s128_ss_out) {
+                              float* s128_rs_out, float* s128_ss_out, float* s64_ss_out) {
   extern __shared__ unsigned char sm_raw[];  // kSmemKmajor bytes; panels 1024-byte aligned
   unsigned char* qs = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<uintptr_t>(sm_raw) + 1023) & ~static_cast<uintptr_t>(1023));
@@ -208,6 +210,16 @@ __global__ void kmajor_kernel(const T* q, const T* k64, const T* k128, float* s6
         else wg::mma_ss_m64n128k16_kmajor<T, false>(s, da, db);
       },
       s128_ss_out);
+  // SS, 64-token K: A as above, B from the 64-row panels.
+  s_tile<64>(
+      [&](float (&s)[32], int kk) {
+        const uint32_t off = (kk % 4) * 32;
+        const uint64_t da = wg::sw128_desc(qa + (kk / 4) * 64 * 128 + off, 16, 1024);
+        const uint64_t db = wg::sw128_desc(k64a + (kk / 4) * 64 * 128 + off, 16, 1024);
+        if (kk == 0) wg::mma_ss_m64n64k16_kmajor<T, true>(s, da, db);
+        else wg::mma_ss_m64n64k16_kmajor<T, false>(s, da, db);
+      },
+      s64_ss_out);
 }
 
 #define CK(x)                                                                  \
@@ -309,13 +321,14 @@ int run_kmajor(const char* name) {
   };
   std::vector<T> qh = conv(q), k64h = conv(k64), k128h = conv(k128);
   T *dq, *dk64, *dk128;
-  float *ds64, *ds128rs, *ds128ss;
+  float *ds64, *ds128rs, *ds128ss, *ds64ss;
   CK(cudaMalloc(&dq, qh.size() * sizeof(T)));
   CK(cudaMalloc(&dk64, k64h.size() * sizeof(T)));
   CK(cudaMalloc(&dk128, k128h.size() * sizeof(T)));
   CK(cudaMalloc(&ds64, 64 * 64 * 4));
   CK(cudaMalloc(&ds128rs, 64 * 128 * 4));
   CK(cudaMalloc(&ds128ss, 64 * 128 * 4));
+  CK(cudaMalloc(&ds64ss, 64 * 64 * 4));
   CK(cudaMemcpy(dq, qh.data(), qh.size() * sizeof(T), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dk64, k64h.data(), k64h.size() * sizeof(T), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(dk128, k128h.data(), k128h.size() * sizeof(T), cudaMemcpyHostToDevice));
@@ -323,24 +336,28 @@ int run_kmajor(const char* name) {
   CK(cudaMemset(ds64, 0xFF, 64 * 64 * 4));
   CK(cudaMemset(ds128rs, 0xFF, 64 * 128 * 4));
   CK(cudaMemset(ds128ss, 0xFF, 64 * 128 * 4));
+  CK(cudaMemset(ds64ss, 0xFF, 64 * 64 * 4));
   CK(cudaFuncSetAttribute(kmajor_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                           kSmemKmajor));
-  kmajor_kernel<T><<<1, 128, kSmemKmajor>>>(dq, dk64, dk128, ds64, ds128rs, ds128ss);
+  kmajor_kernel<T><<<1, 128, kSmemKmajor>>>(dq, dk64, dk128, ds64, ds128rs, ds128ss,
+                                                    ds64ss);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
-  std::vector<float> s64(64 * 64), s128rs(64 * 128), s128ss(64 * 128);
+  std::vector<float> s64(64 * 64), s128rs(64 * 128), s128ss(64 * 128), s64ss(64 * 64);
   CK(cudaMemcpy(s64.data(), ds64, s64.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(s128rs.data(), ds128rs, s128rs.size() * 4, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(s128ss.data(), ds128ss, s128ss.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(s64ss.data(), ds64ss, s64ss.size() * 4, cudaMemcpyDeviceToHost));
   const int bad64 = count_bad_s(name, "RS n64", s64, q, k64, 64);
   const int bad128rs = count_bad_s(name, "RS n128", s128rs, q, k128, 128);
   const int bad128ss = count_bad_s(name, "SS n128", s128ss, q, k128, 128);
-  const bool fail = bad64 || bad128rs || bad128ss;
+  const int bad64ss = count_bad_s(name, "SS n64", s64ss, q, k64, 64);
+  const bool fail = bad64 || bad128rs || bad128ss || bad64ss;
   std::printf("%s %s: S=QK^T K-major kInit (D poisoned): m64n64k16 RS: %d bad; "
-              "m64n128k16 RS: %d bad; m64n128k16 SS: %d bad\n", fail ? "FAIL" : "PASS", name,
-              bad64, bad128rs, bad128ss);
+              "m64n128k16 RS: %d bad; m64n128k16 SS: %d bad; m64n64k16 SS: %d bad\n",
+              fail ? "FAIL" : "PASS", name, bad64, bad128rs, bad128ss, bad64ss);
   cudaFree(dq); cudaFree(dk64); cudaFree(dk128); cudaFree(ds64); cudaFree(ds128rs);
-  cudaFree(ds128ss);
+  cudaFree(ds128ss); cudaFree(ds64ss);
   return fail ? 1 : 0;
 }
 

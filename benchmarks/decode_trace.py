@@ -1,0 +1,187 @@
+"""Our paged-attention decode run back to back inside XLA programs vs eagerly, with cuDNN's
+in the same kind of program: every GPU kernel's start and end from CUPTI (torch.profiler).
+
+Why: the paged-attention matrix times our kernel 2-4 % slower inside chained XLA programs
+than the same handler called eagerly on torch's stream (CUDA events), while Nsight Compute
+shows one grid, one byte count and one isolated duration for both launches. This script
+records what the GPU ran in three phases of one config, each ``--programs`` x ``CHAIN``
+calls queued back to back after a warm-up:
+
+- ``ours_xla``: the chained program of :mod:`paged_attention` (benchmarks), our custom call;
+- ``cudnn_xla``: the same chain with cuDNN's paged attention (JAX's private wrapper);
+- ``ours_eager``: our handler called eagerly on torch's stream with the same queries and
+  block tables (:func:`paged_attention.eager_caller`).
+
+Per phase it reports the main kernel (the kernel name with the largest total time): count,
+grid, duration (median, min, max), the interval from one main kernel's end to the next
+one's end (the time per call the GPU actually gave it: programmatic dependent launch lets
+a kernel start before its predecessor ends, so durations alone overlap), the idle gaps
+between consecutive device activities, every other kernel, memset and copy, and the
+streams used. A phase whose trace holds none of its kernels says so (CUPTI records the
+kernels of every library in the process; if XLA's are missing, this method is void).
+
+Example (on the GPU machine):
+    $ python benchmarks/decode_trace.py --out /tmp/trace --configs 128x8192 32x2048
+    $ XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/decode_trace.py ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+DEVICE_CATEGORIES = ("kernel", "gpu_memset", "gpu_memcpy")
+
+
+def device_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Kernels, memsets and copies of a chrome trace (torch.profiler's export), by start.
+
+    Example:
+        >>> device_events({"traceEvents": [
+        ...     {"cat": "kernel", "name": "b", "ts": 5, "dur": 1},
+        ...     {"cat": "cpu_op", "name": "x", "ts": 0, "dur": 9},
+        ...     {"cat": "kernel", "name": "a", "ts": 1, "dur": 2}]})[0]["name"]
+        'a'
+    """
+    events = [e for e in trace.get("traceEvents", []) if e.get("cat") in DEVICE_CATEGORIES]
+    return sorted(events, key=lambda e: e["ts"])
+
+
+def summarize(events: list[dict[str, Any]], main_hint: str = "") -> dict[str, Any]:
+    """Timeline statistics of one phase (µs): see the module docstring. ``main_hint``
+    (a substring of the kernel name) picks the main kernel; else the largest total time.
+
+    Example:
+        >>> ev = [{"cat": "kernel", "name": "k", "ts": t, "dur": 10, "args": {}}
+        ...       for t in (0, 12, 24)]
+        >>> s = summarize(ev)
+        >>> s["main"]["count"], s["main"]["end_to_end_us"]["median"], s["gaps_us"]["median"]
+        (3, 12.0, 2.0)
+    """
+    if not events:
+        return {"error": "no device activity recorded"}
+    totals: dict[str, float] = {}
+    for e in events:
+        totals[e["name"]] = totals.get(e["name"], 0.0) + e["dur"]
+    hinted = [n for n in totals if main_hint and main_hint in n]
+    main = max(hinted or totals, key=totals.__getitem__)
+    mains = [e for e in events if e["name"] == main]
+    ends = [e["ts"] + e["dur"] for e in mains]
+    durs = [float(e["dur"]) for e in mains]
+    gaps = [b["ts"] - (a["ts"] + a["dur"]) for a, b in itertools.pairwise(events)]
+    span = max(e["ts"] + e["dur"] for e in events) - events[0]["ts"]
+
+    def stats(xs: list[float]) -> dict[str, float] | None:
+        if not xs:
+            return None
+        return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3),
+                "max": round(max(xs), 3), "sum": round(sum(xs), 3)}
+
+    args = mains[0].get("args", {})
+    return {
+        "main": {"name": main[:160], "count": len(mains), "grid": args.get("grid"),
+                 "block": args.get("block"), "duration_us": stats(durs),
+                 "end_to_end_us": stats([b - a for a, b in itertools.pairwise(ends)])},
+        "gaps_us": stats([float(g) for g in gaps]),
+        "span_us": round(span, 3),
+        "span_per_main_us": round(span / len(mains), 3),
+        "others": {n[:160]: {"count": sum(e["name"] == n for e in events),
+                             "total_us": round(t, 3)}
+                   for n, t in totals.items() if n != main},
+        "streams": sorted({str(e.get("args", {}).get("stream")) for e in events}),
+    }
+
+
+def record(run: Any) -> list[dict[str, Any]]:
+    """Device events of ``run()`` (which must wait for its own work) under torch.profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return device_events(json.loads(path.read_text()))
+
+
+def phases(pa: Any, cfg: dict[str, Any], programs: int) -> dict[str, Any]:
+    """The three phases of one config (see the module docstring)."""
+    import jax
+
+    from xla_kernels.kernels.paged_attention import paged_attention
+
+    nbytes = pa.kv_bytes(cfg)
+    sets = pa.input_sets(nbytes)
+    data = pa.make_data(cfg, sets)
+    scale = cfg["head_dim"] ** -0.5
+    args = (data["qs"], data["k"], data["v"], data["bts"], data["lens"])
+    chains = {"ours_xla": (pa.chained(lambda q, k, v, bt, ln: paged_attention(
+        q, k, v, bt, ln, scale=scale)), args, "paged_attention")}
+    cudnn = pa.load_peers()["cudnn"]
+    if not isinstance(cudnn, str):
+        tables = pa.cudnn_tables(data["bts"], data["k"].shape[0])
+        chains["cudnn_xla"] = (pa.chained(pa.cudnn_impl(cudnn, scale)),
+                               (data["qs"], data["k"], data["v"], tables, data["lens"]), "")
+    result: dict[str, Any] = {"config": pa.label(cfg), "kv_bytes": nbytes, "sets": sets,
+                              "calls_per_phase": programs * pa.CHAIN}
+    for name, (fn, fargs, hint) in chains.items():
+        for _ in range(2):
+            jax.block_until_ready(fn(*fargs))
+
+        def run(fn: Any = fn, fargs: tuple = fargs) -> None:
+            outs = [fn(*fargs) for _ in range(programs)]
+            jax.block_until_ready(outs)
+
+        result[name] = summarize(record(run), hint)
+    call = pa.eager_caller(data, data["k"], data["v"], scale, "vllm")
+    if call is not None:
+        for i in range(3):
+            call(i)
+
+        def run_eager() -> None:
+            for i in range(programs * pa.CHAIN):
+                call(i)
+
+        result["ours_eager"] = summarize(record(run_eager), "paged_attention")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", default=["128x8192", "32x2048"],
+                        help="SEQSxCONTEXT at 32 q / 8 kv heads, d 128, block 16, bf16")
+    parser.add_argument("--programs", type=int, default=3, help="chained programs per phase")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tag", default="default", help="names the JSON (e.g. the XLA flags)")
+    args = parser.parse_args()
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    from xla_kernels.bench import device_description, load_script
+
+    pa = load_script(Path(__file__).with_name("paged_attention.py"))
+    results = {"device": device_description(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+               "pdl": os.environ.get("XLA_KERNELS_PDL", "1"), "configs": []}
+    for text in args.configs:
+        seqs, context = (int(x) for x in text.split("x"))
+        row = phases(pa, pa.config(seqs, context), args.programs)
+        results["configs"].append(row)
+        for name in ("ours_xla", "cudnn_xla", "ours_eager"):
+            s = row.get(name, {})
+            m = s.get("main", {})
+            print(f"{row['config']} {name}: {m.get('count')} x {m.get('name', '')[:50]!r} "
+                  f"grid {m.get('grid')} dur {m.get('duration_us')} "
+                  f"end-to-end {m.get('end_to_end_us')} gaps {s.get('gaps_us')} "
+                  f"others {s.get('others')} streams {s.get('streams')}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"decode_trace_{args.tag}.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
