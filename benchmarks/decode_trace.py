@@ -20,9 +20,15 @@ between consecutive device activities, every other kernel, memset and copy, and 
 streams used. A phase whose trace holds none of its kernels says so (CUPTI records the
 kernels of every library in the process; if XLA's are missing, this method is void).
 
+``--ncu`` records nothing itself: after the warm-up it makes one launch of ours (eager) and
+one of cuDNN (a one-call program) between ``cudaProfilerStart`` and ``Stop``, for Nsight
+Compute with ``--profile-from-start off``.
+
 Example (on the GPU machine):
     $ python benchmarks/decode_trace.py --out /tmp/trace --configs 128x8192 32x2048
     $ XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/decode_trace.py ...
+    $ ncu --profile-from-start off --set full -o /tmp/decode \
+        python benchmarks/decode_trace.py --out /tmp/trace --configs 128x8192 --ncu
 """
 
 from __future__ import annotations
@@ -112,8 +118,33 @@ def record(run: Any) -> list[dict[str, Any]]:
         return device_events(json.loads(path.read_text()))
 
 
-def phases(pa: Any, cfg: dict[str, Any], programs: int) -> dict[str, Any]:
-    """The three phases of one config (see the module docstring)."""
+def profiled_launches(pa: Any, data: dict[str, Any], chains: dict[str, Any],
+                      scale: float) -> None:
+    """One launch of ours (eager) and of cuDNN (a one-call program) inside the profiler
+    range, each warmed up first (the ``--ncu`` mode)."""
+    import jax
+    import torch
+
+    call = pa.eager_caller(data, data["k"], data["v"], scale, "vllm")
+    one = None
+    if "cudnn_xla" in chains:
+        _, fargs, _ = chains["cudnn_xla"]
+        one = jax.jit(pa.cudnn_impl(pa.load_peers()["cudnn"], scale))
+        args = (fargs[0][0], fargs[1], fargs[2], fargs[3][0], fargs[4])
+        jax.block_until_ready(one(*args))
+    call(0)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    call(0)
+    torch.cuda.synchronize()
+    if one is not None:
+        jax.block_until_ready(one(*args))
+    torch.cuda.profiler.stop()
+
+
+def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False) -> dict[str, Any]:
+    """The three phases of one config (see the module docstring); with ``ncu``, only
+    :func:`profiled_launches`."""
     import jax
 
     from xla_kernels.kernels.paged_attention import paged_attention
@@ -132,6 +163,9 @@ def phases(pa: Any, cfg: dict[str, Any], programs: int) -> dict[str, Any]:
                                (data["qs"], data["k"], data["v"], tables, data["lens"]), "")
     result: dict[str, Any] = {"config": pa.label(cfg), "kv_bytes": nbytes, "sets": sets,
                               "calls_per_phase": programs * pa.CHAIN}
+    if ncu:
+        profiled_launches(pa, data, chains, scale)
+        return result
     for name, (fn, fargs, hint) in chains.items():
         for _ in range(2):
             jax.block_until_ready(fn(*fargs))
@@ -161,6 +195,8 @@ def main() -> None:
     parser.add_argument("--programs", type=int, default=3, help="chained programs per phase")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tag", default="default", help="names the JSON (e.g. the XLA flags)")
+    parser.add_argument("--ncu", action="store_true",
+                        help="one profiled launch of ours and of cuDNN per config, nothing else")
     args = parser.parse_args()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from xla_kernels.bench import device_description, load_script
@@ -170,8 +206,10 @@ def main() -> None:
                "pdl": os.environ.get("XLA_KERNELS_PDL", "1"), "configs": []}
     for text in args.configs:
         seqs, context = (int(x) for x in text.split("x"))
-        row = phases(pa, pa.config(seqs, context), args.programs)
+        row = phases(pa, pa.config(seqs, context), args.programs, args.ncu)
         results["configs"].append(row)
+        if args.ncu:
+            continue
         for name in ("ours_xla", "cudnn_xla", "ours_eager"):
             s = row.get(name, {})
             m = s.get("main", {})
