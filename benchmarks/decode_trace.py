@@ -191,7 +191,8 @@ def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=["128x8192", "32x2048"],
-                        help="SEQSxCONTEXT at 32 q / 8 kv heads, d 128, block 16, bf16")
+                        help="SEQSxCONTEXT[/KV_HEADS] at 32 q heads (8 kv heads unless "
+                             "given), d 128, block 16, bf16")
     parser.add_argument("--programs", type=int, default=3, help="chained programs per phase")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tag", default="default", help="names the JSON (e.g. the XLA flags)")
@@ -205,18 +206,21 @@ def main() -> None:
     results = {"device": device_description(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                "pdl": os.environ.get("XLA_KERNELS_PDL", "1"), "configs": []}
     for text in args.configs:
-        seqs, context = (int(x) for x in text.split("x"))
-        row = phases(pa, pa.config(seqs, context), args.programs, args.ncu)
+        shape, _, kv_heads = text.partition("/")
+        seqs, context = (int(x) for x in shape.split("x"))
+        cfg = pa.config(seqs, context, num_kv_heads=int(kv_heads or 8))
+        row = phases(pa, cfg, args.programs, args.ncu)
         results["configs"].append(row)
         if args.ncu:
             continue
         for name in ("ours_xla", "cudnn_xla", "ours_eager"):
             s = row.get(name, {})
             m = s.get("main", {})
-            print(f"{row['config']} {name}: {m.get('count')} x {m.get('name', '')[:50]!r} "
-                  f"grid {m.get('grid')} dur {m.get('duration_us')} "
-                  f"end-to-end {m.get('end_to_end_us')} gaps {s.get('gaps_us')} "
-                  f"others {s.get('others')} streams {s.get('streams')}", flush=True)
+            e2e = (m.get("end_to_end_us") or {}).get("median")
+            print(f"{row['config']} {name}: {m.get('count')} x {m.get('name', '')[:40]!r} "
+                  f"grid {m.get('grid')}: end-to-end median {e2e} us, duration "
+                  f"{(m.get('duration_us') or {}).get('median')} us, gaps {s.get('gaps_us')}, "
+                  f"others {s.get('others')}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"decode_trace_{args.tag}.json").write_text(json.dumps(results, indent=1))
 

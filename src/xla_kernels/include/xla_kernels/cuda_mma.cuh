@@ -20,6 +20,27 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
+// cp_async16 with an L2 prefetch-size hint: a miss in L2 fetches the whole aligned
+// kL2Bytes (64, 128 or 256) from DRAM, not only the requested sectors; 0: no hint
+// (cp_async16). CUTLASS's and FlashInfer's cp.async loads say 128.
+template <int kL2Bytes>
+__device__ __forceinline__ void cp_async16_l2(void* smem, const void* gmem) {
+  static_assert(kL2Bytes == 0 || kL2Bytes == 64 || kL2Bytes == 128 || kL2Bytes == 256,
+                "L2 prefetch size: 0, 64, 128 or 256 bytes");
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (kL2Bytes == 64) {
+    asm volatile("cp.async.cg.shared.global.L2::64B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem)
+                 : "memory");
+  } else if constexpr (kL2Bytes == 128) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem)
+                 : "memory");
+  } else if constexpr (kL2Bytes == 256) {
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(s), "l"(gmem)
+                 : "memory");
+  } else {
+    cp_async16(smem, gmem);
+  }
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -105,6 +105,12 @@ using namespace ::xla_kernels::cuda_pdl;  // programmatic dependent launch
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr unsigned kFull = 0xffffffffu;
+// L2 prefetch size of the K/V tile loads (cp_async16_l2): 0 (none), 64, 128 or 256 bytes.
+// -DXK_DECODE_L2_PREFETCH=N (e.g. NVCC_APPEND_FLAGS) overrides it for A/B runs.
+#ifndef XK_DECODE_L2_PREFETCH
+#define XK_DECODE_L2_PREFETCH 128
+#endif
+constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct KernelArgs {
@@ -287,8 +293,8 @@ __device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a,
     T* kd = ks + row * RS + scol;
     T* vd = vs + row * RS + scol;
     if ((mask >> row) & 1u) {
-      cp_async16(kd, kc + roff + col);
-      cp_async16(vd, vc + roff + col);
+      cp_async16_l2<kL2Prefetch>(kd, kc + roff + col);
+      cp_async16_l2<kL2Prefetch>(vd, vc + roff + col);
     } else {
       *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
       *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
