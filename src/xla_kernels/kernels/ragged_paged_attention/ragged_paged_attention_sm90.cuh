@@ -123,14 +123,6 @@ __device__ __forceinline__ int tile_block(const Args& a, int s, int t0, int lo, 
   return blk >= 0 && blk < a.num_blocks ? blk : -1;
 }
 
-// Element offset, from a kv head's start in a cache, of the row of token pos (block blk,
-// slot pos % block_size); 0 for a masked token (blk < 0), whose copy reads nothing.
-__device__ __forceinline__ int64_t token_row_offset(const Args& a, int blk, int pos) {
-  return blk >= 0 ? static_cast<int64_t>(blk) * a.sb +
-                        static_cast<int64_t>(pos & ((1 << a.log2_bs) - 1)) * a.ss
-                  : 0;
-}
-
 // 2^x with ex2.approx.ftz: exp2f without its subnormal fix-up (a result below 2^-126 becomes
 // 0; softmax weights are taken relative to the row maximum, so nothing of weight is lost).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -159,6 +151,7 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
   const int j0 = ptid / C::kTpt, part = ptid % C::kTpt;
   const T* kc = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * a.sh + part * 8;
   const T* vc = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * a.sh + part * 8;
+  const int slot_mask = (1 << a.log2_bs) - 1;
   int blk[U];  // block ids of this thread's tokens of the next tile (-1: masked)
 #pragma unroll
   for (int u = 0; u < U; ++u) blk[u] = ntiles > 0 ? tile_block(a, w.s, lo, lo, hi, j0 + 64 * u) : -1;
@@ -185,7 +178,9 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
         for (int u = 0; u < U; ++u) {
           const int j = j0 + 64 * u;
           const bool valid = cur[u] >= 0;
-          const int64_t off = token_row_offset(a, cur[u], t0 + j);
+          const int64_t off = valid ? static_cast<int64_t>(cur[u]) * a.sb +
+                                          static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
+                                    : 0;
 #pragma unroll 1
           for (int p = 0; p < kPanels; ++p) {
 #pragma unroll
@@ -206,7 +201,9 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
     for (int u = 0; u < U; ++u) {
       const int j = j0 + 64 * u;
       const bool valid = cur[u] >= 0;
-      const int64_t off = token_row_offset(a, cur[u], t0 + j);
+      const int64_t off = valid ? static_cast<int64_t>(cur[u]) * a.sb +
+                                      static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
+                                : 0;
 #pragma unroll
       for (int i = 0; i < C::kChunks; ++i) {
         const int c = part + C::kTpt * i;
@@ -248,32 +245,38 @@ __device__ __forceinline__ void produce_kv_fp8(const Args& a, const Work& w, int
       static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * a.sh + part * 16;
   const uint8_t* vc =
       static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * a.sh + part * 16;
+  const int slot_mask = (1 << a.log2_bs) - 1;
   const int nunits = 2 * ntiles;
-  // Copy side: block ids of this thread's tokens in the tile being copied (-1: masked), and
-  // in the tile after it (read a tile ahead).
-  int cur[U], nxt[U];
+  // Copy side: offsets of this thread's tokens in the tile being copied (-1: masked), and
+  // the block ids of the tile after it (read a tile ahead).
+  int64_t off[U];
+  int nxt[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    cur[u] = -1;
+    off[u] = -1;
     nxt[u] = ntiles > 0 ? tile_block(a, w.s, lo, lo, hi, j0 + 64 * u) : -1;
   }
   // Unit v's copies (nothing past the last unit), always one commit group.
   auto copy_unit = [&](int v) {
     if (v < nunits) {
-      const int it = v >> 1, t0 = lo + it * N;
-      if ((v & 1) == 0) {  // a new tile: its block ids, and the next tile's
+      const int it = v >> 1;
+      if ((v & 1) == 0) {  // a new tile: its offsets, and the next tile's block ids
+        const int t0 = lo + it * N;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-          cur[u] = nxt[u];
-          if (it + 1 < ntiles) nxt[u] = tile_block(a, w.s, t0 + N, lo, hi, j0 + 64 * u);
+          const int j = j0 + 64 * u;
+          off[u] = nxt[u] >= 0 ? static_cast<int64_t>(nxt[u]) * a.sb +
+                                     static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
+                               : -1;
+          if (it + 1 < ntiles) nxt[u] = tile_block(a, w.s, t0 + N, lo, hi, j);
         }
       }
       const uint8_t* src = (v & 1) ? vc : kc;
       const uint32_t dst = raw_s + (v & (R - 1)) * C::kRawUnitBytes + 16 * ptid;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const bool valid = cur[u] >= 0;
-        const uint8_t* row = src + token_row_offset(a, cur[u], t0 + j0 + 64 * u);
+        const bool valid = off[u] >= 0;
+        const uint8_t* row = src + (valid ? off[u] : 0);
 #pragma unroll
         for (int f = 0; f < kF; ++f) {
           ap::cp_async16_zfill(dst + 2048 * (u * kF + f), row + 32 * f, valid);
