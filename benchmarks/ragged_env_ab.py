@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -47,14 +46,13 @@ def main() -> None:
                         help='"name:VAR=value,...;name2:..." (default: one, unchanged)')
     parser.add_argument("--budget", type=float, default=0.4, help="seconds per timing")
     args = parser.parse_args()
-    from xla_kernels.bench import budgeted_seconds, load_script
+    from xla_kernels.bench import budgeted_seconds, environment, load_script
     from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
 
     rb = load_script(Path(__file__).with_name("ragged_paged_attention.py"))
     known = {c["name"]: c for c in rb.matrix(quick=False)}
     variants = parse_variants(args.variants)
     switches = {k for env in variants.values() for k in env}
-    saved = {k: os.environ.get(k) for k in switches}
     for name in args.configs.split(","):
         cfg = known[name.strip()]
         x = rb.make_data(cfg, np.random.default_rng(0))
@@ -64,19 +62,14 @@ def main() -> None:
         tflops: dict[str, list[float]] = {}
         for _ in range(2):
             for vname, env in variants.items():
-                for k in switches:
-                    os.environ.pop(k, None)
-                os.environ.update(env)
 
                 def call(d: dict[str, Any], kw: dict[str, Any] = kw) -> Any:
                     return ragged_paged_attention(*(d[k] for k in rb.OURS_ARGS), **kw)
 
-                sec = budgeted_seconds(jax.jit(call), (x,), args.budget)
+                # The variant's switches set, the others unset, for this timing only.
+                with environment(**{k: env.get(k) for k in switches}):
+                    sec = budgeted_seconds(jax.jit(call), (x,), args.budget)
                 tflops.setdefault(vname, []).append(round(flops / sec / 1e12, 1))
-            for k, v in saved.items():
-                os.environ.pop(k, None)
-                if v is not None:
-                    os.environ[k] = v
             if fa3 is not None:
                 sec = budgeted_seconds(jax.jit(fa3), (x,), args.budget)
                 tflops.setdefault("fa3", []).append(round(flops / sec / 1e12, 1))

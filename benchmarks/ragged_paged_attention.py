@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import traceback
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xla_kernels.bench import budgeted_seconds, device_description
+from xla_kernels.bench import budgeted_seconds, device_description, environment
 from xla_kernels.kernels.paged_attention import paged_attention
 from xla_kernels.kernels.ragged_paged_attention import (
     ragged_paged_attention,
@@ -227,15 +226,8 @@ def measure(cfg: dict[str, Any], budget: float) -> dict[str, Any]:
     if any(q > 1 for q in cfg["q_lens"]):
         # The same op with the sm_90a wgmma kernel switched off (the mma.sync kernel; equal
         # to "ours" where the wgmma kernel does not apply).
-        saved = os.environ.get("XLA_KERNELS_RAGGED_WGMMA")
-        os.environ["XLA_KERNELS_RAGGED_WGMMA"] = "0"
-        try:
+        with environment(XLA_KERNELS_RAGGED_WGMMA="0"):
             run("ours_mma", lambda d: ragged_paged_attention(*(d[k] for k in OURS_ARGS), **kw))
-        finally:
-            if saved is None:
-                del os.environ["XLA_KERNELS_RAGGED_WGMMA"]
-            else:
-                os.environ["XLA_KERNELS_RAGGED_WGMMA"] = saved
     gathered = 2 * 32 * max(cfg["kv_lens"]) * cfg["num_kv_heads"] * cfg["head_dim"] * 2
     if gathered <= XLA_CAP:
         run("xla", lambda d: ragged_paged_attention_xla(*(d[k] for k in names), **kw))

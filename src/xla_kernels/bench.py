@@ -9,11 +9,13 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,35 @@ def budgeted_seconds(fn: Callable[..., Any], args: tuple, budget: float, *, call
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - start) / per_window / calls)
     return statistics.median(samples)
+
+
+@contextlib.contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Sets environment variables (``None`` removes one) for the ``with`` block and restores
+    their previous values after it, e.g. a kernel switch read at launch for one variant of
+    an A/B timing.
+
+    Example:
+        >>> with environment(XK_DOCTEST_SWITCH="0"):
+        ...     os.environ["XK_DOCTEST_SWITCH"]
+        '0'
+        >>> "XK_DOCTEST_SWITCH" in os.environ
+        False
+    """
+    saved = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def device_description() -> dict[str, str]:
