@@ -1,11 +1,13 @@
 """Our paged-attention decode run back to back inside XLA programs vs eagerly, with cuDNN's
 in the same kind of program: every GPU kernel's start and end from CUPTI (torch.profiler).
 
-Why: the paged-attention matrix times our kernel 2-4 % slower inside chained XLA programs
+Why: the paged-attention matrix timed our kernel 2-4 % slower inside chained XLA programs
 than the same handler called eagerly on torch's stream (CUDA events), while Nsight Compute
-shows one grid, one byte count and one isolated duration for both launches. This script
-records what the GPU ran in three phases of one config, each ``--programs`` x ``CHAIN``
-calls queued back to back after a warm-up:
+showed one grid, one byte count and one isolated duration for both launches. Kernel
+timestamps settle such questions: on the H100 the kernel took the same time in both
+(benchmarks/results/h100/decode_l2_734c3f4/). This script records what the GPU ran in
+three phases of one config, each ``--programs`` x ``CHAIN`` calls queued back to back
+after a warm-up:
 
 - ``ours_xla``: the chained program of :mod:`paged_attention` (benchmarks), our custom call;
 - ``cudnn_xla``: the same chain with cuDNN's paged attention (JAX's private wrapper);
@@ -17,8 +19,9 @@ grid, duration (median, min, max), the interval from one main kernel's end to th
 one's end (the time per call the GPU actually gave it: programmatic dependent launch lets
 a kernel start before its predecessor ends, so durations alone overlap), the idle gaps
 between consecutive device activities, every other kernel, memset and copy, and the
-streams used. A phase whose trace holds none of its kernels says so (CUPTI records the
-kernels of every library in the process; if XLA's are missing, this method is void).
+streams used. A phase whose trace holds none of its kernels says so in ``error`` (CUPTI
+records the kernels of every library in the process; if XLA's are missing, this method is
+void).
 
 ``--ncu`` records nothing itself: after the warm-up it makes one launch of ours (eager) and
 one of cuDNN (a one-call program) between ``cudaProfilerStart`` and ``Stop``, for Nsight
@@ -39,6 +42,7 @@ import json
 import os
 import statistics
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +73,19 @@ def summarize(events: list[dict[str, Any]], main_hint: str = "") -> dict[str, An
         >>> s = summarize(ev)
         >>> s["main"]["count"], s["main"]["end_to_end_us"]["median"], s["gaps_us"]["median"]
         (3, 12.0, 2.0)
+        >>> summarize(ev, "paged_attention")["error"]
+        "no kernel named like 'paged_attention' recorded (seen: ['k'])"
     """
     if not events:
         return {"error": "no device activity recorded"}
     totals: dict[str, float] = {}
     for e in events:
         totals[e["name"]] = totals.get(e["name"], 0.0) + e["dur"]
-    hinted = [n for n in totals if main_hint and main_hint in n]
-    main = max(hinted or totals, key=totals.__getitem__)
+    hinted = [n for n in totals if main_hint in n]
+    if not hinted:
+        return {"error": f"no kernel named like {main_hint!r} recorded "
+                         f"(seen: {sorted(n[:80] for n in totals)})"}
+    main = max(hinted, key=totals.__getitem__)
     mains = [e for e in events if e["name"] == main]
     ends = [e["ts"] + e["dur"] for e in mains]
     durs = [float(e["dur"]) for e in mains]
@@ -104,7 +113,7 @@ def summarize(events: list[dict[str, Any]], main_hint: str = "") -> dict[str, An
     }
 
 
-def record(run: Any) -> list[dict[str, Any]]:
+def record(run: Callable[[], None]) -> list[dict[str, Any]]:
     """Device events of ``run()`` (which must wait for its own work) under torch.profiler."""
     import torch
     from torch.profiler import ProfilerActivity, profile
