@@ -1038,47 +1038,42 @@ inline std::string try_launch_wgmma(cudaStream_t stream, const Params& p, const 
   return try_launch_wgmma_tile<T, D, 64>(stream, p, a, mode, used);
 }
 
-template <int D>
-inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const Args& a) {
-  if (p.fp8_cache) {
-    // The wgmma kernel when it can serve the call, else the mma.sync kernel.
-    bool used = false;
-    std::string err;
-    if (p.dtype == DType::kBF16) {
-      err = try_launch_wgmma<__nv_bfloat16, D, true>(stream, p, a, &used);
-    }
-    if (p.dtype == DType::kF16) err = try_launch_wgmma<__half, D, true>(stream, p, a, &used);
-    if (used || !err.empty()) return err;
-    switch (p.dtype) {
-      case DType::kBF16:
-        return launch_main(stream, p, a, ragged_mma_kernel<__nv_bfloat16, D, true>,
-                           MmaConfig<__nv_bfloat16, D, true>::kBytes,
-                           MmaConfig<__nv_bfloat16, D, true>::BM);
-      case DType::kF16:
-        return launch_main(stream, p, a, ragged_mma_kernel<__half, D, true>,
-                           MmaConfig<__half, D, true>::kBytes, MmaConfig<__half, D, true>::BM);
-      case DType::kF32:
-        return "ragged_paged_attention: f8e4m3fn caches need bf16 or f16 queries";
-    }
-  }
-  // bf16/f16 caches on an sm_90a build: the wgmma kernel when it can serve the call.
+// One cache dtype's dispatch (kFp8: f8e4m3fn caches, else the query dtype): bf16/f16
+// queries take the wgmma kernel when it can serve the call (an sm_90a build on a compute
+// capability 9.0 device), else the mma.sync kernel; f32 queries take the SIMT kernel, and
+// are refused on fp8 caches.
+template <int D, bool kFp8>
+inline std::string launch_cache_dtype(cudaStream_t stream, const Params& p, const Args& a) {
   bool used = false;
   std::string err;
-  if (p.dtype == DType::kBF16) err = try_launch_wgmma<__nv_bfloat16, D>(stream, p, a, &used);
-  if (p.dtype == DType::kF16) err = try_launch_wgmma<__half, D>(stream, p, a, &used);
+  if (p.dtype == DType::kBF16) {
+    err = try_launch_wgmma<__nv_bfloat16, D, kFp8>(stream, p, a, &used);
+  }
+  if (p.dtype == DType::kF16) err = try_launch_wgmma<__half, D, kFp8>(stream, p, a, &used);
   if (used || !err.empty()) return err;
   switch (p.dtype) {
     case DType::kBF16:
-      return launch_main(stream, p, a, ragged_mma_kernel<__nv_bfloat16, D>,
-                         MmaConfig<__nv_bfloat16, D>::kBytes, MmaConfig<__nv_bfloat16, D>::BM);
+      return launch_main(stream, p, a, ragged_mma_kernel<__nv_bfloat16, D, kFp8>,
+                         MmaConfig<__nv_bfloat16, D, kFp8>::kBytes,
+                         MmaConfig<__nv_bfloat16, D, kFp8>::BM);
     case DType::kF16:
-      return launch_main(stream, p, a, ragged_mma_kernel<__half, D>,
-                         MmaConfig<__half, D>::kBytes, MmaConfig<__half, D>::BM);
+      return launch_main(stream, p, a, ragged_mma_kernel<__half, D, kFp8>,
+                         MmaConfig<__half, D, kFp8>::kBytes, MmaConfig<__half, D, kFp8>::BM);
     case DType::kF32:
-      return launch_main(stream, p, a, ragged_simt_kernel<D>, SimtConfig<D>::kBytes,
-                         SimtConfig<D>::BM);
+      if constexpr (kFp8) {
+        return "ragged_paged_attention: f8e4m3fn caches need bf16 or f16 queries";
+      } else {
+        return launch_main(stream, p, a, ragged_simt_kernel<D>, SimtConfig<D>::kBytes,
+                           SimtConfig<D>::BM);
+      }
   }
   return "ragged_paged_attention: unknown dtype";
+}
+
+template <int D>
+inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const Args& a) {
+  return p.fp8_cache ? launch_cache_dtype<D, true>(stream, p, a)
+                     : launch_cache_dtype<D, false>(stream, p, a);
 }
 
 }  // namespace detail
