@@ -6,13 +6,15 @@ than the same handler called eagerly on torch's stream (CUDA events), while Nsig
 showed one grid, one byte count and one isolated duration for both launches. Kernel
 timestamps settle such questions: on the H100 the kernel took the same time in both
 (benchmarks/results/h100/decode_l2_734c3f4/). This script records what the GPU ran in
-three phases of one config, each ``--programs`` x ``CHAIN`` calls queued back to back
+four phases of one config, each ``--programs`` x ``CHAIN`` calls queued back to back
 after a warm-up:
 
 - ``ours_xla``: the chained program of :mod:`paged_attention` (benchmarks), our custom call;
 - ``cudnn_xla``: the same chain with cuDNN's paged attention (JAX's private wrapper);
 - ``ours_eager``: our handler called eagerly on torch's stream with the same queries and
-  block tables (:func:`paged_attention.eager_caller`).
+  block tables (:func:`paged_attention.eager_caller`);
+- ``ours_fp8_xla``: the first chain on float8_e4m3fn copies of the caches (scales 1), for
+  issue 12's fp8 / bf16 speedup (``fp8_speedup``: bf16 end to end over fp8's).
 
 Per phase it reports the main kernel (the kernel name with the largest total time): count,
 grid, duration (median, min, max), the interval from one main kernel's end to the next
@@ -151,26 +153,38 @@ def profiled_launches(pa: Any, data: dict[str, Any], chains: dict[str, Any],
     torch.cuda.profiler.stop()
 
 
-def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False) -> dict[str, Any]:
-    """The three phases of one config (see the module docstring); with ``ncu``, only
+def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False,
+           spare_pages: int = 0) -> dict[str, Any]:
+    """The four phases of one config (see the module docstring); with ``ncu``, only
     :func:`profiled_launches`."""
     import jax
+    import jax.numpy as jnp
 
     from xla_kernels.kernels.paged_attention import paged_attention
 
     nbytes = pa.kv_bytes(cfg)
     sets = pa.input_sets(nbytes)
-    data = pa.make_data(cfg, sets)
+    data = pa.make_data(cfg, sets, spare_pages)
     scale = cfg["head_dim"] ** -0.5
     args = (data["qs"], data["k"], data["v"], data["bts"], data["lens"])
     chains = {"ours_xla": (pa.chained(lambda q, k, v, bt, ln: paged_attention(
         q, k, v, bt, ln, scale=scale)), args, "paged_attention")}
+    if not ncu:
+        # The same chain on float8_e4m3fn copies of the caches (half the bytes).
+        fp8 = (data["qs"], data["k"].astype(jnp.float8_e4m3fn),
+               data["v"].astype(jnp.float8_e4m3fn), data["bts"], data["lens"])
+        chains["ours_fp8_xla"] = (pa.chained(lambda q, k, v, bt, ln: paged_attention(
+            q, k, v, bt, ln, scale=scale, k_scale=1.0, v_scale=1.0)), fp8, "paged_attention")
     cudnn = pa.load_peers()["cudnn"]
     if not isinstance(cudnn, str):
         tables = pa.cudnn_tables(data["bts"], data["k"].shape[0])
         chains["cudnn_xla"] = (pa.chained(pa.cudnn_impl(cudnn, scale)),
                                (data["qs"], data["k"], data["v"], tables, data["lens"]), "")
     result: dict[str, Any] = {"config": pa.label(cfg), "kv_bytes": nbytes, "sets": sets,
+                              "spare_pages": spare_pages, "cache_blocks": data["k"].shape[0],
+                              "k_address_mod_4096": data["k"].unsafe_buffer_pointer() % 4096,
+                              "v_minus_k_bytes": (data["v"].unsafe_buffer_pointer()
+                                                  - data["k"].unsafe_buffer_pointer()),
                               "calls_per_phase": programs * pa.CHAIN}
     if ncu:
         profiled_launches(pa, data, chains, scale)
@@ -194,17 +208,25 @@ def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False) -> di
                 call(i)
 
         result["ours_eager"] = summarize(record(run_eager), "paged_attention")
+    e2e = {name: (result.get(name, {}).get("main", {}).get("end_to_end_us") or {}).get("median")
+           for name in ("ours_xla", "ours_fp8_xla", "cudnn_xla")}
+    if e2e["ours_xla"] and e2e["ours_fp8_xla"]:
+        result["fp8_speedup"] = e2e["ours_xla"] / e2e["ours_fp8_xla"]
+    if e2e["ours_xla"] and e2e["cudnn_xla"]:
+        result["cudnn_over_ours"] = e2e["cudnn_xla"] / e2e["ours_xla"]
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=["128x8192", "32x2048"],
-                        help="SEQSxCONTEXT[/KV_HEADS] at 32 q heads (8 kv heads unless "
-                             "given), d 128, block 16, bf16")
+                        help="SEQSxCONTEXT[/KV_HEADS[/HEAD_DIM]] at 32 q heads (8 kv heads "
+                             "and head_dim 128 unless given), block 16, bf16")
     parser.add_argument("--programs", type=int, default=3, help="chained programs per phase")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tag", default="default", help="names the JSON (e.g. the XLA flags)")
+    parser.add_argument("--spare-pages", type=int, default=0,
+                        help="unused cache blocks per sequence (varies the caches' placement)")
     parser.add_argument("--ncu", action="store_true",
                         help="one profiled launch of ours and of cuDNN per config, nothing else")
     args = parser.parse_args()
@@ -215,14 +237,15 @@ def main() -> None:
     results = {"device": device_description(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                "pdl": os.environ.get("XLA_KERNELS_PDL", "1"), "configs": []}
     for text in args.configs:
-        shape, _, kv_heads = text.partition("/")
+        shape, *heads = text.split("/")
         seqs, context = (int(x) for x in shape.split("x"))
-        cfg = pa.config(seqs, context, num_kv_heads=int(kv_heads or 8))
-        row = phases(pa, cfg, args.programs, args.ncu)
+        kv_heads, head_dim = ([int(x) for x in heads] + [8, 128][len(heads):])[:2]
+        cfg = pa.config(seqs, context, num_kv_heads=kv_heads, head_dim=head_dim)
+        row = phases(pa, cfg, args.programs, args.ncu, args.spare_pages)
         results["configs"].append(row)
         if args.ncu:
             continue
-        for name in ("ours_xla", "cudnn_xla", "ours_eager"):
+        for name in ("ours_xla", "cudnn_xla", "ours_eager", "ours_fp8_xla"):
             s = row.get(name, {})
             m = s.get("main", {})
             e2e = (m.get("end_to_end_us") or {}).get("median")
@@ -230,6 +253,10 @@ def main() -> None:
                   f"grid {m.get('grid')}: end-to-end median {e2e} us, duration "
                   f"{(m.get('duration_us') or {}).get('median')} us, gaps {s.get('gaps_us')}, "
                   f"others {s.get('others')}", flush=True)
+        print(f"{row['config']} (K % 4096: {row['k_address_mod_4096']}, V - K: "
+              f"{row['v_minus_k_bytes']}): cuDNN / ours "
+              f"{row.get('cudnn_over_ours', 0):.4f}, fp8 speedup {row.get('fp8_speedup', 0):.3f}x",
+              flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"decode_trace_{args.tag}.json").write_text(json.dumps(results, indent=1))
 

@@ -178,23 +178,27 @@ def pallas_kwargs(fn: Any, pages_per_seq: int) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if k in params}
 
 
-def make_data(cfg: dict[str, Any], sets: int) -> dict[str, Any]:
-    """Caches (vLLM layout) and `sets` disjoint (query, block table) sets, on the device."""
+def make_data(cfg: dict[str, Any], sets: int, spare_pages: int = 0) -> dict[str, Any]:
+    """Caches (vLLM layout) and `sets` disjoint (query, block table) sets, on the device.
+    ``spare_pages``: blocks per sequence and set that the caches hold past the used ones
+    (never in a table), so the caches' sizes and relative placement can be varied."""
     s, ctx, hq, hkv, d, block = (cfg[k] for k in ("num_seqs", "context", "num_q_heads",
                                                   "num_kv_heads", "head_dim", "block_size"))
     dtype = DTYPES[cfg["dtype"]]
     pages = ctx // block
     nblocks = sets * s * pages
+    cache_blocks = sets * s * (pages + spare_pages)
     key = jax.random.key(cfg["context"] + 7 * cfg["num_seqs"])
     k1, k2, k3 = jax.random.split(key, 3)
     # Random data (never zeros): a base of <= 128 MB tiled to the cache size.
-    base_blocks = max(1, min(nblocks, int(128e6 // (block * hkv * d * jnp.dtype(dtype).itemsize))))
-    reps = -(-nblocks // base_blocks)
+    base_blocks = max(1, min(cache_blocks,
+                             int(128e6 // (block * hkv * d * jnp.dtype(dtype).itemsize))))
+    reps = -(-cache_blocks // base_blocks)
 
     @jax.jit
     def cache(k: Any) -> Any:
         base = jax.random.normal(k, (base_blocks, block, hkv, d), dtype)
-        return jnp.tile(base, (reps, 1, 1, 1))[:nblocks]
+        return jnp.tile(base, (reps, 1, 1, 1))[:cache_blocks]
 
     rng = np.random.default_rng(0)
     perm = rng.permutation(nblocks).reshape(sets, s, pages)

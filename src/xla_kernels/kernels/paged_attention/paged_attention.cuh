@@ -28,6 +28,9 @@
 //    previous kernel's tail; results are those of plain stream order.
 //  * Loads: each warp streams its own tiles (NW tokens of K and V) into shared memory with
 //    16-byte cp.async, kStages deep, so ~2 tiles per warp are in flight while it computes.
+//    Staged rows are unpadded, their 16-byte chunks XOR-swizzled (swz_chunk), so each row
+//    starts on a 128-byte line of shared memory: a cp.async whose destination straddles
+//    lines is split, and L2 then served 1.5x the sectors (PERFORMANCE.md).
 //    Rows of masked tokens (beyond L, outside the window, invalid block id) are zero-filled
 //    with plain shared stores and never read from global memory.
 //  * Math: bf16/f16 use mma.sync m16n8k16 (f32 accumulate): S = Q K^T with the q heads as the
@@ -250,10 +253,11 @@ __device__ __forceinline__ int lookup_block(const KernelArgs& a, const int32_t* 
   return (lane < NW && pos < p_hi) ? __ldg(bt_row + (pos >> a.log2_bs)) : -1;
 }
 
-// Swizzled tiles (fp8): 16-byte chunk q of row r (kCpr chunks per row) is stored at chunk
-// swz_chunk(q, r). XOR of the low 3 chunk bits with the row (and, for 16 chunks, the upper
-// half): a bijection per row that keeps Fp8MmaCore's K and V reads free of bank conflicts
-// for head_dim 128 and 256 (head_dim 64 V reads: 2-way).
+// Swizzled tiles (bf16/f16 and fp8): 16-byte chunk q of row r (kCpr chunks per row) is
+// stored at chunk swz_chunk(q, r). XOR of the low 3 chunk bits with the row (and, for 16
+// chunks, the upper half): a bijection per row that keeps MmaCore's ldmatrix (8 rows, one
+// chunk each) and Fp8MmaCore's K and V reads free of bank conflicts (Fp8MmaCore at
+// head_dim 64: V reads 2-way).
 template <int kCpr>
 __device__ __forceinline__ int swz_chunk(int q, int r) {
   constexpr int kMask = kCpr < 8 ? kCpr - 1 : 7;
@@ -285,11 +289,11 @@ __device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a,
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
     const int c = lane + 32 * i;
-    const int row = c / kCpr;
-    const int col = (c % kCpr) * kVec;
+    const int row = c / kCpr, chunk = c % kCpr;
+    const int col = chunk * kVec;
     const int64_t roff = __shfl_sync(kFull, off, row);
     int scol = col;
-    if constexpr (kSwizzle) scol = swz_chunk<kCpr>(c % kCpr, row) * kVec;
+    if constexpr (kSwizzle) scol = swz_chunk<kCpr>(chunk, row) * kVec;
     T* kd = ks + row * RS + scol;
     T* vd = vs + row * RS + scol;
     if ((mask >> row) & 1u) {
@@ -386,12 +390,23 @@ struct MmaCore {
   static constexpr int GC = 16;                // q heads per CTA
   static constexpr int NW = 16;                // tokens per warp tile
   static constexpr int kStages = 3;
-  static constexpr int RS = D + 8;             // +16 bytes: conflict-free ldmatrix
+  // K/V rows unpadded, 16-byte chunks swizzled (swz_chunk): conflict-free ldmatrix, and
+  // every row starts on a 128-byte line of shared memory. (Rows padded to D + 8 elements
+  // made the cp.async of a row straddle shared-memory lines, and the hardware then asked
+  // L2 for 1.5x the row's sectors; PERFORMANCE.md.)
+  static constexpr bool kSwizzle = true;
+  static constexpr int RS = D;
+  static constexpr int QRS = D + 8;            // Q rows in shared memory (padded)
   static constexpr bool kQRegs = D <= 128;     // Q fragments kept in registers
   static constexpr int KT = D / 16;            // k-steps of S = Q K^T
   static constexpr int NT = NW / 8;            // n-tiles of S (8 tokens each)
   static constexpr int DT = D / 8;             // n-tiles of O (8 dims each)
-  static constexpr int kExtraBytes = GC * RS * static_cast<int>(sizeof(T));  // Q in smem
+  static constexpr int kExtraBytes = GC * QRS * static_cast<int>(sizeof(T));  // Q in smem
+
+  // Element offset of 8-element (16-byte) chunk q of row r of a staged K/V tile.
+  __device__ __forceinline__ static int tile_off(int r, int q) {
+    return r * RS + swz_chunk<D / 8>(q, r) * 8;
+  }
 
   uint32_t qf[kQRegs ? KT : 1][4];
   float o[DT][4];
@@ -409,13 +424,13 @@ struct MmaCore {
       const int r = c / kCpr, col = (c % kCpr) * kVec;
       uint4 v = make_uint4(0, 0, 0, 0);
       if (r < nh) v = *reinterpret_cast<const uint4*>(qg + static_cast<int64_t>(r) * D + col);
-      *reinterpret_cast<uint4*>(q + r * RS + col) = v;
+      *reinterpret_cast<uint4*>(q + r * QRS + col) = v;
     }
   }
 
   __device__ __forceinline__ const T* q_addr(int kk) const {
     const int mtx = lane >> 3, r = lane & 7;
-    return qsm + ((mtx & 1) * 8 + r) * RS + kk * 16 + (mtx >> 1) * 8;
+    return qsm + ((mtx & 1) * 8 + r) * QRS + kk * 16 + (mtx >> 1) * 8;
   }
 
   __device__ __forceinline__ void init(unsigned char* extra, int warp, int lane_) {
@@ -453,7 +468,7 @@ struct MmaCore {
 #pragma unroll
       for (int j = 0; j < NW / 16; ++j) {
         uint32_t b[4];
-        ldsm_x4(b, ks + (j * 16 + (mtx >> 1) * 8 + r8) * RS + kk * 16 + (mtx & 1) * 8);
+        ldsm_x4(b, ks + tile_off(j * 16 + (mtx >> 1) * 8 + r8, kk * 2 + (mtx & 1)));
         mma16816<T>(sc[2 * j], af, b[0], b[1]);
         mma16816<T>(sc[2 * j + 1], af, b[2], b[3]);
       }
@@ -467,7 +482,7 @@ struct MmaCore {
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         uint32_t b[4];
-        ldsm_x4_trans(b, vs + (j * 16 + (mtx & 1) * 8 + r8) * RS + dp * 16 + (mtx >> 1) * 8);
+        ldsm_x4_trans(b, vs + tile_off(j * 16 + (mtx & 1) * 8 + r8, dp * 2 + (mtx >> 1)));
         mma16816<T>(o[2 * dp], pa, b[0], b[1]);
         mma16816<T>(o[2 * dp + 1], pa, b[2], b[3]);
       }
@@ -670,6 +685,7 @@ struct SimtCore {
   static constexpr int kCpl = kCpr / TG;    // chunks per lane
   static constexpr int kStages = 3;
   // Row padding keeps the 8 lanes of a 16-byte shared-load phase on distinct banks.
+  static constexpr bool kSwizzle = false;
   static constexpr int RS = D + 16 * (TG < 4 ? TG : 4) / static_cast<int>(sizeof(T));
   static constexpr int DPL = D / 32;        // output dims per lane in O += P V
   static constexpr int kQBytes = GC * D * 4;
@@ -836,6 +852,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
   using C = typename Core::Cache;  // T, or uint8_t (e4m3) for fp8 caches
   constexpr bool kFp8 = !std::is_same_v<C, T>;
   constexpr int NW = Core::NW, RS = Core::RS, kStages = Core::kStages, GC = Core::GC;
+  constexpr bool kSwz = Core::kSwizzle;
 
   // Launched with PDL: nothing global is touched before the previous kernel has finished.
   // The reduce kernel (PDL too) may then be scheduled; it waits for this grid to finish.
@@ -874,7 +891,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
     if (st < my_n) {
       C* kb = staging + (2 * st) * L::kTileElems;
       const int blk = lookup_block<NW>(a, bt_row, tile_pos(st), p_hi, lane);
-      const uint32_t mk = load_tile<C, D, NW, RS, kFp8>(kb, kb + L::kTileElems, a, blk,
+      const uint32_t mk = load_tile<C, D, NW, RS, kSwz>(kb, kb + L::kTileElems, a, blk,
                                                         tile_pos(st), kvh, lane);
       if (lane == 0) masks[st] = mk;
     }
@@ -893,7 +910,7 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
     if (nx < my_n) {
       const int st = nx % kStages;
       C* kb = staging + (2 * st) * L::kTileElems;
-      const uint32_t mk = load_tile<C, D, NW, RS, kFp8>(kb, kb + L::kTileElems, a, blk_next,
+      const uint32_t mk = load_tile<C, D, NW, RS, kSwz>(kb, kb + L::kTileElems, a, blk_next,
                                                         tile_pos(nx), kvh, lane);
       if (lane == 0) masks[st] = mk;
       blk_next = lookup_block<NW>(a, bt_row, tile_pos(nx + 1), p_hi, lane);  // prefetch
