@@ -17,7 +17,8 @@
 //    so K/V are read from memory once per kv head (GQA/MQA).
 //  * Partitions: the active token range of a sequence (known only on the device) is cut into
 //    n <= T partitions of P tokens (P a multiple of the CTA tile, at least kPartMin tokens);
-//    T is picked on the host so that the grid fills the GPU once (slots = SMs x CTAs per SM).
+//    T is picked on the host so that the grid fills the GPU once (slots = SMs x CTAs per SM,
+//    at most kPartitionCtasPerSm = 3 of them).
 //    CTAs past a sequence's n exit at once. With n == 1 the CTA writes the output directly;
 //    otherwise it writes (acc, m, l) partials to the workspace and a small reduce kernel
 //    (one CTA per (sequence, q head), its loads batched) combines them. The reduce kernel
@@ -114,6 +115,7 @@ constexpr unsigned kFull = 0xffffffffu;
 #define XK_DECODE_L2_PREFETCH 128
 #endif
 constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
+constexpr int kPartitionCtasPerSm = 3;  // see launch_typed
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct KernelArgs {
@@ -1113,7 +1115,11 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
   a.chunks = (a.G + Core::GC - 1) / Core::GC;
   a.cta_tile = kWarps * Core::NW;
   const int64_t pairs = p.num_seqs * p.num_kv_heads * a.chunks;
-  const int64_t slots = static_cast<int64_t>(sms) * ctas_per_sm;
+  // Partitions fill at most kPartitionCtasPerSm CTAs per SM: more resident CTAs add
+  // partials and a reduce kernel without adding bandwidth (PERFORMANCE.md: d 64 at 4 CTAs/SM).
+  const int64_t slots =
+      static_cast<int64_t>(sms) * (ctas_per_sm < kPartitionCtasPerSm ? ctas_per_sm
+                                                                     : kPartitionCtasPerSm);
   int64_t parts = slots / pairs;
   const int64_t max_parts = MaxPartitions(p.num_seqs, p.max_blocks_per_seq * p.block_size);
   if (parts > max_parts) parts = max_parts;
