@@ -25,9 +25,9 @@ streams used. A phase whose trace holds none of its kernels says so in ``error``
 records the kernels of every library in the process; if XLA's are missing, this method is
 void).
 
-``--ncu`` records nothing itself: after the warm-up it makes one launch of ours (eager) and
-one of cuDNN (a one-call program) between ``cudaProfilerStart`` and ``Stop``, for Nsight
-Compute with ``--profile-from-start off``.
+``--ncu`` records nothing itself: after the warm-up it makes one launch of ours (eager), one
+of cuDNN and one of ours on the fp8 caches (one-call programs) between ``cudaProfilerStart``
+and ``Stop``, for Nsight Compute with ``--profile-from-start off``.
 
 Example (on the GPU machine):
     $ python benchmarks/decode_trace.py --out /tmp/trace --configs 128x8192 32x2048
@@ -133,25 +133,27 @@ def record(run: Callable[[], None]) -> list[dict[str, Any]]:
 
 
 def profiled_launches(pa: Any, data: dict[str, Any], chains: dict[str, Any],
-                      scale: float) -> None:
-    """One launch of ours (eager) and of cuDNN (a one-call program) inside the profiler
-    range, each warmed up first (the ``--ncu`` mode)."""
+                      impls: dict[str, Any], scale: float) -> None:
+    """One launch each of ours (eager), cuDNN and ours on fp8 caches (one-call programs of
+    ``impls``, with the first input set of ``chains``) inside the profiler range, each
+    warmed up first (the ``--ncu`` mode)."""
     import jax
     import torch
 
     call = pa.eager_caller(data, data["k"], data["v"], scale, "vllm")
-    one = None
-    if "cudnn_xla" in chains:
-        _, fargs, _ = chains["cudnn_xla"]
-        one = jax.jit(pa.cudnn_impl(pa.load_peers()["cudnn"], scale))
+    programs = []
+    for name, impl in impls.items():
+        _, fargs, _ = chains[name]
+        one = jax.jit(impl)
         args = (fargs[0][0], fargs[1], fargs[2], fargs[3][0], fargs[4])
         jax.block_until_ready(one(*args))
+        programs.append((one, args))
     call(0)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     call(0)
     torch.cuda.synchronize()
-    if one is not None:
+    for one, args in programs:
         jax.block_until_ready(one(*args))
     torch.cuda.profiler.stop()
 
@@ -172,16 +174,17 @@ def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False,
     args = (data["qs"], data["k"], data["v"], data["bts"], data["lens"])
     chains = {"ours_xla": (pa.chained(lambda q, k, v, bt, ln: paged_attention(
         q, k, v, bt, ln, scale=scale)), args, MAIN_KERNEL)}
-    if not ncu:
-        # The same chain on float8_e4m3fn copies of the caches (half the bytes).
-        fp8 = (data["qs"], data["k"].astype(jnp.float8_e4m3fn),
-               data["v"].astype(jnp.float8_e4m3fn), data["bts"], data["lens"])
-        chains["ours_fp8_xla"] = (pa.chained(lambda q, k, v, bt, ln: paged_attention(
-            q, k, v, bt, ln, scale=scale, k_scale=1.0, v_scale=1.0)), fp8, MAIN_KERNEL)
+    # The same chain on float8_e4m3fn copies of the caches (half the bytes).
+    fp8 = (data["qs"], data["k"].astype(jnp.float8_e4m3fn),
+           data["v"].astype(jnp.float8_e4m3fn), data["bts"], data["lens"])
+    impls = {"ours_fp8_xla": lambda q, k, v, bt, ln: paged_attention(
+        q, k, v, bt, ln, scale=scale, k_scale=1.0, v_scale=1.0)}
+    chains["ours_fp8_xla"] = (pa.chained(impls["ours_fp8_xla"]), fp8, MAIN_KERNEL)
     cudnn = pa.load_peers()["cudnn"]
     if not isinstance(cudnn, str):
         tables = pa.cudnn_tables(data["bts"], data["k"].shape[0])
-        chains["cudnn_xla"] = (pa.chained(pa.cudnn_impl(cudnn, scale)),
+        impls["cudnn_xla"] = pa.cudnn_impl(cudnn, scale)
+        chains["cudnn_xla"] = (pa.chained(impls["cudnn_xla"]),
                                (data["qs"], data["k"], data["v"], tables, data["lens"]), "")
     result: dict[str, Any] = {"config": pa.label(cfg), "kv_bytes": nbytes, "sets": sets,
                               "spare_pages": spare_pages, "cache_blocks": data["k"].shape[0],
@@ -190,7 +193,7 @@ def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False,
                                                   - data["k"].unsafe_buffer_pointer()),
                               "calls_per_phase": programs * pa.CHAIN}
     if ncu:
-        profiled_launches(pa, data, chains, scale)
+        profiled_launches(pa, data, chains, impls, scale)
         return result
     for name, (fn, fargs, hint) in chains.items():
         for _ in range(2):
