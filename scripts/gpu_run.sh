@@ -79,8 +79,10 @@ fi
 if [ "$mode" = bench ] || [ "$mode" = all ]; then
   step "benchmarks"
   # BENCH_STEPS picks and orders the benchmarks (default: all). paged: ours vs plain XLA,
-  # Pallas, FlashAttention-3 and cuDNN over the "peers" matrix (--quick: six configs).
-  for name in ${BENCH_STEPS:-simple_add eager_dispatch ragged paged command_buffers flashinfer}; do
+  # Pallas, FlashAttention-3 and cuDNN over the "peers" matrix (--quick: six configs);
+  # decode_trace: kernel timestamps (CUPTI) of ours, cuDNN and ours on fp8 caches.
+  for name in ${BENCH_STEPS:-simple_add eager_dispatch ragged paged decode_trace command_buffers \
+                flashinfer}; do
     case $name in
       simple_add) python3 benchmarks/simple_add.py --out "$out" 2>&1 | tail -20 || status=1 ;;
       eager_dispatch) python3 benchmarks/eager_dispatch.py --out "$out" 2>&1 \
@@ -89,6 +91,9 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
                 | tee "$out/ragged_paged_attention.txt" || status=1 ;;
       paged) python3 benchmarks/paged_attention.py --out "$out" --matrix peers $quick 2>&1 \
                | tee "$out/paged_attention.txt" || status=1 ;;
+      decode_trace) python3 benchmarks/decode_trace.py --out "$out" --configs 128x8192 32x2048 \
+                      8x32768 32x4096 16x2048/32 4x8192/32 32x2048/8/64 32x2048/8/256 2>&1 \
+                      | grep -v -i warn | tee "$out/decode_trace.txt" || status=1 ;;
       command_buffers) python3 benchmarks/command_buffers.py --out "$out" 2>&1 \
                          | tee "$out/command_buffers.txt" || status=1 ;;
       flashinfer) python3 benchmarks/flashinfer_decode.py --out "$out" $quick 2>&1 \
