@@ -686,8 +686,8 @@ struct SimtCore {
   static constexpr int kCpr = D / kVec;     // 16-byte chunks per row
   static constexpr int kCpl = kCpr / TG;    // chunks per lane
   static constexpr int kStages = 3;
-  // Row padding keeps the 8 lanes of a 16-byte shared-load phase on distinct banks.
   static constexpr bool kSwizzle = false;
+  // Row padding keeps the 8 lanes of a 16-byte shared-load phase on distinct banks.
   static constexpr int RS = D + 16 * (TG < 4 ? TG : 4) / static_cast<int>(sizeof(T));
   static constexpr int DPL = D / 32;        // output dims per lane in O += P V
   static constexpr int kQBytes = GC * D * 4;
