@@ -237,6 +237,22 @@ def test_fp8_error_no_worse_than_the_bf16_kernel_on_the_dequantized_cache(rng, d
     assert fp8_err <= 1.2 * same_err + 1e-6, (fp8_err, same_err)
 
 
+def test_fp8_bf16_query_rows_past_the_f16_range(rng):
+    """One CTA's q heads span 3e5 (past f16's 65504) to 2^-100, and rows mix 3e5 with 1e-3:
+    whatever the fp8 core computes its MMAs in (XK_FP8_F16_MMA=1 stages bf16 rows as f16
+    times a power of two per row), the result is that of the float64 oracle."""
+    x, scales = fp8_inputs(rng, dtype="bf16", num_seqs=3, num_q_heads=16, num_kv_heads=2,
+                           head_dim=128, block_size=16, max_context=600)
+    q = x["query"].astype(np.float32)
+    mags = np.array([3e5, 1e5, 7e4, 1.0, 1e-3, 1e-30, 2.0**-100, 5e4] * 2)
+    q *= mags[None, :, None]
+    q[:, 8, ::2] = 1e-3                 # one row: 3e5 next to 1e-3 (2^-28 of the largest)
+    q[:, 8, 1::2] = 3e5
+    x["query"] = q.astype(x["query"].dtype)
+    attrs = dict(scale=2e-6, **scales)
+    check(run_jax(x, **attrs), reference(x, **attrs), "bf16")
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 @pytest.mark.parametrize("layout", ["vllm", "pallas"])
 @pytest.mark.parametrize("softcap,window", [(5.0, 0), (0.0, 1), (0.0, 100), (30.0, 333)])

@@ -56,12 +56,14 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "paged_attention_limits.h"
@@ -506,6 +508,20 @@ struct MmaCore {
 
 // ------------------------------------------------------------------ fp8 tensor-core core
 
+#ifndef XK_FP8_F16_MMA
+#define XK_FP8_F16_MMA 0
+#endif
+
+// The power of two 2^e that brings the largest finite |q| of a row (`amax`) into [2^14,
+// 2^15): f16's largest finite value is 65504, so no scaled element overflows, and e is kept
+// in [-126, 126] so that 2^e and 2^-e are normal floats (an all-zero row gets 2^126).
+__device__ __forceinline__ float q_row_scale(float amax) {
+  const int biased = (__float_as_int(amax) >> 23) & 0xff;  // amax in [2^(b-127), 2^(b-126))
+  int e = 15 - (biased - 126);
+  e = e < -126 ? -126 : (e > 126 ? 126 : e);
+  return __int_as_float((127 + e) << 23);
+}
+
 // Two e4m3 values (low byte first) -> the MMA operand register of T (f16x2 or bf16x2). Exact:
 // every e4m3fn value is a normal f16 (or zero, or NaN) and fits bf16's 8 significant bits.
 template <typename T>
@@ -522,6 +538,14 @@ __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t pair) {
 
 // f8e4m3fn caches, bf16/f16 queries: mma.sync m16n8k16 on K/V converted in registers. Tiles of
 // 32 tokens; rows of D bytes, chunks swizzled (swz_chunk), no padding.
+//
+// MMA operand type M. With XK_FP8_F16_MMA=0 (the default) M = T. With 1 (A/B candidate, not
+// yet measured on a GPU) M = f16 for bf16 queries too: e4m3 -> f16 is one cvt per pair,
+// where bf16 needs three more instructions per pair (f16 -> 2 x f32 -> bf16x2: 384 of the
+// ~1400 instructions of a d128 tile in the SASS). The bf16 query rows are staged as f16
+// times a power of two per row (q_row_scale), exact for every element at least 2^-28 times
+// the row's largest |q| (smaller ones fall into f16's subnormals), and S is scaled back
+// (exactly) before the softmax; P in [0, 1] is rounded to f16 instead of bf16 (3 more bits).
 //  * S = Q K^T: the k index (head dim) is permuted so that lane (r8 = lane/4, tig = lane%4)
 //    finds the 4 values of its B fragment (k = 2tig, 2tig+1, 2tig+8, 2tig+9) of k-step kk at
 //    bytes tig*D/4 + 4kk .. +3 of its K row: 16-byte loads, one cvt per register. Q is
@@ -532,6 +556,9 @@ __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t pair) {
 template <typename T, int D>
 struct Fp8MmaCore {
   using Cache = uint8_t;
+  using M = std::conditional_t<XK_FP8_F16_MMA != 0, __half, T>;  // MMA operand type
+  static constexpr bool kQScaled = !std::is_same_v<M, T>;  // bf16 q staged as scaled f16
+  static_assert(!kQScaled || std::is_same_v<T, __nv_bfloat16>, "bf16 or f16 queries");
   static constexpr bool kSwizzle = true;
   static constexpr int GC = 16;
   static constexpr int NW = 32;
@@ -543,22 +570,55 @@ struct Fp8MmaCore {
   static constexpr int NT = NW / 8;
   static constexpr int DT = D / 8;
   static constexpr int kSeg = D / 4;           // bytes of a K row one lane reads
-  static constexpr int kExtraBytes = GC * D * static_cast<int>(sizeof(T));
+  static constexpr int kQBytes = GC * D * static_cast<int>(sizeof(M));
+  // The staged (permuted) query, then with kQScaled each row's scale (q_row_scale).
+  static constexpr int kExtraBytes = kQBytes + (kQScaled ? GC * 4 : 0);
 
   uint32_t qf[kQRegs ? KT : 1][4];
   float o[DT][4];
   float m[2], l[2];
-  const T* qsm;
+  float qinv[2];  // kQScaled: 1 / the scales of rows g0 and g0 + 8
+  const M* qsm;
   int lane;
 
+  // Called by every thread of the CTA (with kQScaled it synchronizes them).
   __device__ __forceinline__ static void stage_q(const T* qg, int nh, unsigned char* extra,
                                                  int tid) {
-    T* q = reinterpret_cast<T*>(extra);
+    M* q = reinterpret_cast<M*>(extra);
+    float* row_scale = reinterpret_cast<float*>(extra + kQBytes);
+    if constexpr (kQScaled) {
+      // One warp per row: the largest finite |q| -> the row's scale.
+      for (int r = tid >> 5; r < GC; r += kWarps) {
+        float amax = 0.f;
+        if (r < nh) {
+          for (int d = tid & 31; d < D; d += 32) {
+            const float x = fabsf(static_cast<float>(qg[static_cast<int64_t>(r) * D + d]));
+            if (x <= FLT_MAX) amax = fmaxf(amax, x);  // skips inf and NaN
+          }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
+        }
+        if ((tid & 31) == 0) row_scale[r] = q_row_scale(amax);
+      }
+      __syncthreads();
+    }
     for (int c = tid; c < GC * D / 4; c += kThreads) {
       const int r = c / (D / 4), col = (c % (D / 4)) * 4;
       const int tig = col / kSeg, kk = (col % kSeg) / 4;
       uint2 v = make_uint2(0, 0);
       if (r < nh) v = *reinterpret_cast<const uint2*>(qg + static_cast<int64_t>(r) * D + col);
+      if constexpr (kQScaled) {
+        // 4 bf16 -> f32 (exact), times 2^e (exact), -> f16 (exact unless subnormal).
+        const float sc = row_scale[r];
+        const __half2 lo = __floats2half2_rn(__uint_as_float(v.x << 16) * sc,
+                                             __uint_as_float(v.x & 0xffff0000u) * sc);
+        const __half2 hi = __floats2half2_rn(__uint_as_float(v.y << 16) * sc,
+                                             __uint_as_float(v.y & 0xffff0000u) * sc);
+        v = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                       *reinterpret_cast<const uint32_t*>(&hi));
+      }
       *reinterpret_cast<uint2*>(q + ((kk * GC + r) * 4 + tig) * 4) = v;
     }
   }
@@ -575,8 +635,13 @@ struct Fp8MmaCore {
 
   __device__ __forceinline__ void init(unsigned char* extra, int warp, int lane_) {
     (void)warp;
-    qsm = reinterpret_cast<const T*>(extra);
+    qsm = reinterpret_cast<const M*>(extra);
     lane = lane_;
+    if constexpr (kQScaled) {
+      const float* row_scale = reinterpret_cast<const float*>(extra + kQBytes);
+      qinv[0] = 1.f / row_scale[lane >> 2];  // exact: powers of two
+      qinv[1] = 1.f / row_scale[(lane >> 2) + 8];
+    }
     if constexpr (kQRegs) {
 #pragma unroll
       for (int kk = 0; kk < KT; ++kk) q_frag(qf[kk], kk);
@@ -618,8 +683,17 @@ struct Fp8MmaCore {
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           const uint32_t word = w == 0 ? kw[i].x : w == 1 ? kw[i].y : w == 2 ? kw[i].z : kw[i].w;
-          mma16816<T>(sc[i], af, e4m3x2_to<T>(word), e4m3x2_to<T>(word >> 16));
+          mma16816<M>(sc[i], af, e4m3x2_to<M>(word), e4m3x2_to<M>(word >> 16));
         }
+      }
+    }
+    if constexpr (kQScaled) {  // back to Q K^T (exact: powers of two)
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        sc[i][0] *= qinv[0];
+        sc[i][1] *= qinv[0];
+        sc[i][2] *= qinv[1];
+        sc[i][3] *= qinv[1];
       }
     }
     online_softmax(sc, mask, m, l, o, tig, a);
@@ -627,7 +701,7 @@ struct Fp8MmaCore {
 #pragma unroll
     for (int j = 0; j < NW / 16; ++j) {
       uint32_t pa[4];
-      accumulators_to_a<T>(sc[2 * j], sc[2 * j + 1], pa);
+      accumulators_to_a<M>(sc[2 * j], sc[2 * j + 1], pa);
       const int row0 = j * 16 + 2 * tig;
       const int rows[4] = {row0, row0 + 1, row0 + 8, row0 + 9};
 #pragma unroll
@@ -641,10 +715,10 @@ struct Fp8MmaCore {
         }
         const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
         const uint32_t lo8 = __byte_perm(w[2], w[3], 0x5140), hi8 = __byte_perm(w[2], w[3], 0x7362);
-        mma16816<T>(o[4 * i4], pa, e4m3x2_to<T>(lo0), e4m3x2_to<T>(lo8));
-        mma16816<T>(o[4 * i4 + 1], pa, e4m3x2_to<T>(lo0 >> 16), e4m3x2_to<T>(lo8 >> 16));
-        mma16816<T>(o[4 * i4 + 2], pa, e4m3x2_to<T>(hi0), e4m3x2_to<T>(hi8));
-        mma16816<T>(o[4 * i4 + 3], pa, e4m3x2_to<T>(hi0 >> 16), e4m3x2_to<T>(hi8 >> 16));
+        mma16816<M>(o[4 * i4], pa, e4m3x2_to<M>(lo0), e4m3x2_to<M>(lo8));
+        mma16816<M>(o[4 * i4 + 1], pa, e4m3x2_to<M>(lo0 >> 16), e4m3x2_to<M>(lo8 >> 16));
+        mma16816<M>(o[4 * i4 + 2], pa, e4m3x2_to<M>(hi0), e4m3x2_to<M>(hi8));
+        mma16816<M>(o[4 * i4 + 3], pa, e4m3x2_to<M>(hi0 >> 16), e4m3x2_to<M>(hi8 >> 16));
       }
     }
   }
