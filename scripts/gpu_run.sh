@@ -8,19 +8,23 @@
 # kernel benchmarks; "serve": the serving loop (serve-bench: the 1b preset timed with JAX,
 # plain-XLA attention and torchax, once more with the f32 token-for-token check, then tiny
 # on the GPU for both frontends); "tp" (a machine with 2 GPUs): paged attention split along
-# kv heads over 2 GPUs vs 1 (benchmarks/tp_attention.py) and the 1b serving loop with
-# --tp 2, JAX and torchax, the JAX run checked token for token; "all" (default):
-# everything but "tp" (more than one 10-minute
-# device call: split it). Environment variables narrow a mode down to fit one call:
-# GPU_TESTS (pytest paths, default tests/), GPU_TESTS_K (a pytest -k expression: the ragged
-# attention GPU file alone outlasts one call, e.g. GPU_TESTS_K="wgmma or fp8"), SERVE_STEPS
-# (names of the serve runs below, in order), BENCH_STEPS (names of the benchmarks below, in
-# order: BENCH_STEPS=paged runs only the paged-attention peers matrix). Expects the
-# torchax wheel in .whl/ (copied from ../shared/wheels and carried along), for the
-# FlashAttention-3 peer the flash-attn3-jax wheel, and for the FlashInfer peer its two
-# wheels in .whl-fi/.
+# kv heads over 2 GPUs vs 1 (benchmarks/tp_attention.py), the 1b serving loop at --tp 1 and
+# --tp 2 on the same machine, JAX and torchax, then benchmarks/tp_serving.py over those
+# runs (tp_serving.md: tokens/s and decode tokens/s tp2 vs tp1, greedy tokens tp2 vs tp1
+# and torchax vs jax; if the call is cut before it, run it later over the JSONs); "all"
+# (default): everything but "tp" (more than one 10-minute device call: split it).
+# Environment variables narrow a mode down to fit one call: GPU_TESTS (pytest paths,
+# default tests/), GPU_TESTS_K (a pytest -k expression: the ragged attention GPU file alone
+# outlasts one call, e.g. GPU_TESTS_K="wgmma or fp8"), SERVE_STEPS (names of the serve runs
+# below, in order), BENCH_STEPS (names of the benchmarks below, in order: BENCH_STEPS=paged
+# runs only the paged-attention peers matrix), TP_STEPS (names of the tp runs below, in
+# order; default: attention 1b_tp1_jax 1b_tp2_jax 1b_tp1_torchax 1b_tp2_torchax compare;
+# 1b_tp2_jax_checked, the --tp 2 run with the f32 token-for-token check, only when named,
+# e.g. TP_STEPS="1b_tp2_jax_checked"). Expects the torchax wheel in .whl/ (copied from
+# ../shared/wheels and carried along), for the FlashAttention-3 peer the flash-attn3-jax
+# wheel, and for the FlashInfer peer its two wheels in .whl-fi/.
 set -uo pipefail
-out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench] [--quick]}
+out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench|serve|tp] [--quick]}
 mode=${2:-all}
 quick=${3:-}
 mkdir -p "$out"
@@ -29,6 +33,13 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_KERNELS_CACHE_DIR=/tmp/xla-kernel
 export XK_RESULTS_DIR=$out
 status=0
 step() { echo; echo "=== $1"; }
+serve() {  # name, seconds, serve-bench options... (serve and tp modes)
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" python3 -m xla_kernels.cli serve-bench --platform gpu --no-progress \
+    --json "$out/serve_$name.json" "$@" 2>&1 | tail -25 | tee "$out/serve_$name.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
 
 step "install what is missing"
 # Carried wheels: .whl/ (torchax, flash-attn3-jax), .whl-fi/ (FlashInfer and apache-tvm-ffi,
@@ -105,13 +116,6 @@ fi
 
 if [ "$mode" = serve ] || [ "$mode" = all ]; then
   step "serving loop"
-  serve() {  # name, seconds, serve-bench options...
-    local name=$1 limit=$2
-    shift 2
-    timeout "$limit" python3 -m xla_kernels.cli serve-bench --platform gpu --no-progress \
-      --json "$out/serve_$name.json" "$@" 2>&1 | tail -25 | tee "$out/serve_$name.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-  }
   # SERVE_STEPS picks and orders the runs (default: all, the 1b targets first).
   for name in ${SERVE_STEPS:-1b_jax 1b_jax_plain_xla 1b_torchax 1b_jax_checked tiny_jax tiny_torchax}; do
     case $name in
@@ -130,15 +134,24 @@ fi
 
 if [ "$mode" = tp ]; then
   step "tensor parallelism over 2 GPUs"
-  python3 benchmarks/tp_attention.py --n 2 --out "$out" 2>&1 | tee "$out/tp_attention.txt" \
-    || status=1
-  for frontend in jax torchax; do
-    check=--no-reference
-    [ "$frontend" = jax ] && check=
-    timeout 400 python3 -m xla_kernels.cli serve-bench --platform gpu --no-progress \
-      --preset 1b --tp 2 --frontend "$frontend" $check --json "$out/serve_1b_tp2_$frontend.json" \
-      2>&1 | tail -25 | tee "$out/serve_1b_tp2_$frontend.txt"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  # TP_STEPS picks and orders the runs (default: all but the checked one). The 1b runs skip
+  # the reference check (slow) and are named serve_1b_tp<N>_<frontend> for tp_serving.py.
+  for name in ${TP_STEPS:-attention 1b_tp1_jax 1b_tp2_jax 1b_tp1_torchax 1b_tp2_torchax compare}; do
+    case $name in
+      attention) python3 benchmarks/tp_attention.py --n 2 --out "$out" 2>&1 \
+                   | tee "$out/tp_attention.txt" || status=1 ;;
+      1b_tp1_jax) serve 1b_tp1_jax 240 --preset 1b --tp 1 --frontend jax --no-reference ;;
+      1b_tp2_jax) serve 1b_tp2_jax 240 --preset 1b --tp 2 --frontend jax --no-reference ;;
+      1b_tp1_torchax) serve 1b_tp1_torchax 240 --preset 1b --tp 1 --frontend torchax \
+                        --no-reference ;;
+      1b_tp2_torchax) serve 1b_tp2_torchax 240 --preset 1b --tp 2 --frontend torchax \
+                        --no-reference ;;
+      1b_tp2_jax_checked) serve 1b_tp2_jax_checked 400 --preset 1b --tp 2 --frontend jax \
+                            --no-breakdown ;;
+      compare) python3 benchmarks/tp_serving.py --out "$out" 2>&1 \
+                 | tee "$out/tp_serving.txt" || status=1 ;;
+      *) echo "unknown tp step $name"; status=1 ;;
+    esac
   done
 fi
 
