@@ -387,12 +387,20 @@ __device__ __forceinline__ void store_row_stats(const float (&m)[2], const float
   }
 }
 
+// Tokens per warp tile of MmaCore at head_dim 64: 16 (the default; 4 KB of K+V per tile, so
+// per byte the tile's fixed work weighs twice what it does at d 128) or 32 (A/B candidate,
+// not yet measured on a GPU: 8 KB tiles as at d 128, 2 CTAs per SM instead of 4).
+#ifndef XK_DECODE_D64_TOKENS
+#define XK_DECODE_D64_TOKENS 16
+#endif
+
 // bf16/f16: mma.sync m16n8k16; up to 16 q heads per CTA (rows of the MMA).
 template <typename T, int D>
 struct MmaCore {
   using Cache = T;                             // staging (cache) element type
   static constexpr int GC = 16;                // q heads per CTA
-  static constexpr int NW = 16;                // tokens per warp tile
+  static constexpr int NW = D == 64 ? XK_DECODE_D64_TOKENS : 16;  // tokens per warp tile
+  static_assert(NW == 16 || NW == 32, "XK_DECODE_D64_TOKENS is 16 or 32");
   static constexpr int kStages = 3;
   // K/V rows unpadded, 16-byte chunks swizzled (swz_chunk): conflict-free ldmatrix, and
   // every row starts on a 128-byte line of shared memory. (Rows padded to D + 8 elements
