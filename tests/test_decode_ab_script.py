@@ -5,23 +5,17 @@ decode_trace cannot run (here: no GPU)."""
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from xla_kernels.bench import load_script
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "decode_ab.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("decode_ab", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-decode_ab = _load()
+decode_ab = load_script(SCRIPT)
 
 
 def test_doctests_pass():

@@ -4,23 +4,17 @@ on small hand-written serve-bench JSONs: its counts, ratios, exit codes and doct
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from xla_kernels.bench import load_script
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "tp_serving.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("tp_serving", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-tp_serving = _load()
+tp_serving = load_script(SCRIPT)
 
 WORKLOAD = {"requests": 3, "prompt_len": 20, "new_tokens": 4}
 
