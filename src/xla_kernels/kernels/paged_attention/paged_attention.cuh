@@ -544,6 +544,20 @@ __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t pair) {
   }
 }
 
+// Both e4m3 pairs of a 32-bit word -> two f16x2 registers (the low pair in lo). On sm_89+
+// one cvt reads each 16-bit half of the word in place, so the high pair needs no shift.
+__device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t word, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(word));
+#else
+  lo = e4m3x2_to<__half>(word);
+  hi = e4m3x2_to<__half>(word >> 16);
+#endif
+}
+
 // f8e4m3fn caches, bf16/f16 queries: mma.sync m16n8k16 on K/V converted in registers. Tiles of
 // 32 tokens; rows of D bytes, chunks swizzled (swz_chunk), no padding.
 //
@@ -554,6 +568,8 @@ __device__ __forceinline__ uint32_t e4m3x2_to(uint32_t pair) {
 // times a power of two per row (q_row_scale), exact for every element at least 2^-28 times
 // the row's largest |q| (smaller ones fall into f16's subnormals), and S is scaled back
 // (exactly) before the softmax; P in [0, 1] is rounded to f16 instead of bf16 (3 more bits).
+// The macro also converts both pairs of a 32-bit word without shifting the high one
+// (e4m3x4_to_f16x2), for f16 queries too.
 //  * S = Q K^T: the k index (head dim) is permuted so that lane (r8 = lane/4, tig = lane%4)
 //    finds the 4 values of its B fragment (k = 2tig, 2tig+1, 2tig+8, 2tig+9) of k-step kk at
 //    bytes tig*D/4 + 4kk .. +3 of its K row: 16-byte loads, one cvt per register. Q is
@@ -567,6 +583,7 @@ struct Fp8MmaCore {
   using M = std::conditional_t<XK_FP8_F16_MMA != 0, __half, T>;  // MMA operand type
   static constexpr bool kQScaled = !std::is_same_v<M, T>;  // bf16 q staged as scaled f16
   static_assert(!kQScaled || std::is_same_v<T, __nv_bfloat16>, "bf16 or f16 queries");
+  static constexpr bool kWordCvt = XK_FP8_F16_MMA != 0;  // e4m3x4_to_f16x2 (M is f16 then)
   static constexpr bool kSwizzle = true;
   static constexpr int GC = 16;
   static constexpr int NW = 32;
@@ -691,7 +708,13 @@ struct Fp8MmaCore {
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           const uint32_t word = w == 0 ? kw[i].x : w == 1 ? kw[i].y : w == 2 ? kw[i].z : kw[i].w;
-          mma16816<M>(sc[i], af, e4m3x2_to<M>(word), e4m3x2_to<M>(word >> 16));
+          if constexpr (kWordCvt) {
+            uint32_t b0, b1;
+            e4m3x4_to_f16x2(word, b0, b1);
+            mma16816<M>(sc[i], af, b0, b1);
+          } else {
+            mma16816<M>(sc[i], af, e4m3x2_to<M>(word), e4m3x2_to<M>(word >> 16));
+          }
         }
       }
     }
@@ -723,10 +746,20 @@ struct Fp8MmaCore {
         }
         const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
         const uint32_t lo8 = __byte_perm(w[2], w[3], 0x5140), hi8 = __byte_perm(w[2], w[3], 0x7362);
-        mma16816<M>(o[4 * i4], pa, e4m3x2_to<M>(lo0), e4m3x2_to<M>(lo8));
-        mma16816<M>(o[4 * i4 + 1], pa, e4m3x2_to<M>(lo0 >> 16), e4m3x2_to<M>(lo8 >> 16));
-        mma16816<M>(o[4 * i4 + 2], pa, e4m3x2_to<M>(hi0), e4m3x2_to<M>(hi8));
-        mma16816<M>(o[4 * i4 + 3], pa, e4m3x2_to<M>(hi0 >> 16), e4m3x2_to<M>(hi8 >> 16));
+        if constexpr (kWordCvt) {
+          uint32_t b[4][2];  // B operands: tokens (row0, row0 + 1) in [x][0], (+8, +9) in [x][1]
+          e4m3x4_to_f16x2(lo0, b[0][0], b[1][0]);
+          e4m3x4_to_f16x2(lo8, b[0][1], b[1][1]);
+          e4m3x4_to_f16x2(hi0, b[2][0], b[3][0]);
+          e4m3x4_to_f16x2(hi8, b[2][1], b[3][1]);
+#pragma unroll
+          for (int x = 0; x < 4; ++x) mma16816<M>(o[4 * i4 + x], pa, b[x][0], b[x][1]);
+        } else {
+          mma16816<M>(o[4 * i4], pa, e4m3x2_to<M>(lo0), e4m3x2_to<M>(lo8));
+          mma16816<M>(o[4 * i4 + 1], pa, e4m3x2_to<M>(lo0 >> 16), e4m3x2_to<M>(lo8 >> 16));
+          mma16816<M>(o[4 * i4 + 2], pa, e4m3x2_to<M>(hi0), e4m3x2_to<M>(hi8));
+          mma16816<M>(o[4 * i4 + 3], pa, e4m3x2_to<M>(hi0 >> 16), e4m3x2_to<M>(hi8 >> 16));
+        }
       }
     }
   }
