@@ -6,8 +6,8 @@
 #
 # "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
 # kernel benchmarks; "serve": the serving loop (serve-bench: the 1b preset timed with JAX,
-# plain-XLA attention and torchax, once more with the f32 token-for-token check, then tiny
-# on the GPU for both frontends); "tp" (a machine with 2 GPUs): paged attention split along
+# JAX with --async-scheduling, plain-XLA attention, torchax and torchax async, once more
+# with the f32 token-for-token check, then tiny on the GPU for both frontends); "tp" (a machine with 2 GPUs): paged attention split along
 # kv heads over 2 GPUs vs 1 (benchmarks/tp_attention.py), the 1b serving loop at --tp 1 and
 # --tp 2 on the same machine, JAX and torchax, then benchmarks/tp_serving.py over those
 # runs (tp_serving.md: tokens/s and decode tokens/s tp2 vs tp1, greedy tokens tp2 vs tp1
@@ -19,8 +19,9 @@
 # below, in order), BENCH_STEPS (names of the benchmarks below, in order: BENCH_STEPS=paged
 # runs only the paged-attention peers matrix), TP_STEPS (names of the tp runs below, in
 # order; default: attention 1b_tp1_jax 1b_tp2_jax 1b_tp1_torchax 1b_tp2_torchax compare;
-# 1b_tp2_jax_checked, the --tp 2 run with the f32 token-for-token check, only when named,
-# e.g. TP_STEPS="1b_tp2_jax_checked"). Expects the torchax wheel in .whl/ (copied from
+# 1b_tp2_jax_checked, the --tp 2 run with the f32 token-for-token check, and
+# 1b_tp1_jax_async / 1b_tp2_jax_async (--async-scheduling) only when named, e.g.
+# TP_STEPS="1b_tp2_jax_checked"). Expects the torchax wheel in .whl/ (copied from
 # ../shared/wheels and carried along), for the FlashAttention-3 peer the flash-attn3-jax
 # wheel, and for the FlashInfer peer its two wheels in .whl-fi/.
 set -uo pipefail
@@ -117,10 +118,15 @@ fi
 if [ "$mode" = serve ] || [ "$mode" = all ]; then
   step "serving loop"
   # SERVE_STEPS picks and orders the runs (default: all, the 1b targets first).
-  for name in ${SERVE_STEPS:-1b_jax 1b_jax_plain_xla 1b_torchax 1b_jax_checked tiny_jax tiny_torchax}; do
+  for name in ${SERVE_STEPS:-1b_jax 1b_jax_async 1b_jax_plain_xla 1b_torchax 1b_torchax_async \
+                1b_jax_checked tiny_jax tiny_torchax}; do
     case $name in
       1b_jax) serve 1b_jax 240 --preset 1b --frontend jax --no-reference \
                 --plot "$out/serve_1b_jax.svg" ;;
+      1b_jax_async) serve 1b_jax_async 240 --preset 1b --frontend jax --no-reference \
+                      --async-scheduling ;;
+      1b_torchax_async) serve 1b_torchax_async 240 --preset 1b --frontend torchax \
+                          --no-reference --async-scheduling ;;
       1b_jax_plain_xla) serve 1b_jax_plain_xla 240 --preset 1b --frontend jax \
                           --attention plain-xla --no-reference ;;
       1b_torchax) serve 1b_torchax 240 --preset 1b --frontend torchax --no-reference ;;
@@ -148,6 +154,10 @@ if [ "$mode" = tp ]; then
                         --no-reference ;;
       1b_tp2_jax_checked) serve 1b_tp2_jax_checked 400 --preset 1b --tp 2 --frontend jax \
                             --no-breakdown ;;
+      1b_tp1_jax_async) serve 1b_tp1_jax_async 240 --preset 1b --tp 1 --frontend jax \
+                          --no-reference --async-scheduling ;;
+      1b_tp2_jax_async) serve 1b_tp2_jax_async 240 --preset 1b --tp 2 --frontend jax \
+                          --no-reference --async-scheduling ;;
       compare) python3 benchmarks/tp_serving.py --out "$out" 2>&1 \
                  | tee "$out/tp_serving.txt" || status=1 ;;
       *) echo "unknown tp step $name"; status=1 ;;

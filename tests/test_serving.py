@@ -89,13 +89,13 @@ class ContiguousSlotsEngine(Engine):
     """A wrong engine: computes slots as if a request's blocks were consecutive."""
 
     def _batch(self, chosen):
-        batch = super()._batch(chosen)
+        batch, *feed = super()._batch(chosen)
         bs = self.config.block_size
         for s, (request, _) in enumerate(chosen):
             rows = slice(batch.cu_q_lens[s], batch.cu_q_lens[s + 1])
             pos = batch.positions[rows]
             batch.slot_mapping[rows] = request.blocks[0] * bs + pos
-        return batch
+        return (batch, *feed)
 
 
 def test_the_reference_check_catches_an_engine_that_assumes_contiguous_blocks(
@@ -239,6 +239,88 @@ def test_a_request_longer_than_the_cache_is_refused_with_the_fix():
         engine.add(Request(1, [1] * 999, 2))
 
 
+# Async scheduling (one step in flight) --------------------------------------------------
+
+
+class MixingRunner:
+    """An OverlapRunner on NumPy whose token for a sequence mixes every input token of the
+    sequence's rows with its last position: a decode row fed the wrong token changes every
+    token after it."""
+
+    def prepare(self, batch):
+        return batch._replace(token_ids=batch.token_ids.copy())
+
+    def feed(self, prepared, rows, slots, tokens):
+        ids = prepared.token_ids.copy()
+        inside = rows < len(ids)
+        ids[rows[inside]] = tokens[slots[inside]]
+        return prepared._replace(token_ids=ids)
+
+    def launch(self, batch):
+        out = np.zeros(batch.kv_lens.shape, np.int32)
+        for s in range(int(batch.num_seqs[0])):
+            lo, hi = batch.cu_q_lens[s], batch.cu_q_lens[s + 1]
+            out[s] = (int(batch.token_ids[lo:hi].sum()) * 31 + int(batch.positions[hi - 1]) * 7
+                      + s) % 997
+        return out
+
+    def fetch(self, tokens):
+        return np.asarray(tokens)
+
+    def step(self, batch):
+        return self.fetch(self.launch(self.prepare(batch)))
+
+
+class NoFeedRunner(MixingRunner):
+    """Forgets to feed: decode rows keep the placeholder 0 (the tests must notice)."""
+
+    def feed(self, prepared, rows, slots, tokens):
+        return prepared
+
+
+def _mixed_requests() -> list[Request]:
+    rng = np.random.default_rng(0)
+    return [Request(i, [int(t) for t in rng.integers(1, 900, rng.integers(1, 40))],
+                    int(rng.integers(1, 12)), arrival=int(rng.integers(0, 15)))
+            for i in range(12)]
+
+
+def test_async_scheduling_gives_the_synchronous_engines_tokens_and_steps():
+    config = EngineConfig(block_size=16, num_blocks=10, max_num_seqs=3, max_model_len=80,
+                          token_budget=32)
+    requests = _mixed_requests()
+    sync_out, sync = run_engine(MixingRunner(), requests, config, shuffle_seed=1)
+    engine = Engine(MixingRunner(), config, BlockAllocator(10, shuffle_seed=1),
+                    async_scheduling=True)
+    seen = []
+    outputs = engine.run(fresh(requests), on_step=lambda e, r: seen.append(r.index))
+    assert outputs == sync_out and sum(map(len, outputs.values())) == 76
+    assert all(None not in r.output for r in engine.done.values())
+    assert [(r.num_seqs, r.prefill_tokens, r.decode_tokens, r.sampled, r.finished)
+            for r in engine.records] == [(r.num_seqs, r.prefill_tokens, r.decode_tokens,
+                                          r.sampled, r.finished) for r in sync.records]
+    assert seen == [r.index for r in engine.records] and engine.allocator.num_used == 0
+    forgetful = Engine(NoFeedRunner(), config, BlockAllocator(10, shuffle_seed=1),
+                       async_scheduling=True)
+    assert forgetful.run(fresh(requests)) != sync_out
+
+
+@pytest.mark.parametrize("frontend", ["jax", "torchax"])
+def test_async_scheduling_matches_dense_reference(frontend, cpu, weights, requests, reference):
+    runner = make_runner(frontend, TINY, weights, ENGINE, "xla-kernels")
+    engine = Engine(runner, ENGINE, BlockAllocator(ENGINE.num_blocks, shuffle_seed=3),
+                    async_scheduling=True)
+    assert engine.run(fresh(requests)) == reference
+    assert runner.compiled_buckets() == len(ENGINE.buckets())
+
+
+def test_async_scheduling_needs_a_runner_that_can_split_its_step():
+    with pytest.raises(ServingConfigError, match=r"^async scheduling needs a runner with "
+                       r"prepare, feed, launch and fetch; CountingRunner has only step. Fix: "
+                       r"use JaxRunner or TorchaxRunner, or async_scheduling=False.$"):
+        Engine(CountingRunner(), ENGINE, async_scheduling=True)
+
+
 # The command ---------------------------------------------------------------------------
 
 
@@ -263,6 +345,17 @@ def test_serve_bench_writes_json_and_matches_reference(frontend, tmp_path: Path,
     captured = capsys.readouterr()
     assert "matches_reference  True" in captured.out
     assert "serve-bench [" in captured.err and "4/4 requests" in captured.err
+
+
+def test_serve_bench_async_scheduling_matches_reference(tmp_path: Path, capsys):
+    out = tmp_path / "async.json"
+    assert cli.main(["serve-bench", "--preset", "tiny", "--platform", "cpu", "--requests", "4",
+                     "--async-scheduling", "--no-breakdown", "--no-progress",
+                     "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["matches_reference"] is True and result["config"]["async_scheduling"] is True
+    assert result["compiled_programs"] == len(result["config"]["engine"]["buckets"])
+    assert "jax, xla-kernels, cpu, async scheduling" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,8 +1,9 @@
 """Tensor parallelism of the serving loop (kv heads split over a "tp" mesh): the tiny
-preset on two fake CPU devices gives tp=1's tokens and the dense reference's, each device's
-custom calls see half the kv heads with no gather of a cache, and the caches stay sharded
-and donated from step to step. The fake devices need a fresh process (the device count is
-fixed when JAX starts); the option's errors are checked here, on one device."""
+preset on two fake CPU devices gives tp=1's tokens and the dense reference's (with async
+scheduling too), each device's custom calls see half the kv heads with no gather of a
+cache, and the caches stay sharded and donated from step to step. The fake devices need a
+fresh process (the device count is fixed when JAX starts); the option's errors are checked
+here, on one device."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ CASES = {
         for frontend in ("jax", "torchax"):
             one = Engine(runner(frontend, 1), ENGINE).run(fresh())
             two = Engine(runner(frontend, 2), ENGINE).run(fresh())
-            assert one == two == ref, (frontend, one, two, ref)
+            overlapped = Engine(runner(frontend, 2), ENGINE, async_scheduling=True).run(fresh())
+            assert one == two == overlapped == ref, (frontend, one, two, overlapped, ref)
     """,
     "each_device_runs_the_custom_calls_on_half_the_kv_heads_with_no_cache_gather": """
         for frontend in ("jax", "torchax"):

@@ -322,6 +322,9 @@ def _serve_bench_parser(sub: Any) -> None:
     srv.add_argument("--tp", type=int, default=1,
                      help="tensor parallel degree: split the kv heads over the platform's "
                           "first N devices (default 1)")
+    srv.add_argument("--async-scheduling", action="store_true",
+                     help="keep one step in flight: schedule and dispatch step N + 1 while "
+                          "the device runs step N")
 
 
 def serve_bench(args: argparse.Namespace) -> int:
@@ -338,12 +341,13 @@ def serve_bench(args: argparse.Namespace) -> int:
         token_budget=args.token_budget, shuffle_blocks=args.shuffle_blocks,
         reference=not args.no_reference, breakdown=not args.no_breakdown,
         progress=not args.no_progress, json_path=args.json_path, plot_path=args.plot_path,
-        profile_dir=args.profile_dir, tp=args.tp)
+        profile_dir=args.profile_dir, tp=args.tp, async_scheduling=args.async_scheduling)
     result = run(options)
     config = result["config"]
     rows = [("config", f"{config['preset']} {config['dtype']}, {config['frontend']}, "
                        f"{config['attention']}, {config['device']}"
-                       + (f" x {config['tp']} (tp)" if config["tp"] > 1 else "")),
+                       + (f" x {config['tp']} (tp)" if config["tp"] > 1 else "")
+                       + (", async scheduling" if config["async_scheduling"] else "")),
             ("tokens/s", f"{result['tokens_per_s']} ({result['generated_tokens']} tokens "
                          f"in {result['wall_s']} s, {result['steps_run']} steps)"),
             ("decode step", f"{result['decode_step_ms']} ms"),

@@ -18,7 +18,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,4 +52,28 @@ def empty_batch(num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> 
     )
 
 
-__all__ = ["StepBatch", "empty_batch"]
+def feed_tokens(token_ids: Any, rows: np.ndarray, slots: np.ndarray, tokens: Any) -> Any:
+    """``token_ids`` (a JAX array on the device) with ``token_ids[rows[i]] = tokens[slots[i]]``
+    for every i, computed on the device: how async scheduling hands a step's sampled tokens
+    (``tokens``, not yet fetched) to the next step's decode rows. Rows past the end are
+    dropped (padding); ``rows`` and ``slots`` keep one length, so one small program is
+    compiled per bucket.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> feed_tokens(jnp.zeros(4, jnp.int32), np.array([1, 4], np.int32),
+        ...             np.array([2, 0], np.int32), jnp.array([7, 8, 9], jnp.int32)).tolist()
+        [0, 9, 0, 0]
+    """
+    return _feed_program()(token_ids, rows, slots, tokens)
+
+
+@functools.cache
+def _feed_program() -> Any:
+    import jax
+
+    return jax.jit(lambda ids, rows, slots, tokens: ids.at[rows].set(tokens[slots],
+                                                                     mode="drop"))
+
+
+__all__ = ["StepBatch", "empty_batch", "feed_tokens"]

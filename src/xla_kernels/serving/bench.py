@@ -7,7 +7,9 @@ What one run does, in order:
 2. **Compiles** every bucket with an empty batch (``compile_s``), so no step of the timed
    run compiles.
 3. **Runs** the workload through the engine, a progress bar on stderr, recording every
-   step (host time, step time, rows, sequences, context).
+   step (host time, step time, rows, sequences, context). ``async_scheduling`` keeps one
+   step in flight (the host schedules and dispatches step N + 1 while the device runs step
+   N; :mod:`~xla_kernels.serving.engine`).
 4. **Breaks down** the decode step: the largest decode batch replayed back to back on the
    device (``decode_step_device_ms``: no host work between steps, so the gap to
    ``decode_step_ms`` is the host's scheduling, transfer and dispatch), and the
@@ -87,6 +89,7 @@ class BenchOptions:
     plot_path: str | None = None         # None: next to the JSON, .svg
     profile_dir: str | None = None
     tp: int = 1                          # tensor parallel degree (kv heads split)
+    async_scheduling: bool = False       # one step in flight (see the engine's module doc)
 
 
 def make_requests(workload: Workload, vocab_size: int, seed: int) -> list[Request]:
@@ -286,13 +289,20 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
                              options.attention, options.tp, devices)
         start = time.perf_counter()
         for bucket in engine_config.buckets():
-            runner.step(empty_batch(bucket, max_num_seqs, engine_config.max_blocks_per_seq))
+            batch = empty_batch(bucket, max_num_seqs, engine_config.max_blocks_per_seq)
+            tokens = runner.launch(runner.prepare(batch))
+            if options.async_scheduling:     # compiles the bucket's token feed too
+                rows = np.full(max_num_seqs, bucket, np.int32)
+                tokens = runner.launch(runner.feed(runner.prepare(batch), rows,
+                                                   np.zeros(max_num_seqs, np.int32), tokens))
+            runner.fetch(tokens)
         compile_s = time.perf_counter() - start
         compiled = runner.compiled_buckets()
 
         allocator = BlockAllocator(engine_config.num_blocks,
                                    shuffle_seed=options.seed if options.shuffle_blocks else None)
-        engine = Engine(runner, engine_config, allocator)
+        engine = Engine(runner, engine_config, allocator,
+                        async_scheduling=options.async_scheduling)
         progress = Progress(len(requests), enabled=options.progress)
         start = time.perf_counter()
         outputs = engine.run(_fresh(requests), on_step=progress.update)
@@ -323,7 +333,9 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
                     exact_runner = make_runner(options.frontend, exact, exact_weights,
                                                engine_config, options.attention, options.tp,
                                                devices)
-                    exact_out = Engine(exact_runner, engine_config).run(_fresh(requests))
+                    exact_out = Engine(exact_runner, engine_config,
+                                       async_scheduling=options.async_scheduling
+                                       ).run(_fresh(requests))
                     del exact_runner
                     divergence = _reference_check(exact, exact_weights, requests, exact_out)
             check["first_divergence"] = divergence
@@ -333,6 +345,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
     result["config"] = {
         "preset": options.preset, "frontend": options.frontend,
         "attention": options.attention, "platform": device.platform, "tp": options.tp,
+        "async_scheduling": options.async_scheduling,
         "device": device.device_kind, "dtype": model.dtype, "seed": options.seed,
         "model": dataclasses.asdict(model), "params": model.num_params(),
         "workload": dataclasses.asdict(workload),

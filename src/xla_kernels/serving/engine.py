@@ -18,6 +18,14 @@ Each :meth:`Engine.step`:
    the sampled token; a request with all its tokens **finishes** and frees its blocks, which
    the next waiting request can take in the same step.
 
+With ``async_scheduling=True`` (an :class:`OverlapRunner`) :meth:`Engine.run` keeps one step
+in flight: it schedules, builds, transfers and dispatches step N + 1 while the device runs
+step N, and only then waits for step N's tokens. Nothing the scheduler decides depends on a
+token's value (requests finish by count), so the steps are the same as without overlap; a
+token sampled by step N and consumed by step N + 1 (a decode row) is copied from step N's
+device output into step N + 1's ``token_ids`` on the device (:meth:`OverlapRunner.feed`),
+and written into the request's output once fetched.
+
 Example:
     >>> from xla_kernels.serving.config import EngineConfig
     >>> class Echo:                                   # a runner that always samples 7
@@ -37,7 +45,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -52,6 +60,21 @@ class Runner(Protocol):
     def step(self, batch: StepBatch) -> np.ndarray: ...
 
 
+class OverlapRunner(Runner, Protocol):
+    """A runner whose step splits into asynchronous parts (for ``async_scheduling``):
+    ``prepare`` moves a batch to the device, ``feed`` sets ``token_ids[rows[i]] =
+    tokens[slots[i]]`` on the device (``tokens``: a launched step's output), ``launch``
+    dispatches the step and returns its tokens without waiting, ``fetch`` waits for them."""
+
+    def prepare(self, batch: StepBatch) -> Any: ...
+
+    def feed(self, prepared: Any, rows: np.ndarray, slots: np.ndarray, tokens: Any) -> Any: ...
+
+    def launch(self, prepared: Any) -> Any: ...
+
+    def fetch(self, tokens: Any) -> np.ndarray: ...
+
+
 @dataclasses.dataclass
 class Request:
     """A prompt to continue with ``max_new_tokens`` greedy tokens, arriving before step
@@ -61,9 +84,12 @@ class Request:
     prompt: list[int]
     max_new_tokens: int
     arrival: int = 0
-    output: list[int] = dataclasses.field(default_factory=list)
+    output: list[int | None] = dataclasses.field(default_factory=list)  # None: pending
     blocks: list[int] = dataclasses.field(default_factory=list)
     num_computed: int = 0       # tokens whose K/V are in the cache
+    # async scheduling: the last output is a placeholder (None) until the step in flight is
+    # fetched; pending_slot is its sequence slot in that step's tokens.
+    pending_slot: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -94,8 +120,9 @@ class StepRecord:
     context_tokens: int         # sum of the sequences' kv_lens after the step
     sampled: int                # tokens appended to outputs
     finished: int               # requests that finished
-    host_ms: float              # scheduling and building the batch
-    step_ms: float              # runner.step: transfer, dispatch, device, sync
+    host_ms: float              # scheduling and building the batch (async: and dispatching it)
+    step_ms: float              # runner.step: transfer, dispatch, device, sync (async: the
+                                # wait for the previous step's tokens, while this one runs)
 
     @property
     def kind(self) -> str:
@@ -106,11 +133,20 @@ class Engine:
     """Continuous batching of :class:`Request` s on a :class:`Runner` (see the module doc).
 
     ``allocator`` defaults to a :class:`BlockAllocator` of ``config.num_blocks`` blocks.
+    ``async_scheduling`` makes :meth:`run` overlap the host's work for the next step with
+    the device's current one (the runner must be an :class:`OverlapRunner`).
     """
 
     def __init__(self, runner: Runner, config: EngineConfig,
-                 allocator: BlockAllocator | None = None):
+                 allocator: BlockAllocator | None = None, *, async_scheduling: bool = False):
+        if async_scheduling and not all(hasattr(runner, m) for m in
+                                        ("prepare", "feed", "launch", "fetch")):
+            raise ServingConfigError(
+                f"async scheduling needs a runner with prepare, feed, launch and fetch; "
+                f"{type(runner).__name__} has only step. Fix: use JaxRunner or "
+                "TorchaxRunner, or async_scheduling=False.")
         self.runner, self.config = runner, config
+        self.async_scheduling = async_scheduling
         self.allocator = allocator or BlockAllocator(config.num_blocks)
         if self.allocator.num_blocks > config.num_blocks:
             raise ServingConfigError(
@@ -166,16 +202,26 @@ class Engine:
             budget -= rows
         return chosen
 
-    def _batch(self, chosen: list[tuple[Request, int]]) -> StepBatch:
+    def _batch(self, chosen: list[tuple[Request, int]]
+               ) -> tuple[StepBatch, list[int], list[int]]:
+        """The step's batch, and the rows whose token is still on the device (async
+        scheduling: a placeholder) with the slots of the step in flight that sampled them."""
         cfg = self.config
         rows = sum(n for _, n in chosen)
         batch = empty_batch(cfg.bucket(rows), cfg.max_num_seqs, cfg.max_blocks_per_seq)
+        feed_rows: list[int] = []
+        feed_slots: list[int] = []
         start = 0
         for s, (request, n) in enumerate(chosen):
             first = request.num_computed
             positions = np.arange(first, first + n, dtype=np.int32)
             table = np.asarray(request.blocks, np.int32)
-            batch.token_ids[start:start + n] = [request.token(i) for i in range(first, first + n)]
+            tokens = [request.token(i) for i in range(first, first + n)]
+            if tokens[-1] is None:           # only the last token can be pending
+                tokens[-1] = 0
+                feed_rows.append(start + n - 1)
+                feed_slots.append(request.pending_slot)
+            batch.token_ids[start:start + n] = tokens
             batch.positions[start:start + n] = positions
             batch.slot_mapping[start:start + n] = (table[positions // cfg.block_size]
                                                    * cfg.block_size
@@ -187,21 +233,26 @@ class Engine:
             start += n
         batch.cu_q_lens[len(chosen) + 1:] = start
         batch.num_seqs[0] = len(chosen)
-        return batch
+        return batch, feed_rows, feed_slots
 
-    def step(self) -> StepRecord | None:
-        """Run one step; ``None`` when nothing could run (no request has arrived yet)."""
-        t0 = time.perf_counter()
+    def _plan(self) -> tuple[list[tuple[Request, int]], StepBatch, list[int], list[int]] | None:
+        """Admit, schedule and build the next step; ``None`` (and an idle step counted)
+        when nothing can run."""
         self._admit()
         chosen = self._schedule()
         if not chosen:
             self.steps += 1
             return None
-        batch = self._batch(chosen)
-        t1 = time.perf_counter()
-        tokens = self.runner.step(batch)
-        t2 = time.perf_counter()
-        prefill = decode = sampled = finished = 0
+        return (chosen, *self._batch(chosen))
+
+    def _advance(self, chosen: list[tuple[Request, int]], batch: StepBatch,
+                 tokens: np.ndarray | None, host_ms: float, step_ms: float
+                 ) -> tuple[StepRecord, list[tuple[Request, int]]]:
+        """Book a dispatched step: computed tokens, sampled tokens (``tokens[s]``, or with
+        ``tokens=None`` a placeholder per sampling sequence, returned with its slot),
+        finished requests (their blocks freed), and the step's record."""
+        prefill = decode = finished = 0
+        samplers: list[tuple[Request, int]] = []
         for s, (request, n) in enumerate(chosen):
             if request.output:
                 decode += 1
@@ -209,8 +260,9 @@ class Engine:
                 prefill += n
             request.num_computed += n
             if request.num_computed == request.num_tokens:
-                request.output.append(int(tokens[s]))
-                sampled += 1
+                request.output.append(None if tokens is None else int(tokens[s]))
+                request.pending_slot = s if tokens is None else -1
+                samplers.append((request, s))
             if request.finished:
                 self.allocator.free(request.blocks)
                 request.blocks = []
@@ -220,22 +272,74 @@ class Engine:
         record = StepRecord(
             index=self.steps, num_seqs=len(chosen), bucket=len(batch.token_ids),
             prefill_tokens=prefill, decode_tokens=decode,
-            context_tokens=int(batch.kv_lens.sum()), sampled=sampled, finished=finished,
-            host_ms=(t1 - t0) * 1e3, step_ms=(t2 - t1) * 1e3)
+            context_tokens=int(batch.kv_lens.sum()), sampled=len(samplers), finished=finished,
+            host_ms=host_ms, step_ms=step_ms)
         self.records.append(record)
         self.steps += 1
-        return record
+        return record, samplers
+
+    def step(self) -> StepRecord | None:
+        """Run one step and wait for its tokens; ``None`` when nothing could run (no
+        request has arrived yet)."""
+        t0 = time.perf_counter()
+        plan = self._plan()
+        if plan is None:
+            return None
+        chosen, batch, _, _ = plan
+        t1 = time.perf_counter()
+        tokens = self.runner.step(batch)
+        t2 = time.perf_counter()
+        return self._advance(chosen, batch, tokens, (t1 - t0) * 1e3, (t2 - t1) * 1e3)[0]
 
     def run(self, requests: Iterable[Request],
             on_step: Callable[[Engine, StepRecord], None] | None = None) -> dict[int, list[int]]:
         """Add ``requests``, step until all finish; returns each request's output tokens."""
         for request in requests:
             self.add(request)
-        while self.has_work():
-            record = self.step()
-            if record is not None and on_step is not None:
-                on_step(self, record)
+        if self.async_scheduling:
+            self._run_overlapped(on_step)
+        else:
+            while self.has_work():
+                record = self.step()
+                if record is not None and on_step is not None:
+                    on_step(self, record)
         return {i: list(r.output) for i, r in sorted(self.done.items())}
 
+    def _run_overlapped(self, on_step: Callable[[Engine, StepRecord], None] | None) -> None:
+        """Step until all finish with one step in flight (see the module doc)."""
+        runner: Any = self.runner
+        slots = self.config.max_num_seqs
+        in_flight: tuple[Any, list[tuple[Request, int]]] | None = None  # tokens, samplers
+        while self.has_work() or in_flight is not None:
+            t0 = time.perf_counter()
+            plan = self._plan() if self.has_work() else None
+            launched = None
+            if plan is not None:
+                chosen, batch, feed_rows, feed_slots = plan
+                prepared = runner.prepare(batch)
+                if feed_rows:
+                    assert in_flight is not None, "a pending token with no step in flight"
+                    rows = np.full(slots, len(batch.token_ids), np.int32)  # padding: dropped
+                    rows[:len(feed_rows)] = feed_rows
+                    src = np.zeros(slots, np.int32)
+                    src[:len(feed_slots)] = feed_slots
+                    prepared = runner.feed(prepared, rows, src, in_flight[0])
+                tokens = runner.launch(prepared)
+            t1 = time.perf_counter()
+            if in_flight is not None:
+                values = runner.fetch(in_flight[0])
+                for request, s in in_flight[1]:
+                    if request.pending_slot == s and request.output[-1] is None:
+                        request.output[-1] = int(values[s])
+                        request.pending_slot = -1
+            t2 = time.perf_counter()
+            if plan is not None:
+                record, samplers = self._advance(chosen, batch, None, (t1 - t0) * 1e3,
+                                                 (t2 - t1) * 1e3)
+                launched = (tokens, samplers)
+                if on_step is not None:
+                    on_step(self, record)
+            in_flight = launched
 
-__all__ = ["Engine", "Request", "Runner", "StepRecord"]
+
+__all__ = ["Engine", "OverlapRunner", "Request", "Runner", "StepRecord"]

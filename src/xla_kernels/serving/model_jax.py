@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from xla_kernels.serving.attention import paged_attention, write_kv
-from xla_kernels.serving.batch import StepBatch
+from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig
 
 Weights = dict[str, Any]
@@ -156,8 +156,18 @@ class JaxRunner:
         tokens, self.caches = self.jitted(self.weights, self.caches, batch)
         return tokens
 
+    def feed(self, prepared: StepBatch, rows: np.ndarray, slots: np.ndarray,
+             tokens: Any) -> StepBatch:
+        """``prepared`` with ``token_ids[rows] = tokens[slots]`` on the device (async
+        scheduling: ``tokens`` of the step in flight)."""
+        return prepared._replace(token_ids=feed_tokens(prepared.token_ids, rows, slots, tokens))
+
+    def fetch(self, tokens: Any) -> np.ndarray:
+        """Wait for a launched step's tokens (the host sync)."""
+        return np.asarray(tokens)
+
     def step(self, batch: StepBatch) -> np.ndarray:
-        return np.asarray(self.launch(self.prepare(batch)))
+        return self.fetch(self.launch(self.prepare(batch)))
 
     def lower(self, batch: StepBatch) -> Any:
         """The step lowered for ``batch``'s bucket (``.as_text()`` shows the custom calls

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xla_kernels.serving.attention import paged_attention, write_kv
-from xla_kernels.serving.batch import StepBatch
+from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -225,8 +225,21 @@ class TorchaxRunner:
         tokens, self.caches = self.jitted(self.params, self.caches, batch)
         return tokens
 
+    def feed(self, prepared: StepBatch, rows: np.ndarray, slots: np.ndarray,
+             tokens: torch.Tensor) -> StepBatch:
+        """``prepared`` with ``token_ids[rows] = tokens[slots]`` on the device (async
+        scheduling: ``tokens`` of the step in flight)."""
+        interop = _interop()
+        ids = feed_tokens(interop.jax_view(prepared.token_ids), rows, slots,
+                          interop.jax_view(tokens))
+        return prepared._replace(token_ids=interop.torch_view(ids))
+
+    def fetch(self, tokens: torch.Tensor) -> np.ndarray:
+        """Wait for a launched step's tokens (the host sync)."""
+        return np.asarray(_interop().jax_view(tokens))
+
     def step(self, batch: StepBatch) -> np.ndarray:
-        return np.asarray(_interop().jax_view(self.launch(self.prepare(batch))))
+        return self.fetch(self.launch(self.prepare(batch)))
 
     def lower(self, batch: StepBatch) -> Any:
         """The step lowered for ``batch``'s bucket (``.as_text()`` shows the custom calls
