@@ -221,6 +221,33 @@ def test_block_tables_and_slots_follow_the_allocated_blocks():
     assert blocks.blocks == []                                # freed on finishing
 
 
+def test_every_row_of_every_step_has_its_token_position_and_slot():
+    """Prefill chunks and decode rows (built by different code) against the requests: each
+    row's token is the request's token at its position (a decode row's is the token the
+    previous step sampled), and its slot is its block's."""
+    config = EngineConfig(block_size=16, num_blocks=12, max_num_seqs=3, max_model_len=80,
+                          token_budget=32)
+    runner = CountingRunner()
+    engine = Engine(runner, config, BlockAllocator(12, shuffle_seed=5))
+    requests = _mixed_requests()
+    outputs = engine.run(fresh(requests))
+    prompts = {r.id: r.prompt for r in requests}
+    checked = {"prefill": 0, "decode": 0}
+    for batch in runner.batches:
+        for s in range(int(batch.num_seqs[0])):
+            lo, hi = int(batch.cu_q_lens[s]), int(batch.cu_q_lens[s + 1])
+            table = batch.block_tables[s]
+            ids = [i for i, p in prompts.items()
+                   if list(batch.token_ids[lo:hi]) == (p + outputs[i])[
+                       batch.positions[lo]:batch.positions[hi - 1] + 1]]
+            assert ids, (lo, hi)
+            for row in range(lo, hi):
+                pos = int(batch.positions[row])
+                assert batch.slot_mapping[row] == table[pos // 16] * 16 + pos % 16
+            checked["decode" if hi - lo == 1 else "prefill"] += 1
+    assert checked["decode"] > 20 and checked["prefill"] > 5, checked
+
+
 def test_allocator_reuses_freed_blocks_and_refuses_double_free():
     alloc = BlockAllocator(4, shuffle_seed=7)
     first = alloc.allocate(4)

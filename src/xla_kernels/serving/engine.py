@@ -90,6 +90,8 @@ class Request:
     # async scheduling: the last output is a placeholder (None) until the step in flight is
     # fetched; pending_slot is its sequence slot in that step's tokens.
     pending_slot: int = -1
+    # blocks as int32, made once at admission (the batch reads it every step)
+    block_array: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
 
     @property
     def num_tokens(self) -> int:
@@ -186,6 +188,7 @@ class Engine:
             if blocks is None:
                 return                       # waits for blocks; first come, first served
             request.blocks = blocks
+            request.block_array = np.asarray(blocks, np.int32)
             self.running.append(self.waiting.popleft())
 
     def _schedule(self) -> list[tuple[Request, int]]:
@@ -211,23 +214,30 @@ class Engine:
         batch = empty_batch(cfg.bucket(rows), cfg.max_num_seqs, cfg.max_blocks_per_seq)
         feed_rows: list[int] = []
         feed_slots: list[int] = []
+        bs = cfg.block_size
         start = 0
         for s, (request, n) in enumerate(chosen):
             first = request.num_computed
-            positions = np.arange(first, first + n, dtype=np.int32)
-            table = np.asarray(request.blocks, np.int32)
-            tokens = [request.token(i) for i in range(first, first + n)]
-            if tokens[-1] is None:           # only the last token can be pending
-                tokens[-1] = 0
+            last = first + n - 1
+            if request.output[-1:] == [None] and last == request.num_tokens - 1:
+                # only the last token can be pending (async scheduling)
                 feed_rows.append(start + n - 1)
                 feed_slots.append(request.pending_slot)
-            batch.token_ids[start:start + n] = tokens
-            batch.positions[start:start + n] = positions
-            batch.slot_mapping[start:start + n] = (table[positions // cfg.block_size]
-                                                   * cfg.block_size
-                                                   + positions % cfg.block_size)
+                batch.token_ids[start + n - 1] = 0
+            else:
+                batch.token_ids[start + n - 1] = request.token(last)
+            if n == 1:                       # a decode row: plain ints, no small arrays
+                batch.positions[start] = first
+                batch.slot_mapping[start] = request.blocks[first // bs] * bs + first % bs
+            else:
+                positions = np.arange(first, first + n, dtype=np.int32)
+                batch.token_ids[start:start + n - 1] = [request.token(i)
+                                                        for i in range(first, last)]
+                batch.positions[start:start + n] = positions
+                batch.slot_mapping[start:start + n] = (request.block_array[positions // bs] * bs
+                                                       + positions % bs)
             batch.kv_lens[s] = first + n
-            batch.block_tables[s, :len(table)] = table
+            batch.block_tables[s, :len(request.blocks)] = request.block_array
             batch.cu_q_lens[s + 1] = start + n
             batch.logits_indices[s] = start + n - 1
             start += n
