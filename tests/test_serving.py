@@ -5,6 +5,7 @@ allocator; the scheduler; the serve-bench command."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import jax
@@ -330,6 +331,40 @@ def test_async_scheduling_gives_the_synchronous_engines_tokens_and_steps():
     forgetful = Engine(NoFeedRunner(), config, BlockAllocator(10, shuffle_seed=1),
                        async_scheduling=True)
     assert forgetful.run(fresh(requests)) != sync_out
+
+
+class QueuedDeviceRunner(MixingRunner):
+    """A simulated device queue: a step's tokens are ready ``cost`` seconds after the device
+    is free (prefill 1 ms a row, a decode step 4 ms); fetch waits for them."""
+
+    def __init__(self):
+        self.free_at = 0.0
+
+    def launch(self, batch):
+        rows = int(batch.cu_q_lens[int(batch.num_seqs[0])])
+        cost = 0.004 if rows == int(batch.num_seqs[0]) else 0.001 * rows
+        self.free_at = max(self.free_at, time.perf_counter()) + cost
+        return super().launch(batch), self.free_at
+
+    def fetch(self, tokens):
+        while time.perf_counter() < tokens[1]:
+            pass
+        return tokens[0]
+
+    def feed(self, prepared, rows, slots, tokens):
+        return super().feed(prepared, rows, slots, tokens[0])
+
+
+def test_async_scheduling_books_each_steps_wait_in_its_own_record():
+    """The 64-row prefill step's device time (64 ms) shows in the prefill record, not in the
+    decode record after it; and the last step's wait is booked too."""
+    config = EngineConfig(num_blocks=64, max_num_seqs=4, token_budget=64)
+    engine = Engine(QueuedDeviceRunner(), config, async_scheduling=True)
+    engine.run([Request(i, [1] * 16, 4) for i in range(4)])
+    times = [(r.kind, r.host_ms + r.step_ms) for r in engine.records]
+    assert [k for k, _ in times] == ["prefill", "decode", "decode", "decode"]
+    assert times[0][1] > 50 and all(t < 30 for _, t in times[1:]), times
+    assert engine.records[-1].step_ms > 1, times
 
 
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])

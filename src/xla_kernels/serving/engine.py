@@ -24,7 +24,8 @@ step N, and only then waits for step N's tokens. Nothing the scheduler decides d
 token's value (requests finish by count), so the steps are the same as without overlap; a
 token sampled by step N and consumed by step N + 1 (a decode row) is copied from step N's
 device output into step N + 1's ``token_ids`` on the device (:meth:`OverlapRunner.feed`),
-and written into the request's output once fetched.
+and written into the request's output once fetched. (So ``on_step`` may see outputs that
+end in ``None``, and the record it gets has no ``step_ms`` yet.)
 
 Example:
     >>> from xla_kernels.serving.config import EngineConfig
@@ -91,7 +92,8 @@ class Request:
     # fetched; pending_slot is its sequence slot in that step's tokens.
     pending_slot: int = -1
     # blocks as int32, made once at admission (the batch reads it every step)
-    block_array: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int32))
+    block_array: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32), compare=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -124,7 +126,8 @@ class StepRecord:
     finished: int               # requests that finished
     host_ms: float              # scheduling and building the batch (async: and dispatching it)
     step_ms: float              # runner.step: transfer, dispatch, device, sync (async: the
-                                # wait for the previous step's tokens, while this one runs)
+                                # wait for this step's tokens, after the next step was
+                                # dispatched; 0 in the record on_step sees)
 
     @property
     def kind(self) -> str:
@@ -276,6 +279,7 @@ class Engine:
             if request.finished:
                 self.allocator.free(request.blocks)
                 request.blocks = []
+                request.block_array = request.block_array[:0]
                 self.running.remove(request)
                 self.done[request.id] = request
                 finished += 1
@@ -319,7 +323,8 @@ class Engine:
         """Step until all finish with one step in flight (see the module doc)."""
         runner: Any = self.runner
         slots = self.config.max_num_seqs
-        in_flight: tuple[Any, list[tuple[Request, int]]] | None = None  # tokens, samplers
+        # the step in flight: its device tokens, its sampling (request, slot)s, its record
+        in_flight: tuple[Any, list[tuple[Request, int]], int] | None = None
         while self.has_work() or in_flight is not None:
             t0 = time.perf_counter()
             plan = self._plan() if self.has_work() else None
@@ -337,16 +342,18 @@ class Engine:
                 tokens = runner.launch(prepared)
             t1 = time.perf_counter()
             if in_flight is not None:
-                values = runner.fetch(in_flight[0])
-                for request, s in in_flight[1]:
+                tokens_in_flight, samplers, index = in_flight
+                values = runner.fetch(tokens_in_flight)
+                for request, s in samplers:
                     if request.pending_slot == s and request.output[-1] is None:
                         request.output[-1] = int(values[s])
                         request.pending_slot = -1
-            t2 = time.perf_counter()
+                # the wait belongs to the step it waited for
+                self.records[index] = dataclasses.replace(
+                    self.records[index], step_ms=(time.perf_counter() - t1) * 1e3)
             if plan is not None:
-                record, samplers = self._advance(chosen, batch, None, (t1 - t0) * 1e3,
-                                                 (t2 - t1) * 1e3)
-                launched = (tokens, samplers)
+                record, samplers = self._advance(chosen, batch, None, (t1 - t0) * 1e3, 0.0)
+                launched = (tokens, samplers, len(self.records) - 1)
                 if on_step is not None:
                     on_step(self, record)
             in_flight = launched
