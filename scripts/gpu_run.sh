@@ -7,12 +7,14 @@
 # "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
 # kernel benchmarks; "serve": the serving loop (serve-bench: the 1b preset timed with JAX,
 # JAX with --async-scheduling, plain-XLA attention, torchax and torchax async, once more
-# with the f32 token-for-token check, then tiny on the GPU for both frontends); "tp" (a machine with 2 GPUs): paged attention split along
-# kv heads over 2 GPUs vs 1 (benchmarks/tp_attention.py), the 1b serving loop at --tp 1 and
-# --tp 2 on the same machine, JAX and torchax, then benchmarks/tp_serving.py over those
-# runs (tp_serving.md: tokens/s and decode tokens/s tp2 vs tp1, greedy tokens tp2 vs tp1
-# and torchax vs jax; if the call is cut before it, run it later over the JSONs); "all"
-# (default): everything but "tp" (more than one 10-minute device call: split it).
+# with the f32 token-for-token check, then tiny on the GPU for both frontends); "tp" (a
+# machine with 2 GPUs): paged attention split along kv heads over 2 GPUs vs 1
+# (benchmarks/tp_attention.py: paged decode and ragged batches), the 1b serving loop at
+# --tp 1 and --tp 2 on the same machine, JAX and torchax, then benchmarks/tp_serving.py
+# over those runs (tp_serving.md: tokens/s and decode tokens/s tp2 vs tp1, greedy tokens
+# tp2 vs tp1 and torchax vs jax; if the call is cut before it, run it later over the
+# JSONs); "all" (default): everything but "tp" (more than one 10-minute device call: split
+# it).
 # Environment variables narrow a mode down to fit one call: GPU_TESTS (pytest paths,
 # default tests/), GPU_TESTS_K (a pytest -k expression: the ragged attention GPU file alone
 # outlasts one call, e.g. GPU_TESTS_K="wgmma or fp8"), SERVE_STEPS (names of the serve runs
