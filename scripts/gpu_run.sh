@@ -7,14 +7,14 @@
 # "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
 # kernel benchmarks; "serve": the serving loop (serve-bench: the 1b preset timed with JAX,
 # JAX with --async-scheduling, plain-XLA attention, torchax and torchax async, once more
-# with the f32 token-for-token check, then tiny on the GPU for both frontends); "tp" (a
-# machine with 2 GPUs): paged attention split along kv heads over 2 GPUs vs 1
-# (benchmarks/tp_attention.py: paged decode and ragged batches), the 1b serving loop at
-# --tp 1 and --tp 2 on the same machine, JAX and torchax, then benchmarks/tp_serving.py
-# over those runs (tp_serving.md: tokens/s and decode tokens/s tp2 vs tp1, greedy tokens
-# tp2 vs tp1 and torchax vs jax; if the call is cut before it, run it later over the
-# JSONs); "all" (default): everything but "tp" (more than one 10-minute device call: split
-# it).
+# with the f32 token-for-token check, then tiny on the GPU for both frontends, checked
+# token for token, synchronous and async); "tp" (a machine with 2 GPUs): paged attention
+# split along kv heads over 2 GPUs vs 1 (benchmarks/tp_attention.py: paged decode and
+# ragged batches), the 1b serving loop at --tp 1 and --tp 2 on the same machine, JAX and
+# torchax, then benchmarks/tp_serving.py over those runs (tp_serving.md: tokens/s and
+# decode tokens/s tp2 vs tp1, greedy tokens tp2 vs tp1 and torchax vs jax; if the call is
+# cut before it, run it later over the JSONs); "all" (default): everything but "tp" (more
+# than one 10-minute device call: split it).
 # Environment variables narrow a mode down to fit one call: GPU_TESTS (pytest paths,
 # default tests/), GPU_TESTS_K (a pytest -k expression: the ragged attention GPU file alone
 # outlasts one call, e.g. GPU_TESTS_K="wgmma or fp8"), SERVE_STEPS (names of the serve runs
@@ -121,7 +121,7 @@ if [ "$mode" = serve ] || [ "$mode" = all ]; then
   step "serving loop"
   # SERVE_STEPS picks and orders the runs (default: all, the 1b targets first).
   for name in ${SERVE_STEPS:-1b_jax 1b_jax_async 1b_jax_plain_xla 1b_torchax 1b_torchax_async \
-                1b_jax_checked tiny_jax tiny_torchax}; do
+                1b_jax_checked tiny_jax tiny_torchax tiny_jax_async tiny_torchax_async}; do
     case $name in
       1b_jax) serve 1b_jax 240 --preset 1b --frontend jax --no-reference \
                 --plot "$out/serve_1b_jax.svg" ;;
@@ -135,6 +135,9 @@ if [ "$mode" = serve ] || [ "$mode" = all ]; then
       1b_jax_checked) serve 1b_jax_checked 400 --preset 1b --frontend jax --no-breakdown ;;
       tiny_jax) serve tiny_jax 120 --preset tiny --frontend jax ;;
       tiny_torchax) serve tiny_torchax 120 --preset tiny --frontend torchax ;;
+      tiny_jax_async) serve tiny_jax_async 120 --preset tiny --frontend jax --async-scheduling ;;
+      tiny_torchax_async) serve tiny_torchax_async 120 --preset tiny --frontend torchax \
+                            --async-scheduling ;;
       *) echo "unknown serve step $name"; status=1 ;;
     esac
   done
