@@ -280,8 +280,7 @@ class MixingRunner:
 
     def feed(self, prepared, rows, slots, tokens):
         ids = prepared.token_ids.copy()
-        inside = rows < len(ids)
-        ids[rows[inside]] = tokens[slots[inside]]
+        ids[rows] = tokens[slots]
         return prepared._replace(token_ids=ids)
 
     def launch(self, batch):

@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -52,20 +53,26 @@ def empty_batch(num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> 
     )
 
 
-def feed_tokens(token_ids: Any, rows: np.ndarray, slots: np.ndarray, tokens: Any) -> Any:
+def feed_tokens(token_ids: Any, rows: Sequence[int], slots: Sequence[int],
+                tokens: Any) -> Any:
     """``token_ids`` (a JAX array on the device) with ``token_ids[rows[i]] = tokens[slots[i]]``
     for every i, computed on the device: how async scheduling hands a step's sampled tokens
-    (``tokens``, not yet fetched) to the next step's decode rows. Rows past the end are
-    dropped (padding); ``rows`` and ``slots`` keep one length, so one small program is
-    compiled per bucket.
+    (``tokens`` [max_num_seqs], not yet fetched) to the next step's decode rows. ``rows`` and
+    ``slots`` (at most one per sequence slot) are padded to ``len(tokens)`` with a row past
+    the end, which is dropped, so one small program is compiled per bucket.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> feed_tokens(jnp.zeros(4, jnp.int32), np.array([1, 4], np.int32),
-        ...             np.array([2, 0], np.int32), jnp.array([7, 8, 9], jnp.int32)).tolist()
+        >>> feed_tokens(jnp.zeros(4, jnp.int32), [1], [2], jnp.array([7, 8, 9], jnp.int32)
+        ...             ).tolist()
         [0, 9, 0, 0]
     """
-    return _feed_program()(token_ids, rows, slots, tokens)
+    n = len(tokens)
+    padded_rows = np.full(n, len(token_ids), np.int32)
+    padded_rows[:len(rows)] = rows
+    padded_slots = np.zeros(n, np.int32)
+    padded_slots[:len(slots)] = slots
+    return _feed_program()(token_ids, padded_rows, padded_slots, tokens)
 
 
 @functools.cache

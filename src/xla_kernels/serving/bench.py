@@ -292,9 +292,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
             batch = empty_batch(bucket, max_num_seqs, engine_config.max_blocks_per_seq)
             tokens = runner.launch(runner.prepare(batch))
             if options.async_scheduling:     # compiles the bucket's token feed too
-                rows = np.full(max_num_seqs, bucket, np.int32)
-                tokens = runner.launch(runner.feed(runner.prepare(batch), rows,
-                                                   np.zeros(max_num_seqs, np.int32), tokens))
+                tokens = runner.launch(runner.feed(runner.prepare(batch), [], [], tokens))
             runner.fetch(tokens)
         compile_s = time.perf_counter() - start
         compiled = runner.compiled_buckets()

@@ -69,7 +69,7 @@ class OverlapRunner(Runner, Protocol):
 
     def prepare(self, batch: StepBatch) -> Any: ...
 
-    def feed(self, prepared: Any, rows: np.ndarray, slots: np.ndarray, tokens: Any) -> Any: ...
+    def feed(self, prepared: Any, rows: list[int], slots: list[int], tokens: Any) -> Any: ...
 
     def launch(self, prepared: Any) -> Any: ...
 
@@ -322,7 +322,6 @@ class Engine:
     def _run_overlapped(self, on_step: Callable[[Engine, StepRecord], None] | None) -> None:
         """Step until all finish with one step in flight (see the module doc)."""
         runner: Any = self.runner
-        slots = self.config.max_num_seqs
         # the step in flight: its device tokens, its sampling (request, slot)s, its record
         in_flight: tuple[Any, list[tuple[Request, int]], int] | None = None
         while self.has_work() or in_flight is not None:
@@ -334,11 +333,7 @@ class Engine:
                 prepared = runner.prepare(batch)
                 if feed_rows:
                     assert in_flight is not None, "a pending token with no step in flight"
-                    rows = np.full(slots, len(batch.token_ids), np.int32)  # padding: dropped
-                    rows[:len(feed_rows)] = feed_rows
-                    src = np.zeros(slots, np.int32)
-                    src[:len(feed_slots)] = feed_slots
-                    prepared = runner.feed(prepared, rows, src, in_flight[0])
+                    prepared = runner.feed(prepared, feed_rows, feed_slots, in_flight[0])
                 tokens = runner.launch(prepared)
             t1 = time.perf_counter()
             if in_flight is not None:

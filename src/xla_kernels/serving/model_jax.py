@@ -156,7 +156,7 @@ class JaxRunner:
         tokens, self.caches = self.jitted(self.weights, self.caches, batch)
         return tokens
 
-    def feed(self, prepared: StepBatch, rows: np.ndarray, slots: np.ndarray,
+    def feed(self, prepared: StepBatch, rows: list[int], slots: list[int],
              tokens: Any) -> StepBatch:
         """``prepared`` with ``token_ids[rows] = tokens[slots]`` on the device (async
         scheduling: ``tokens`` of the step in flight)."""

@@ -225,7 +225,7 @@ class TorchaxRunner:
         tokens, self.caches = self.jitted(self.params, self.caches, batch)
         return tokens
 
-    def feed(self, prepared: StepBatch, rows: np.ndarray, slots: np.ndarray,
+    def feed(self, prepared: StepBatch, rows: list[int], slots: list[int],
              tokens: torch.Tensor) -> StepBatch:
         """``prepared`` with ``token_ids[rows] = tokens[slots]`` on the device (async
         scheduling: ``tokens`` of the step in flight)."""
