@@ -222,8 +222,7 @@ class Engine:
         for s, (request, n) in enumerate(chosen):
             first = request.num_computed
             last = first + n - 1
-            if request.output[-1:] == [None] and last == request.num_tokens - 1:
-                # only the last token can be pending (async scheduling)
+            if request.pending_slot >= 0:    # its last token is still on the device
                 feed_rows.append(start + n - 1)
                 feed_slots.append(request.pending_slot)
                 batch.token_ids[start + n - 1] = 0
@@ -339,10 +338,9 @@ class Engine:
             if in_flight is not None:
                 tokens_in_flight, samplers, index = in_flight
                 values = runner.fetch(tokens_in_flight)
-                for request, s in samplers:
-                    if request.pending_slot == s and request.output[-1] is None:
-                        request.output[-1] = int(values[s])
-                        request.pending_slot = -1
+                for request, s in samplers:  # their placeholders are still the last outputs
+                    request.output[-1] = int(values[s])
+                    request.pending_slot = -1
                 # the wait belongs to the step it waited for
                 self.records[index] = dataclasses.replace(
                     self.records[index], step_ms=(time.perf_counter() - t1) * 1e3)
