@@ -30,17 +30,3 @@ def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path)
                                arch_specific=kernel.arch_specific)
     handler = getattr(ctypes.CDLL(str(path)), kernel.handler)
     assert handler_metadata(handler, op_name=op.name).command_buffer_compatible
-
-
-@requires_nvcc
-def test_paged_attention_compiles_with_its_ab_switches_on(tmp_path):
-    """The decode kernel's compile-time A/B candidates (PERFORMANCE.md; off by default, so
-    no other test builds them) still compile: -DXK_FP8_F16_MMA=1 (every fp8 MMA in f16)
-    and -DXK_DECODE_D64_TOKENS=32 (32-token tiles at head_dim 64)."""
-    op = SHIPPED["xla_kernels.paged_attention"]
-    kernel = op.kernels["cuda"]
-    path = builder.build_library(op.name, kernel.resolved_sources(), platform="cuda",
-                                 cuda_archs=["90"], cache_dir=tmp_path,
-                                 arch_specific=kernel.arch_specific,
-                                 defines={"XK_FP8_F16_MMA": "1", "XK_DECODE_D64_TOKENS": "32"})
-    assert getattr(ctypes.CDLL(str(path)), kernel.handler)

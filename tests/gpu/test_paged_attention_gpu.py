@@ -239,8 +239,8 @@ def test_fp8_error_no_worse_than_the_bf16_kernel_on_the_dequantized_cache(rng, d
 
 def test_fp8_bf16_query_rows_past_the_f16_range(rng):
     """One CTA's q heads span 3e5 (past f16's 65504) to 2^-100, and rows mix 3e5 with 1e-3:
-    whatever the fp8 core computes its MMAs in (XK_FP8_F16_MMA=1 stages bf16 rows as f16
-    times a power of two per row), the result is that of the float64 oracle."""
+    the fp8 core runs its MMAs in f16 (bf16 rows staged as f16 times a power of two per
+    row), and the result is still that of the float64 oracle."""
     x, scales = fp8_inputs(rng, dtype="bf16", num_seqs=3, num_q_heads=16, num_kv_heads=2,
                            head_dim=128, block_size=16, max_context=600)
     q = x["query"].astype(np.float32)

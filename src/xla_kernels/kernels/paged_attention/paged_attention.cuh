@@ -387,20 +387,15 @@ __device__ __forceinline__ void store_row_stats(const float (&m)[2], const float
   }
 }
 
-// Tokens per warp tile of MmaCore at head_dim 64: 16 (the default; 4 KB of K+V per tile, so
-// per byte the tile's fixed work weighs twice what it does at d 128) or 32 (A/B candidate,
-// not yet measured on a GPU: 8 KB tiles as at d 128, 2 CTAs per SM instead of 4).
-#ifndef XK_DECODE_D64_TOKENS
-#define XK_DECODE_D64_TOKENS 16
-#endif
-
 // bf16/f16: mma.sync m16n8k16; up to 16 q heads per CTA (rows of the MMA).
 template <typename T, int D>
 struct MmaCore {
   using Cache = T;                             // staging (cache) element type
   static constexpr int GC = 16;                // q heads per CTA
-  static constexpr int NW = D == 64 ? XK_DECODE_D64_TOKENS : 16;  // tokens per warp tile
-  static_assert(NW == 16 || NW == 32, "XK_DECODE_D64_TOKENS is 16 or 32");
+  // Tokens per warp tile: 16, or 32 at head_dim 64 so that a tile is 8 KB of K+V as at d 128
+  // (16-token d 64 tiles paid the tile's fixed work per 4 KB: 1060 SASS instructions per
+  // 8 KB against 923; 1-2 % faster on an H100, PERFORMANCE.md).
+  static constexpr int NW = D == 64 ? 32 : 16;
   static constexpr int kStages = 3;
   // K/V rows unpadded, 16-byte chunks swizzled (swz_chunk): conflict-free ldmatrix, and
   // every row starts on a 128-byte line of shared memory. (Rows padded to D + 8 elements
@@ -516,10 +511,6 @@ struct MmaCore {
 
 // ------------------------------------------------------------------ fp8 tensor-core core
 
-#ifndef XK_FP8_F16_MMA
-#define XK_FP8_F16_MMA 0
-#endif
-
 // The power of two 2^e that brings the largest finite |q| of a row (`amax`) into [2^14,
 // 2^15): f16's largest finite value is 65504, so no scaled element overflows, and e is kept
 // in [-126, 126] so that 2^e and 2^-e are normal floats (an all-zero row gets 2^126).
@@ -561,15 +552,14 @@ __device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t word, uint32_t& lo, uin
 // f8e4m3fn caches, bf16/f16 queries: mma.sync m16n8k16 on K/V converted in registers. Tiles of
 // 32 tokens; rows of D bytes, chunks swizzled (swz_chunk), no padding.
 //
-// MMA operand type M. With XK_FP8_F16_MMA=0 (the default) M = T. With 1 (A/B candidate, not
-// yet measured on a GPU) M = f16 for bf16 queries too: e4m3 -> f16 is one cvt per pair,
-// where bf16 needs three more instructions per pair (f16 -> 2 x f32 -> bf16x2: 384 of the
-// ~1400 instructions of a d128 tile in the SASS). The bf16 query rows are staged as f16
-// times a power of two per row (q_row_scale), exact for every element at least 2^-28 times
-// the row's largest |q| (smaller ones fall into f16's subnormals), and S is scaled back
-// (exactly) before the softmax; P in [0, 1] is rounded to f16 instead of bf16 (3 more bits).
-// The macro also converts both pairs of a 32-bit word without shifting the high one
-// (e4m3x4_to_f16x2), for f16 queries too.
+// Every MMA runs in f16, for bf16 queries too: e4m3 -> f16 is exact and one cvt per pair of
+// values (e4m3x4_to_f16x2 converts both pairs of a 32-bit word in place), where e4m3 -> bf16
+// costs three more instructions per pair (f16 -> 2 x f32 -> bf16x2: 512 of the 1631 loop
+// instructions of a d 128 tile in the SASS; fp8 decode 1.46x -> 1.81x the bf16 kernel at
+// d 256, PERFORMANCE.md). bf16 query rows are staged as f16 times a power of two per row
+// (q_row_scale), exact for every element at least 2^-28 times the row's largest |q|
+// (smaller ones fall into f16's subnormals), and S is scaled back (exactly) before the
+// softmax; P in [0, 1] is rounded to f16 rather than bf16 (3 more bits).
 //  * S = Q K^T: the k index (head dim) is permuted so that lane (r8 = lane/4, tig = lane%4)
 //    finds the 4 values of its B fragment (k = 2tig, 2tig+1, 2tig+8, 2tig+9) of k-step kk at
 //    bytes tig*D/4 + 4kk .. +3 of its K row: 16-byte loads, one cvt per register. Q is
@@ -580,10 +570,9 @@ __device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t word, uint32_t& lo, uin
 template <typename T, int D>
 struct Fp8MmaCore {
   using Cache = uint8_t;
-  using M = std::conditional_t<XK_FP8_F16_MMA != 0, __half, T>;  // MMA operand type
-  static constexpr bool kQScaled = !std::is_same_v<M, T>;  // bf16 q staged as scaled f16
-  static_assert(!kQScaled || std::is_same_v<T, __nv_bfloat16>, "bf16 or f16 queries");
-  static constexpr bool kWordCvt = XK_FP8_F16_MMA != 0;  // e4m3x4_to_f16x2 (M is f16 then)
+  using M = __half;                            // MMA operand type
+  static constexpr bool kQScaled = std::is_same_v<T, __nv_bfloat16>;  // bf16 q as scaled f16
+  static_assert(kQScaled || std::is_same_v<T, __half>, "bf16 or f16 queries");
   static constexpr bool kSwizzle = true;
   static constexpr int GC = 16;
   static constexpr int NW = 32;
@@ -708,13 +697,9 @@ struct Fp8MmaCore {
 #pragma unroll
         for (int i = 0; i < NT; ++i) {
           const uint32_t word = w == 0 ? kw[i].x : w == 1 ? kw[i].y : w == 2 ? kw[i].z : kw[i].w;
-          if constexpr (kWordCvt) {
-            uint32_t b0, b1;
-            e4m3x4_to_f16x2(word, b0, b1);
-            mma16816<M>(sc[i], af, b0, b1);
-          } else {
-            mma16816<M>(sc[i], af, e4m3x2_to<M>(word), e4m3x2_to<M>(word >> 16));
-          }
+          uint32_t b0, b1;
+          e4m3x4_to_f16x2(word, b0, b1);
+          mma16816<M>(sc[i], af, b0, b1);
         }
       }
     }
@@ -746,20 +731,13 @@ struct Fp8MmaCore {
         }
         const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
         const uint32_t lo8 = __byte_perm(w[2], w[3], 0x5140), hi8 = __byte_perm(w[2], w[3], 0x7362);
-        if constexpr (kWordCvt) {
-          uint32_t b[4][2];  // B operands: tokens (row0, row0 + 1) in [x][0], (+8, +9) in [x][1]
-          e4m3x4_to_f16x2(lo0, b[0][0], b[1][0]);
-          e4m3x4_to_f16x2(lo8, b[0][1], b[1][1]);
-          e4m3x4_to_f16x2(hi0, b[2][0], b[3][0]);
-          e4m3x4_to_f16x2(hi8, b[2][1], b[3][1]);
+        uint32_t b[4][2];  // B operands: tokens (row0, row0 + 1) in [x][0], (+8, +9) in [x][1]
+        e4m3x4_to_f16x2(lo0, b[0][0], b[1][0]);
+        e4m3x4_to_f16x2(lo8, b[0][1], b[1][1]);
+        e4m3x4_to_f16x2(hi0, b[2][0], b[3][0]);
+        e4m3x4_to_f16x2(hi8, b[2][1], b[3][1]);
 #pragma unroll
-          for (int x = 0; x < 4; ++x) mma16816<M>(o[4 * i4 + x], pa, b[x][0], b[x][1]);
-        } else {
-          mma16816<M>(o[4 * i4], pa, e4m3x2_to<M>(lo0), e4m3x2_to<M>(lo8));
-          mma16816<M>(o[4 * i4 + 1], pa, e4m3x2_to<M>(lo0 >> 16), e4m3x2_to<M>(lo8 >> 16));
-          mma16816<M>(o[4 * i4 + 2], pa, e4m3x2_to<M>(hi0), e4m3x2_to<M>(hi8));
-          mma16816<M>(o[4 * i4 + 3], pa, e4m3x2_to<M>(hi0 >> 16), e4m3x2_to<M>(hi8 >> 16));
-        }
+        for (int x = 0; x < 4; ++x) mma16816<M>(o[4 * i4 + x], pa, b[x][0], b[x][1]);
       }
     }
   }
