@@ -23,7 +23,10 @@
 # order; default: attention 1b_tp1_jax 1b_tp2_jax 1b_tp1_torchax 1b_tp2_torchax compare;
 # 1b_tp2_jax_checked, the --tp 2 run with the f32 token-for-token check, and
 # 1b_tp1_jax_async / 1b_tp2_jax_async (--async-scheduling) only when named, e.g.
-# TP_STEPS="1b_tp2_jax_checked"). Expects the torchax wheel in .whl/ (copied from
+# TP_STEPS="1b_tp2_jax_checked"; so is dispatch: benchmarks/dispatch_variants.py, the 1b
+# async run at DISPATCH_TP (default "2 1") under each XLA runtime variant of
+# DISPATCH_VARIANTS (default: all five, ~35 s each), where the host's time per step goes).
+# Expects the torchax wheel in .whl/ (copied from
 # ../shared/wheels and carried along), for the FlashAttention-3 peer the flash-attn3-jax
 # wheel, and for the FlashInfer peer its two wheels in .whl-fi/.
 set -uo pipefail
@@ -165,6 +168,10 @@ if [ "$mode" = tp ]; then
                           --no-reference --async-scheduling ;;
       compare) python3 benchmarks/tp_serving.py --out "$out" 2>&1 \
                  | tee "$out/tp_serving.txt" || status=1 ;;
+      dispatch) python3 benchmarks/dispatch_variants.py --run --out "$out" \
+                  --tp ${DISPATCH_TP:-2 1} \
+                  --variants ${DISPATCH_VARIANTS:-base async_dispatch nccl nccl_graphs no_graphs} \
+                  2>&1 | tee "$out/dispatch_variants.txt" || status=1 ;;
       *) echo "unknown tp step $name"; status=1 ;;
     esac
   done

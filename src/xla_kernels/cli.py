@@ -361,6 +361,8 @@ def serve_bench(args: argparse.Namespace) -> int:
         rows.append(("breakdown", f"device step {breakdown['decode_step_device_ms']} ms, "
                                   f"attention {breakdown['attention_ms']} ms "
                                   f"({breakdown['attention_share']:.0%})"))
+        rows.append(("host", f"dispatch {breakdown['dispatch_ms']} ms; device step with a "
+                             f"new batch each step {breakdown['decode_step_fresh_batch_ms']} ms"))
     for key in ("plot",):
         if key in result:
             rows.append((key, result[key]))

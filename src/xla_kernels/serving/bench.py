@@ -14,8 +14,13 @@ What one run does, in order:
    device (``decode_step_device_ms``: no host work between steps, so the gap to
    ``decode_step_ms`` is the host's scheduling, transfer and dispatch), and the
    cache write + attention replayed alone, for every layer (``attention_ms``,
-   ``attention_share`` of the device step). ``profile_dir`` writes a ``jax.profiler`` trace
-   of the replay, whose kernel list sums the step's kernels.
+   ``attention_share`` of the device step). Two more numbers tell where the host's time
+   goes: ``dispatch_ms``, the host time of launching the step alone on an idle device, and
+   ``decode_step_fresh_batch_ms``, the replay with a new batch put on the device every
+   step as the engine does (new input buffers, which XLA's CUDA graphs are updated for).
+   ``profile_dir`` writes a ``jax.profiler`` trace of the replay, whose kernel list sums
+   the step's kernels. ``config.runtime_env`` records the environment variables that
+   change XLA's runtime (``XLA_FLAGS``, ``PJRT_GPU_ENABLE_ASYNC_DISPATCH``, ...).
 5. **Checks** the outputs against the dense reference, token for token
    (``matches_reference``; ``first_divergence`` when they differ), in ``check_dtype``
    (float32 unless told otherwise). For a model in another dtype (the bf16 presets),
@@ -176,19 +181,53 @@ class Progress:
         self.stream.flush()
 
 
-def _replay_ms(fn: Any, calls: int, repeats: int = 5) -> float:
-    """Median ms per call of ``fn()`` called ``calls`` times back to back (one sync)."""
+def _replay_ms(fn: Any, calls: int, repeats: int = 5, sync: Any = None) -> float:
+    """Median ms per call of ``fn()`` called ``calls`` times back to back, then one
+    ``sync(last output)`` (default ``jax.block_until_ready``; a runner's ``fetch``, which
+    also waits for torchax tensors, whose leaves ``jax.block_until_ready`` skips)."""
     import jax
 
-    jax.block_until_ready(fn())
+    sync = sync or jax.block_until_ready
+    sync(fn())
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = None
         for _ in range(calls):
             out = fn()
-        jax.block_until_ready(out)
+        sync(out)
         times.append((time.perf_counter() - start) / calls * 1e3)
+    return statistics.median(times)
+
+
+RUNTIME_ENV = ("XLA_FLAGS", "PJRT_GPU_ENABLE_ASYNC_DISPATCH", "XLA_PYTHON_CLIENT_ALLOCATOR",
+               "XLA_PYTHON_CLIENT_MEM_FRACTION", "NCCL_LAUNCH_MODE", "CUDA_VISIBLE_DEVICES")
+
+
+def runtime_env(environ: Any = None) -> dict[str, str]:
+    """The variables of ``RUNTIME_ENV`` that are set (in ``environ``, default
+    ``os.environ``): what a serve-bench JSON records of the runtime's settings.
+
+    Example:
+        >>> runtime_env({"XLA_FLAGS": "--xla_gpu_enable_command_buffer=", "HOME": "/root"})
+        {'XLA_FLAGS': '--xla_gpu_enable_command_buffer='}
+    """
+    import os
+
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in RUNTIME_ENV if name in environ}
+
+
+def _dispatch_ms(runner: Any, prepared: StepBatch, calls: int) -> float:
+    """Median host ms of one ``runner.launch(prepared)`` call on an idle device (the launch
+    alone; the wait for its tokens is not timed): what a step costs the host to dispatch."""
+    times = []
+    runner.fetch(runner.launch(prepared))
+    for _ in range(calls):
+        start = time.perf_counter()
+        tokens = runner.launch(prepared)
+        times.append((time.perf_counter() - start) * 1e3)
+        runner.fetch(tokens)
     return statistics.median(times)
 
 
@@ -350,6 +389,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         "engine": {**dataclasses.asdict(engine_config), "buckets": engine_config.buckets(),
                    "shuffle_blocks": options.shuffle_blocks},
         "jax": jax.__version__,
+        "runtime_env": runtime_env(),
     }
     if options.json_path:
         path = Path(options.json_path)
@@ -415,12 +455,17 @@ def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: E
                           widest.context_tokens // widest.num_seqs)
     prepared = runner.prepare(batch)
     calls = 20
-    step_ms = _replay_ms(lambda: runner.launch(prepared), calls)
+    step_ms = _replay_ms(lambda: runner.launch(prepared), calls, sync=runner.fetch)
+    # The engine prepares a new batch every step: new input buffers (what XLA's command
+    # buffers must be updated for) and the host-to-device copies.
+    fresh_ms = _replay_ms(lambda: runner.launch(runner.prepare(batch)), calls,
+                          sync=runner.fetch)
+    dispatch_ms = _dispatch_ms(runner, prepared, calls)
     if profile_dir:
         import jax
 
         with jax.profiler.trace(profile_dir):
-            _replay_ms(lambda: runner.launch(prepared), calls, repeats=1)
+            _replay_ms(lambda: runner.launch(prepared), calls, repeats=1, sync=runner.fetch)
     attention_ms = _attention_ms(model, engine_config, attention, batch, calls, runner.mesh)
     wall = statistics.median(r.host_ms + r.step_ms for r in decode
                              if r.num_seqs == widest.num_seqs)
@@ -430,6 +475,8 @@ def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: E
         "decode_step_ms": round(wall, 4),
         "decode_step_device_ms": round(step_ms, 4),
         "host_and_dispatch_ms": round(wall - step_ms, 4),
+        "decode_step_fresh_batch_ms": round(fresh_ms, 4),
+        "dispatch_ms": round(dispatch_ms, 4),
         "attention_ms": round(attention_ms, 4),
         "attention_share": round(attention_ms / step_ms, 4) if step_ms > 0 else None,
         "profile_dir": profile_dir,
@@ -458,4 +505,5 @@ def _decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
     return batch
 
 
-__all__ = ["BenchOptions", "Progress", "make_requests", "make_runner", "serve_bench"]
+__all__ = ["BenchOptions", "Progress", "make_requests", "make_runner", "runtime_env",
+           "serve_bench"]
