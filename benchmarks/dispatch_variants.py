@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Variant name -> environment of its serve-bench run (gpu_run.sh spells out the same).
+# Variant name -> environment of its serve-bench run (gpu_run.sh runs them all by default).
 VARIANTS = {
     "base": {},
     "async_dispatch": {"PJRT_GPU_ENABLE_ASYNC_DISPATCH": "1"},

@@ -25,7 +25,8 @@
 # 1b_tp1_jax_async / 1b_tp2_jax_async (--async-scheduling) only when named, e.g.
 # TP_STEPS="1b_tp2_jax_checked"; so is dispatch: benchmarks/dispatch_variants.py, the 1b
 # async run at DISPATCH_TP (default "2 1") under each XLA runtime variant of
-# DISPATCH_VARIANTS (default: all five, ~35 s each), where the host's time per step goes).
+# DISPATCH_VARIANTS (default: all of the script's VARIANTS, ~35 s each), where the host's
+# time per step goes).
 # Expects the torchax wheel in .whl/ (copied from
 # ../shared/wheels and carried along), for the FlashAttention-3 peer the flash-attn3-jax
 # wheel, and for the FlashInfer peer its two wheels in .whl-fi/.
@@ -170,7 +171,7 @@ if [ "$mode" = tp ]; then
                  | tee "$out/tp_serving.txt" || status=1 ;;
       dispatch) python3 benchmarks/dispatch_variants.py --run --out "$out" \
                   --tp ${DISPATCH_TP:-2 1} \
-                  --variants ${DISPATCH_VARIANTS:-base async_dispatch nccl nccl_graphs no_graphs} \
+                  ${DISPATCH_VARIANTS:+--variants $DISPATCH_VARIANTS} \
                   2>&1 | tee "$out/dispatch_variants.txt" || status=1 ;;
       *) echo "unknown tp step $name"; status=1 ;;
     esac
