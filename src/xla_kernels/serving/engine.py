@@ -86,14 +86,25 @@ class Request:
     max_new_tokens: int
     arrival: int = 0
     output: list[int | None] = dataclasses.field(default_factory=list)  # None: pending
-    blocks: list[int] = dataclasses.field(default_factory=list)
+    blocks: list[int] = dataclasses.field(default_factory=list)  # set by hold/release_blocks
     num_computed: int = 0       # tokens whose K/V are in the cache
     # async scheduling: the last output is a placeholder (None) until the step in flight is
     # fetched; pending_slot is its sequence slot in that step's tokens.
     pending_slot: int = -1
-    # blocks as int32, made once at admission (the batch reads it every step)
+    # blocks as int32, made once by hold_blocks (the batch reads it every step)
     block_array: np.ndarray = dataclasses.field(
         default_factory=lambda: np.zeros(0, np.int32), compare=False, repr=False)
+
+    def hold_blocks(self, blocks: list[int]) -> None:
+        """Take ``blocks`` (its cache blocks, in order) and their int32 copy together."""
+        self.blocks = blocks
+        self.block_array = np.asarray(blocks, np.int32)
+
+    def release_blocks(self) -> list[int]:
+        """Drop the blocks (and their copy); returns them, for the allocator."""
+        blocks, self.blocks = self.blocks, []
+        self.block_array = self.block_array[:0]
+        return blocks
 
     @property
     def num_tokens(self) -> int:
@@ -190,8 +201,7 @@ class Engine:
             blocks = self.allocator.allocate(request.blocks_needed(self.config.block_size))
             if blocks is None:
                 return                       # waits for blocks; first come, first served
-            request.blocks = blocks
-            request.block_array = np.asarray(blocks, np.int32)
+            request.hold_blocks(blocks)
             self.running.append(self.waiting.popleft())
 
     def _schedule(self) -> list[tuple[Request, int]]:
@@ -276,9 +286,7 @@ class Engine:
                 request.pending_slot = s if tokens is None else -1
                 samplers.append((request, s))
             if request.finished:
-                self.allocator.free(request.blocks)
-                request.blocks = []
-                request.block_array = request.block_array[:0]
+                self.allocator.free(request.release_blocks())
                 self.running.remove(request)
                 self.done[request.id] = request
                 finished += 1
