@@ -17,7 +17,8 @@
 # than one 10-minute device call: split it).
 # Environment variables narrow a mode down to fit one call: GPU_TESTS (pytest paths,
 # default tests/), GPU_TESTS_K (a pytest -k expression: the ragged attention GPU file alone
-# outlasts one call, e.g. GPU_TESTS_K="wgmma or fp8"), SERVE_STEPS (names of the serve runs
+# outlasts one call on one GPU, e.g. GPU_TESTS_K="wgmma or fp8"; the tests are dealt over
+# every visible GPU, one pytest process each, unless GPU_SHARDS says how many), SERVE_STEPS (names of the serve runs
 # below, in order), BENCH_STEPS (names of the benchmarks below, in order: BENCH_STEPS=paged
 # runs only the paged-attention peers matrix), TP_STEPS (names of the tp runs below, in
 # order; default: attention 1b_tp1_jax 1b_tp2_jax 1b_tp1_torchax 1b_tp2_torchax compare;
@@ -77,18 +78,34 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
   python3 -m xla_kernels.demo --json "$out/demo.json" 2>&1 | tee "$out/demo.txt" || status=1
 
   step "GPU tests"
-  python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${GPU_TESTS:-tests/} \
-    ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} 2>&1 | tee "$out/gpu_tests.txt" || status=1
+  # One pytest process per visible GPU, the tests dealt between them (gpu_test_shards.py;
+  # GPU_SHARDS=1 runs one process); the combined log is gpu_tests.txt.
+  python3 scripts/gpu_test_shards.py --out "$out" --shards "${GPU_SHARDS:-0}" -- -q -m gpu \
+    -p no:cacheprovider --durations=15 ${GPU_TESTS:-tests/} \
+    ${GPU_TESTS_K:+-k "$GPU_TESTS_K"} || status=1
   step "GPU torch tests through the Python eager kernels (the native kernel's fallback)"
   XLA_KERNELS_TORCH_NATIVE=0 python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/gpu/test_torch_gpu.py 2>&1 | tee "$out/gpu_tests_python_path.txt" || status=1
 
   step "compute-sanitizer (memcheck, racecheck) on the CUDA kernels"
-  for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 9 python3 scripts/sanitize_kernels.py \
-      > "$out/sanitizer_$tool.txt" 2>&1
-    code=$?
-    [ $code -eq 0 ] || status=1
+  # With two or more GPUs the two tools run at once, one card each.
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  sanitize() {  # tool, GPU index
+    CUDA_VISIBLE_DEVICES=$2 compute-sanitizer --tool "$1" --error-exitcode 9 \
+      python3 scripts/sanitize_kernels.py > "$out/sanitizer_$1.txt" 2>&1
+  }
+  if [ "$gpus" -ge 2 ]; then
+    sanitize memcheck 0 & mem=$!
+    sanitize racecheck 1 & race=$!
+    wait $mem; codes="memcheck:$?"
+    wait $race; codes="$codes racecheck:$?"
+  else
+    sanitize memcheck 0; codes="memcheck:$?"
+    sanitize racecheck 0; codes="$codes racecheck:$?"
+  fi
+  for entry in $codes; do
+    tool=${entry%%:*} code=${entry##*:}
+    [ "$code" -eq 0 ] || status=1
     echo "$tool exit $code: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
       "$out/sanitizer_$tool.txt" | tail -1)"
   done
