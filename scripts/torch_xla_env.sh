@@ -18,7 +18,8 @@
 # Before it starts, it checks the free space and says how much it needs.
 #
 # Usage: bash scripts/torch_xla_env.sh   then: .venv-torch-xla/bin/python -m pytest tests/torch_xla_frontend
-# Env:   XK_TORCH_XLA_VENV (default <repo>/.venv-torch-xla), PYTHON (default python3.11).
+# Env:   XK_TORCH_XLA_VENV (default <repo>/.venv-torch-xla), PYTHON (default python3.11),
+#        XK_TORCH_XLA_NEED_MB (free disk it insists on before building, default 8000).
 # Idempotent: a second run checks the stamp and the imports and returns in seconds.
 set -euo pipefail
 
@@ -46,12 +47,12 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "${PINS[*]}" ]] && check 2>/dev/null; 
   echo "torch_xla env: $VENV is up to date ($(( $(date +%s) - START )) s)"
   exit 0
 fi
-NEED_MB=8000
+NEED_MB=${XK_TORCH_XLA_NEED_MB:-8000}
 FREE_MB=$(df -Pm "$(dirname "$VENV")" | awk 'NR==2 {print $4}')
 if (( FREE_MB < NEED_MB )); then
   echo "torch_xla env: $(dirname "$VENV") has ${FREE_MB} MB free; building $VENV needs about" \
-       "${NEED_MB} MB (torch 2.9.0 from PyPI is its CUDA build). Free some disk, or set" \
-       "XK_TORCH_XLA_VENV to a path on a larger disk." >&2
+       "${NEED_MB} MB (torch 2.9.0 from PyPI is its CUDA build). Fix: free some disk, or" \
+       "set XK_TORCH_XLA_VENV to a path on a larger disk." >&2
   exit 1
 fi
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
