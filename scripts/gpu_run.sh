@@ -18,8 +18,8 @@
 # Environment variables narrow a mode down to fit one call: GPU_TESTS (pytest paths,
 # default tests/), GPU_TESTS_K (a pytest -k expression: the ragged attention GPU file alone
 # outlasts one call on one GPU, e.g. GPU_TESTS_K="wgmma or fp8"; the tests are dealt over
-# every visible GPU, one pytest process each, unless GPU_SHARDS says how many), SERVE_STEPS (names of the serve runs
-# below, in order), BENCH_STEPS (names of the benchmarks below, in order: BENCH_STEPS=paged
+# every visible GPU, one pytest process each, unless GPU_SHARDS says how many),
+# SERVE_STEPS (names of the serve runs below, in order), BENCH_STEPS (names of the benchmarks below, in order: BENCH_STEPS=paged
 # runs only the paged-attention peers matrix), TP_STEPS (names of the tp runs below, in
 # order; default: attention 1b_tp1_jax 1b_tp2_jax 1b_tp1_torchax 1b_tp2_torchax compare;
 # 1b_tp2_jax_checked, the --tp 2 run with the f32 token-for-token check, and
@@ -88,20 +88,21 @@ if [ "$mode" = tests ] || [ "$mode" = all ]; then
     tests/gpu/test_torch_gpu.py 2>&1 | tee "$out/gpu_tests_python_path.txt" || status=1
 
   step "compute-sanitizer (memcheck, racecheck) on the CUDA kernels"
-  # With two or more GPUs the two tools run at once, one card each.
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+  # With two or more GPUs the two tools run at once, one card each (the cards this call may
+  # use: CUDA_VISIBLE_DEVICES if set, else nvidia-smi's, as the test shards take them).
+  read -r -a gpus <<< "$(python3 scripts/gpu_test_shards.py --list-gpus)"
   sanitize() {  # tool, GPU index
     CUDA_VISIBLE_DEVICES=$2 compute-sanitizer --tool "$1" --error-exitcode 9 \
       python3 scripts/sanitize_kernels.py > "$out/sanitizer_$1.txt" 2>&1
   }
-  if [ "$gpus" -ge 2 ]; then
-    sanitize memcheck 0 & mem=$!
-    sanitize racecheck 1 & race=$!
+  if [ "${#gpus[@]}" -ge 2 ]; then
+    sanitize memcheck "${gpus[0]}" & mem=$!
+    sanitize racecheck "${gpus[1]}" & race=$!
     wait $mem; codes="memcheck:$?"
     wait $race; codes="$codes racecheck:$?"
   else
-    sanitize memcheck 0; codes="memcheck:$?"
-    sanitize racecheck 0; codes="$codes racecheck:$?"
+    sanitize memcheck "${gpus[0]:-0}"; codes="memcheck:$?"
+    sanitize racecheck "${gpus[0]:-0}"; codes="$codes racecheck:$?"
   fi
   for entry in $codes; do
     tool=${entry%%:*} code=${entry##*:}

@@ -154,15 +154,21 @@ def _options(args: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="folder for the logs")
+    parser.add_argument("--out", type=Path, help="folder for the logs (needed to run tests)")
     parser.add_argument("--prefix", default="gpu_tests", help="log name (default gpu_tests)")
     parser.add_argument("--shards", type=int, default=0,
                         help="pytest processes (default: one per visible GPU)")
+    parser.add_argument("--list-gpus", action="store_true",
+                        help="print the visible GPU indices (one line) and exit")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER,
                         help="after --: pytest's arguments (selection and options)")
     args = parser.parse_args(argv)
-    pytest_args = [a for a in args.pytest_args if a != "--"] if args.pytest_args[:1] == \
-        ["--"] else args.pytest_args
+    if args.list_gpus:
+        print(" ".join(visible_gpus()))
+        return 0
+    if args.out is None:
+        parser.error("--out is required to run tests")
+    pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     gpus = visible_gpus()
     shards = args.shards or max(len(gpus), 1)
     if shards <= 1:

@@ -27,8 +27,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${XK_TORCH_XLA_VENV:-$ROOT/.venv-torch-xla}"
 PY="${PYTHON:-python3.11}"
 START=$(date +%s)
-PINS=(torch==2.9.0 torch_xla==2.9.0 jax==0.7.1 jaxlib==0.7.1 numpy==2.4.6 ml_dtypes==0.6.0
-      filelock==4.2.11 pytest==9.2.0)
+TORCH_PIN=torch==2.9.0      # installed first, alone (see Disk above)
+OTHER_PINS=(torch_xla==2.9.0 jax==0.7.1 jaxlib==0.7.1 numpy==2.4.6 ml_dtypes==0.6.0
+            filelock==4.2.11 pytest==9.2.0)
+PINS=("$TORCH_PIN" "${OTHER_PINS[@]}")
 STAMP="$VENV/.xk-torch-xla-env"
 
 check() {
@@ -74,11 +76,6 @@ for line in md.requires("torch") or []:
         print(f"{req.name}{req.specifier}")
 PY
 }
-TORCH_PIN=""
-OTHER_PINS=()
-for pin in "${PINS[@]}"; do
-  if [[ "$pin" == torch==* ]]; then TORCH_PIN="$pin"; else OTHER_PINS+=("$pin"); fi
-done
 pip_install --no-deps "$TORCH_PIN"
 PLAIN=()
 while read -r req; do

@@ -65,3 +65,10 @@ def test_one_shard_is_a_plain_pytest_run(tmp_path):
     log = (tmp_path / "out" / "gpu_tests.txt").read_text()
     assert "1 failed, 5 passed, 1 skipped" in log
     assert {p.read_text() for p in (tmp_path / "seen").iterdir()} == {"0,1"}
+
+
+def test_list_gpus_gives_the_cards_this_call_may_use(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "3, 1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--list-gpus"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 0 and proc.stdout == "3 1\n", proc
