@@ -21,7 +21,7 @@ CUDA graphs are updated for them); a variant that moves ``dispatch`` names the c
 
 Example:
     $ python benchmarks/dispatch_variants.py --run --out /tmp/out --tp 2 1 \
-        --variants base async_dispatch nccl nccl_graphs no_graphs
+        --variants base sync_dispatch nccl nccl_graphs no_graphs
     $ python benchmarks/dispatch_variants.py --dir /tmp/out --out /tmp/report
 """
 
@@ -37,9 +37,12 @@ from pathlib import Path
 from typing import Any
 
 # Variant name -> environment of its serve-bench run (gpu_run.sh runs them all by default).
+# "base" is serve-bench as it comes: with --async-scheduling on a GPU that includes the PjRt
+# client's async dispatch (cli.async_dispatch_env); "sync_dispatch" turns it off.
 VARIANTS = {
     "base": {},
     "async_dispatch": {"PJRT_GPU_ENABLE_ASYNC_DISPATCH": "1"},
+    "sync_dispatch": {"PJRT_GPU_ENABLE_ASYNC_DISPATCH": "0"},
     "nccl": {"XLA_FLAGS": "--xla_gpu_experimental_use_collective_kernels="},
     "nccl_graphs": {"XLA_FLAGS": "--xla_gpu_experimental_use_collective_kernels= "
                                  "--xla_gpu_enable_command_buffer=+COLLECTIVES "
@@ -76,7 +79,7 @@ def run_variant(out: Path, tp: int, variant: str, serve_args: list[str],
     lines go to the ``.txt`` beside it, the failure's cause among them)."""
     json_path = out / f"serve_dispatch_tp{tp}_{variant}.json"
     cmd = [sys.executable, "-m", "xla_kernels.cli", "serve-bench", *serve_args,
-           "--tp", str(tp), "--json", str(json_path), "--plot", os.devnull]
+           "--tp", str(tp), "--json", str(json_path)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=variant_env(variant, dict(os.environ)))

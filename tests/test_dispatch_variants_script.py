@@ -25,6 +25,9 @@ def test_runs_each_variant_in_its_environment_and_tabulates(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     base = json.loads((tmp_path / "serve_dispatch_tp2_base.json").read_text())
     flags = json.loads((tmp_path / "serve_dispatch_tp2_no_graphs.json").read_text())
+    for variant in ("base", "no_graphs"):  # each serve-bench process ran to its end
+        log = (tmp_path / f"serve_dispatch_tp2_{variant}.txt").read_text().splitlines()
+        assert log[-1] == "exit 0", log[-5:]
     assert base["matches_reference"] and flags["matches_reference"]
     assert base["config"]["tp"] == 2
     assert base["config"]["runtime_env"]["XLA_FLAGS"] == \
