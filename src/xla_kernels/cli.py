@@ -324,35 +324,39 @@ def _serve_bench_parser(sub: Any) -> None:
                           "first N devices (default 1)")
     srv.add_argument("--async-scheduling", action="store_true",
                      help="keep one step in flight: schedule and dispatch step N + 1 while "
-                          "the device runs step N; on a GPU this also turns on the PjRt "
-                          "client's async dispatch (PJRT_GPU_ENABLE_ASYNC_DISPATCH=1) unless "
-                          "that variable is set")
+                          "the device runs step N; with --frontend jax on a GPU this also "
+                          "turns on the PjRt client's async dispatch "
+                          "(PJRT_GPU_ENABLE_ASYNC_DISPATCH=1) unless that variable is set")
 
 
 ASYNC_DISPATCH_ENV = "PJRT_GPU_ENABLE_ASYNC_DISPATCH"
 
 
-def async_dispatch_env(async_scheduling: bool, platform: str | None,
+def async_dispatch_env(async_scheduling: bool, platform: str | None, frontend: str,
                        environ: dict[str, str]) -> dict[str, str]:
     """The variables serve-bench sets before JAX creates its GPU client: with
-    ``--async-scheduling`` on a GPU (or the default platform), the PjRt GPU client's
-    asynchronous dispatch (``PJRT_GPU_ENABLE_ASYNC_DISPATCH=1``: a jitted call returns
-    before its thunks are launched), unless ``environ`` already sets it (``0`` turns it off).
+    ``--async-scheduling --frontend jax`` on a GPU (or the default platform), the PjRt GPU
+    client's asynchronous dispatch (``PJRT_GPU_ENABLE_ASYNC_DISPATCH=1``: a jitted call
+    returns before its work is launched), unless ``environ`` already sets it (``0`` keeps
+    it off).
 
-    Measured on 2 H200s, 1b preset, async scheduling: the tp 2 decode step 4.81 -> 2.76 ms
-    (the host's launch was the limit), tp 1 tokens/s +2.6 %
-    (``benchmarks/results/h200x2/``). The synchronous engine waits every step and gains
-    nothing, so it is left alone.
+    Measured on 2 H200s, 1b preset, JAX, async scheduling: the tp 2 decode step 4.81 ->
+    2.76 ms (the host's dispatch was the limit), tp 1 tokens/s +2.6 %
+    (``benchmarks/results/h200x2/f4be8cb/``). Left alone where it was not shown to help: the
+    synchronous engine waits every step (JAX gained nothing; torchax lost 6-14 %), and
+    torchax with async scheduling was not measured with it.
 
     Example:
-        >>> async_dispatch_env(True, "gpu", {})
+        >>> async_dispatch_env(True, "gpu", "jax", {})
         {'PJRT_GPU_ENABLE_ASYNC_DISPATCH': '1'}
-        >>> async_dispatch_env(True, "gpu", {"PJRT_GPU_ENABLE_ASYNC_DISPATCH": "0"})
+        >>> async_dispatch_env(True, "gpu", "jax", {"PJRT_GPU_ENABLE_ASYNC_DISPATCH": "0"})
         {}
-        >>> async_dispatch_env(False, "gpu", {}), async_dispatch_env(True, "cpu", {})
-        ({}, {})
+        >>> [async_dispatch_env(*case, {}) for case in
+        ...  ((False, "gpu", "jax"), (True, "cpu", "jax"), (True, "gpu", "torchax"))]
+        [{}, {}, {}]
     """
-    if not async_scheduling or platform == "cpu" or ASYNC_DISPATCH_ENV in environ:
+    if not async_scheduling or platform == "cpu" or frontend != "jax" \
+            or ASYNC_DISPATCH_ENV in environ:
         return {}
     return {ASYNC_DISPATCH_ENV: "1"}
 
@@ -362,7 +366,8 @@ def serve_bench(args: argparse.Namespace) -> int:
     import os
 
     # Before anything creates JAX's GPU client, which reads it once.
-    os.environ.update(async_dispatch_env(args.async_scheduling, args.platform, dict(os.environ)))
+    os.environ.update(async_dispatch_env(args.async_scheduling, args.platform, args.frontend,
+                                         dict(os.environ)))
     from xla_kernels.serving.bench import BenchOptions
     from xla_kernels.serving.bench import serve_bench as run
 
