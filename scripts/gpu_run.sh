@@ -30,7 +30,8 @@
 # time per step goes).
 # Expects the torchax wheel in .whl/ (copied from
 # ../shared/wheels and carried along), for the FlashAttention-3 peer the flash-attn3-jax
-# wheel, and for the FlashInfer peer its two wheels in .whl-fi/.
+# wheel, and for the FlashInfer peer its two wheels in .whl-fi/ (FlashInfer's repacked by
+# scripts/repack_flashinfer_wheel.py to fit the device tool's 64 MiB carry).
 set -uo pipefail
 out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench|serve|tp] [--quick]}
 mode=${2:-all}

@@ -1,0 +1,62 @@
+"""scripts/repack_flashinfer_wheel.py: its doctests, a planted wheel repacked through the
+command line (dropped members and their RECORD lines gone, the rest byte for byte), and
+the messages of its two refusals."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "repack_flashinfer_wheel.py"
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("repack_flashinfer_wheel", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_doctests_pass():
+    assert doctest.testmod(load()).failed == 0
+
+
+def test_drops_the_unused_sources_and_keeps_the_rest(tmp_path):
+    module = load()
+    wheel = tmp_path / "in" / "flashinfer_python-0.7.2.post1-py3-none-any.whl"
+    wheel.parent.mkdir()
+    kept = {"flashinfer/__init__.py": b"x = 1\n",
+            "flashinfer/data/csrc/batch_decode.cu": b"decode" * 50}
+    dropped = {module.DROP[0] + "gen.cu": b"s" * 500, module.DROP[-1] + "k.cu": b"k" * 500}
+    record = "".join(f"{name},sha256=x,1\n" for name in [*kept, *dropped])
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in {**kept, **dropped}.items():
+            z.writestr(name, data)
+        z.writestr("flashinfer_python-0.7.2.post1.dist-info/RECORD", record)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(wheel), str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "2 files dropped" in proc.stdout
+    with zipfile.ZipFile(tmp_path / "out" / wheel.name) as z:
+        assert {name: z.read(name) for name in kept} == kept
+        assert not set(dropped) & set(z.namelist())
+        lines = z.read("flashinfer_python-0.7.2.post1.dist-info/RECORD").decode().splitlines()
+    assert [line.split(",")[0] for line in lines] == list(kept)
+
+
+def test_refuses_a_missing_wheel_and_overwriting_its_input(tmp_path):
+    missing = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "no.whl"),
+                              str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert "no wheel at" in missing.stderr and "Fix: pip download it first" in missing.stderr
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("a.py", "a")
+    same = subprocess.run([sys.executable, str(SCRIPT), str(wheel), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert same.returncode == 1 and "would overwrite the input" in same.stderr
+    assert zipfile.ZipFile(wheel).namelist() == ["a.py"]
