@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 # Variant name -> environment of its serve-bench run (gpu_run.sh runs them all by default).
-# "base" is serve-bench as it comes: with --async-scheduling on a GPU that includes the PjRt
-# client's async dispatch (cli.async_dispatch_env); "sync_dispatch" turns it off.
+# "base" is serve-bench as it comes: with --async-scheduling --frontend jax on a GPU (this
+# script's default) that includes the PjRt client's async dispatch (cli.async_dispatch_env);
+# "sync_dispatch" turns it off.
 VARIANTS = {
     "base": {},
     "async_dispatch": {"PJRT_GPU_ENABLE_ASYNC_DISPATCH": "1"},

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 from collections.abc import Callable, Sequence
@@ -363,8 +364,6 @@ def async_dispatch_env(async_scheduling: bool, platform: str | None, frontend: s
 
 def serve_bench(args: argparse.Namespace) -> int:
     """Run ``serve-bench`` and print a summary; the JSON goes to ``--json``."""
-    import os
-
     # Before anything creates JAX's GPU client, which reads it once.
     os.environ.update(async_dispatch_env(args.async_scheduling, args.platform, args.frontend,
                                          dict(os.environ)))
