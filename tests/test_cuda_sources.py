@@ -10,6 +10,7 @@ import pytest
 from toolchain import requires_nvcc
 from xla_kernels import builder
 from xla_kernels.cli import shipped_ops
+from xla_kernels.errors import BuildError
 from xla_kernels.runtime.eager import handler_metadata
 
 SHIPPED = {name: op for name, op in shipped_ops().items()
@@ -30,3 +31,21 @@ def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path)
                                arch_specific=kernel.arch_specific)
     handler = getattr(ctypes.CDLL(str(path)), kernel.handler)
     assert handler_metadata(handler, op_name=op.name).command_buffer_compatible
+
+
+@requires_nvcc
+@pytest.mark.parametrize("stages", [2, 1])
+def test_fp8_decode_stage_switch_compiles_and_is_checked(stages, tmp_path, monkeypatch):
+    """``-DXK_DECODE_FP8_STAGES`` (the fp8 decode A/B candidate, off by default) reaches the
+    kernel: 2 builds, 1 is refused by the kernel's own static_assert."""
+    op = SHIPPED["xla_kernels.paged_attention"]
+    kernel = op.kernels["cuda"]
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-DXK_DECODE_FP8_STAGES={stages}")
+    build = lambda: builder.build_library(  # noqa: E731
+        op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
+        cache_dir=tmp_path, arch_specific=kernel.arch_specific)
+    if stages >= 2:
+        assert build().exists()
+    else:
+        with pytest.raises(BuildError, match="at least 2 stages"):
+            build()

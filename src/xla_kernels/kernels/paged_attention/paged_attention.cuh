@@ -117,6 +117,13 @@ constexpr unsigned kFull = 0xffffffffu;
 #define XK_DECODE_L2_PREFETCH 128
 #endif
 constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
+// Pipeline depth of Fp8MmaCore's K/V staging. 3 stages take 96 KB of shared memory per CTA
+// (2 CTAs, 8 warps per SM); 2 stages take 64 KB, so 3 CTAs fit (12 warps, 165 registers
+// each at d 128). -DXK_DECODE_FP8_STAGES=2 is the A/B candidate for fp8 decode on the H200
+// (PERFORMANCE.md, "On the H200": latency per warp tile, not issue slots, predicted limit).
+#ifndef XK_DECODE_FP8_STAGES
+#define XK_DECODE_FP8_STAGES 3
+#endif
 constexpr int kPartitionCtasPerSm = 3;  // see launch_typed
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -576,7 +583,8 @@ struct Fp8MmaCore {
   static constexpr bool kSwizzle = true;
   static constexpr int GC = 16;
   static constexpr int NW = 32;
-  static constexpr int kStages = 3;
+  static constexpr int kStages = XK_DECODE_FP8_STAGES;
+  static_assert(kStages >= 2, "the tile loop needs at least 2 stages");
   static constexpr int RS = D;                 // bytes per staged row
   static constexpr int kCpr = D / 16;          // 16-byte chunks per row
   static constexpr bool kQRegs = D <= 128;
