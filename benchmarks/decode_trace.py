@@ -32,7 +32,7 @@ and ``Stop``, for Nsight Compute with ``--profile-from-start off``.
 Example (on the GPU machine):
     $ python benchmarks/decode_trace.py --out /tmp/trace --configs 128x8192 32x2048
     $ XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/decode_trace.py ...
-    $ ncu --profile-from-start off --set full -o /tmp/decode \
+    $ ncu --profile-from-start off --set full -o /tmp/decode \\
         python benchmarks/decode_trace.py --out /tmp/trace --configs 128x8192 --ncu
 """
 

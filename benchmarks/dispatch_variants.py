@@ -20,7 +20,7 @@ Reading it: if ``dispatch`` is most of ``decode step``, the launch is the limit;
 CUDA graphs are updated for them); a variant that moves ``dispatch`` names the cause.
 
 Example:
-    $ python benchmarks/dispatch_variants.py --run --out /tmp/out --tp 2 1 \
+    $ python benchmarks/dispatch_variants.py --run --out /tmp/out --tp 2 1 \\
         --variants base sync_dispatch nccl nccl_graphs no_graphs
     $ python benchmarks/dispatch_variants.py --dir /tmp/out --out /tmp/report
 """

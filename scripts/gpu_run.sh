@@ -2,7 +2,7 @@
 # One call on the GPU machine: install what is missing, build, run the GPU tests and the
 # benchmarks, and write every result under OUT_DIR.
 #
-#   bash scripts/gpu_run.sh OUT_DIR [all|tests|bench|serve|tp] [--quick]
+#   bash scripts/gpu_run.sh OUT_DIR [all|tests|bench|serve|tp|profile] [--quick]
 #
 # "tests": environment, demo, GPU tests, compute-sanitizer; "bench": environment and the
 # kernel benchmarks; "serve": the serving loop (serve-bench: the 1b preset timed with JAX,
@@ -13,8 +13,9 @@
 # ragged batches), the 1b serving loop at --tp 1 and --tp 2 on the same machine, JAX and
 # torchax, then benchmarks/tp_serving.py over those runs (tp_serving.md: tokens/s and
 # decode tokens/s tp2 vs tp1, greedy tokens tp2 vs tp1 and torchax vs jax; if the call is
-# cut before it, run it later over the JSONs); "all" (default): everything but "tp" (more
-# than one 10-minute device call: split it).
+# cut before it, run it later over the JSONs); "profile": Nsight Compute profiles and
+# compile-time A/Bs of the kernels (PROFILE_STEPS below); "all" (default): everything but
+# "tp" and "profile" (more than one 10-minute device call: split it).
 # Environment variables narrow a mode down to fit one call: GPU_TESTS (pytest paths,
 # default tests/), GPU_TESTS_K (a pytest -k expression: the ragged attention GPU file alone
 # outlasts one call on one GPU, e.g. GPU_TESTS_K="wgmma or fp8"; the tests are dealt over
@@ -33,9 +34,14 @@
 # wheel, and for the FlashInfer peer its two wheels in .whl-fi/ (FlashInfer's repacked by
 # scripts/repack_flashinfer_wheel.py to fit the device tool's 64 MiB carry).
 set -uo pipefail
-out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench|serve|tp] [--quick]}
+out=${1:?usage: gpu_run.sh OUT_DIR [all|tests|bench|serve|tp|profile] [--quick]}
 mode=${2:-all}
 quick=${3:-}
+case $mode in
+  all|tests|bench|serve|tp|profile) ;;
+  *) echo "gpu_run.sh: unknown mode '$mode' (all, tests, bench, serve, tp or profile)" >&2
+     exit 2 ;;
+esac
 mkdir -p "$out"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_KERNELS_CACHE_DIR=/tmp/xla-kernels-cache
@@ -162,6 +168,49 @@ if [ "$mode" = serve ] || [ "$mode" = all ]; then
       tiny_torchax_async) serve tiny_torchax_async 120 --preset tiny --frontend torchax \
                             --async-scheduling ;;
       *) echo "unknown serve step $name"; status=1 ;;
+    esac
+  done
+fi
+
+if [ "$mode" = profile ]; then
+  step "profiles (Nsight Compute) and compile-time A/Bs"
+  # PROFILE_STEPS picks and orders them (default: all three). fp8_stages: the fp8 decode
+  # kernel's pipeline at 3 stages (default) vs 2 (-DXK_DECODE_FP8_STAGES=2: 3 CTAs per SM
+  # instead of 2), benchmarks/decode_ab.py, CUPTI end to end, alternating processes;
+  # fp8_ncu: ncu --set full of one launch each of ours bf16, cuDNN and ours fp8
+  # (decode_trace.py --ncu) at PROFILE_DECODE_CONFIGS (default 32x4096), once per stage
+  # count; ragged_ncu: ours (wgmma) vs FA3 at PROFILE_RAGGED_CONFIG (default chunked 8x512
+  # of 8192). Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
+  # source page (_source.csv.gz) and a summary table (benchmarks/ncu_summary.py, .md).
+  ncu_run() {  # name, command...: every kernel between cudaProfilerStart and Stop
+    local name=$1
+    shift
+    if ! ncu --profile-from-start off --set full --import-source yes --clock-control none \
+        -f -o "$out/ncu_$name" "$@" > "$out/ncu_$name.log" 2>&1; then
+      status=1
+      tail -5 "$out/ncu_$name.log"
+      return
+    fi
+    ncu --import "$out/ncu_$name.ncu-rep" --page raw --csv | gzip > "$out/ncu_${name}_raw.csv.gz"
+    ncu --import "$out/ncu_$name.ncu-rep" --page source --csv 2>/dev/null \
+      | gzip > "$out/ncu_${name}_source.csv.gz"
+    python3 benchmarks/ncu_summary.py "$out/ncu_$name.ncu-rep" --out "$out/ncu_$name.md" \
+      || status=1
+  }
+  for name in ${PROFILE_STEPS:-fp8_stages fp8_ncu ragged_ncu}; do
+    case $name in
+      fp8_stages) python3 benchmarks/decode_ab.py --out "$out/fp8_stages" \
+                    --b-flags=-DXK_DECODE_FP8_STAGES=2 --rounds 2 \
+                    --configs 32x2048 32x4096 128x8192 8x32768 2>&1 \
+                    | tee "$out/fp8_stages.txt" || status=1 ;;
+      fp8_ncu) for stages in 3 2; do
+                 NVCC_APPEND_FLAGS="-DXK_DECODE_FP8_STAGES=$stages" ncu_run \
+                   "decode_fp8_stages$stages" python3 benchmarks/decode_trace.py --ncu \
+                   --out "$out/ncu_trace" --configs ${PROFILE_DECODE_CONFIGS:-32x4096}
+               done ;;
+      ragged_ncu) ncu_run ragged python3 benchmarks/profile_ragged.py --variants ours,fa3 \
+                    --configs "${PROFILE_RAGGED_CONFIG:-chunked 8x512 of 8192}" ;;
+      *) echo "unknown profile step $name"; status=1 ;;
     esac
   done
 fi
