@@ -155,6 +155,59 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, iters: int = 30) -> float:
     return 2 * nbytes / pipelined_seconds(lambda v: -v, x, repeats=iters) / 1e9
 
 
+def rotation_sets(set_bytes: int, footprint: int, calls: int) -> int:
+    """How many disjoint buffer sets of ``set_bytes`` a chain of ``calls`` rotates over so
+    that they hold at least ``footprint`` bytes (one set per call at most).
+
+    Example:
+        >>> rotation_sets(67_108_864, 150_000_000, 16), rotation_sets(1 << 20, 150_000_000, 16)
+        (3, 16)
+        >>> rotation_sets(4_294_967_296, 150_000_000, 16)
+        1
+    """
+    return max(1, min(calls, -(-footprint // set_bytes)))
+
+
+def copy_chain_gbs(moved_bytes: int, footprint: int = 150_000_000, calls: int = 16,
+                   repeats: int = 7) -> float | None:
+    """Copy bandwidth (read + write) at one size: ``calls`` back-to-back copies that each
+    move ``moved_bytes`` (half read, half written), CUDA events around the chain, median
+    of ``repeats`` chains. The copies rotate over disjoint buffers that together hold at
+    least ``footprint`` bytes, so a copy's source is not in L2 from the call before.
+
+    The fair bound for a kernel that reads ``moved_bytes`` once at that size, timed the way
+    ``benchmarks/paged_attention.py`` times its chains: a copy pays the same launch, ramp
+    and tail, which :func:`copy_bandwidth_gbs` (1 GiB, one copy per timing) does not show.
+    ``None`` when torch sees no CUDA GPU.
+
+    Example:
+        >>> copy_chain_gbs(1 << 20) is None or copy_chain_gbs(1 << 20) > 0
+        True
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    elems = max(1, moved_bytes // 8)  # float32 elements per buffer: moved = read + write
+    sets = rotation_sets(8 * elems, footprint, calls)
+    src = [torch.empty(elems, dtype=torch.float32, device="cuda").uniform_() for _ in range(sets)]
+    dst = [torch.empty_like(x) for x in src]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for r in range(repeats + 1):  # the first chain warms up
+        start.record()
+        for i in range(calls):
+            dst[i % sets].copy_(src[i % sets])
+        end.record()
+        end.synchronize()
+        if r:
+            times.append(start.elapsed_time(end) / 1e3 / calls)
+    del src, dst
+    return 8 * elems / statistics.median(times) / 1e9
+
+
 def load_script(path: Path) -> Any:
     """The module of a script file that is not in a package (e.g. a sibling benchmark),
     imported under its file name's stem and registered in ``sys.modules`` (so that
