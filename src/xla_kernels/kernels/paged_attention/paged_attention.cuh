@@ -118,8 +118,8 @@ constexpr unsigned kFull = 0xffffffffu;
 #endif
 constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
 // Pipeline depth of Fp8MmaCore's K/V staging. 3 stages take 96 KB of shared memory per CTA
-// (2 CTAs, 8 warps per SM); 2 stages take 64 KB, so 3 CTAs fit (12 warps, 165 registers
-// each at d 128). -DXK_DECODE_FP8_STAGES=2 is the A/B candidate for fp8 decode on the H200
+// (2 CTAs, 8 warps per SM; 165 registers at d 128); 2 stages take 64 KB, so 3 CTAs fit
+// (12 warps; 168 registers at d 128, 3 x 128 x 168 = 64,512 of the SM's 65,536). -DXK_DECODE_FP8_STAGES=2 is the A/B candidate for fp8 decode on the H200
 // (PERFORMANCE.md, "On the H200": latency per warp tile, not issue slots, predicted limit).
 #ifndef XK_DECODE_FP8_STAGES
 #define XK_DECODE_FP8_STAGES 3
