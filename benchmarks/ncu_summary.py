@@ -97,31 +97,37 @@ def kernel_rows(rows: list[list[str]]) -> list[dict[str, Any]]:
     """
     header, units = rows[0], rows[1]
     col = {name: i for i, name in enumerate(header)}
+    stall_metrics = [(m.group(1), name) for name in header
+                     if (m := STALL.match(name)) and m.group(1) != "selected"]
+
+    def value(row: list[str], metric: str, unit_scale: dict[str, float] | None = None
+              ) -> float | None:
+        """``metric``'s number in ``row``; with ``unit_scale``, times its unit's factor
+        (None for a unit the table does not know)."""
+        if metric not in col:
+            return None
+        v = number(row[col[metric]])
+        if v is None or unit_scale is None:
+            return v
+        unit = units[col[metric]]
+        return v * unit_scale[unit] if unit in unit_scale else None
+
     out = []
     for row in rows[2:]:
         if len(row) != len(header):
             continue
-
-        def value(metric: str, row: list[str] = row) -> float | None:
-            return number(row[col[metric]]) if metric in col else None
-
-        def scaled(metric: str, table: dict[str, float], row: list[str] = row) -> float | None:
-            v = value(metric, row)
-            unit = units[col[metric]] if metric in col else ""
-            return None if v is None or unit not in table else v * table[unit]
-
-        us = scaled("gpu__time_duration.sum", TIME_UNITS)
-        moved = [scaled(m, BYTE_UNITS) for m in ("dram__bytes_read.sum", "dram__bytes_write.sum")]
-        inst = value("smsp__inst_executed.sum")
-        stalls = sorted(((m.group(1), v) for name in header if (m := STALL.match(name))
-                         and m.group(1) != "selected" and (v := value(name)) is not None),
-                        key=lambda kv: -kv[1])
+        us = value(row, "gpu__time_duration.sum", TIME_UNITS)
+        moved = [value(row, m, BYTE_UNITS)
+                 for m in ("dram__bytes_read.sum", "dram__bytes_write.sum")]
+        inst = value(row, "smsp__inst_executed.sum")
+        stalls = sorted(((reason, v) for reason, name in stall_metrics
+                         if (v := value(row, name)) is not None), key=lambda kv: -kv[1])
         entry: dict[str, Any] = {
             "kernel": row[col["Kernel Name"]], "grid": row[col.get("Grid Size", 0)],
             "block": row[col.get("Block Size", 0)], "µs": us,
             "DRAM GB/s": (sum(moved) / us / 1e3 if us and None not in moved else None),
             "inst M": None if inst is None else inst / 1e6, "stall_ratios": dict(stalls)}
-        entry.update({label: value(metric) for label, metric in PLAIN.items()})
+        entry.update({label: value(row, metric) for label, metric in PLAIN.items()})
         out.append(entry)
     return out
 

@@ -194,7 +194,7 @@ if [ "$mode" = profile ]; then
     ncu --import "$out/ncu_$name.ncu-rep" --page raw --csv | gzip > "$out/ncu_${name}_raw.csv.gz"
     ncu --import "$out/ncu_$name.ncu-rep" --page source --csv 2>/dev/null \
       | gzip > "$out/ncu_${name}_source.csv.gz"
-    python3 benchmarks/ncu_summary.py "$out/ncu_$name.ncu-rep" --out "$out/ncu_$name.md" \
+    python3 benchmarks/ncu_summary.py "$out/ncu_${name}_raw.csv.gz" --out "$out/ncu_$name.md" \
       || status=1
   }
   for name in ${PROFILE_STEPS:-fp8_stages fp8_ncu ragged_ncu}; do
