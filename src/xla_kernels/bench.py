@@ -127,28 +127,13 @@ def device_description() -> dict[str, str]:
 def copy_bandwidth_gbs(nbytes: int = 1 << 30, iters: int = 30) -> float:
     """Measured device-to-device copy bandwidth in GB/s, counting bytes read plus written.
 
-    Uses ``torch.Tensor.copy_`` on CUDA when torch sees a GPU (a plain memcpy), else a
+    Uses ``torch.Tensor.copy_`` on CUDA when torch sees a GPU (a plain memcpy, each of
+    ``iters`` copies timed alone: :func:`copy_chain_gbs` with one call per chain), else a
     jitted JAX negation (one read and one write per element).
     """
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
-            dst = torch.empty_like(src)
-            for _ in range(5):
-                dst.copy_(src)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            times = []
-            for _ in range(iters):
-                start.record()
-                dst.copy_(src)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end) / 1e3)
-            return 2 * nbytes / statistics.median(times) / 1e9
-    except ImportError:
-        pass
+    gbs = copy_chain_gbs(2 * nbytes, calls=1, repeats=iters, warmup=5)
+    if gbs is not None:
+        return gbs
     import jax.numpy as jnp
 
     x = jnp.arange(nbytes // 4, dtype=jnp.float32)
@@ -169,11 +154,12 @@ def rotation_sets(set_bytes: int, footprint: int, calls: int) -> int:
 
 
 def copy_chain_gbs(moved_bytes: int, footprint: int = 150_000_000, calls: int = 16,
-                   repeats: int = 7) -> float | None:
+                   repeats: int = 7, warmup: int = 1) -> float | None:
     """Copy bandwidth (read + write) at one size: ``calls`` back-to-back copies that each
     move ``moved_bytes`` (half read, half written), CUDA events around the chain, median
-    of ``repeats`` chains. The copies rotate over disjoint buffers that together hold at
-    least ``footprint`` bytes, so a copy's source is not in L2 from the call before.
+    of ``repeats`` chains after ``warmup`` untimed ones. The copies rotate over disjoint
+    buffers that together hold at least ``footprint`` bytes, so a copy's source is not in
+    L2 from the call before.
 
     The fair bound for a kernel that reads ``moved_bytes`` once at that size, timed the way
     ``benchmarks/paged_attention.py`` times its chains: a copy pays the same launch, ramp
@@ -196,13 +182,13 @@ def copy_chain_gbs(moved_bytes: int, footprint: int = 150_000_000, calls: int = 
     dst = [torch.empty_like(x) for x in src]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
-    for r in range(repeats + 1):  # the first chain warms up
+    for r in range(warmup + repeats):
         start.record()
         for i in range(calls):
             dst[i % sets].copy_(src[i % sets])
         end.record()
         end.synchronize()
-        if r:
+        if r >= warmup:
             times.append(start.elapsed_time(end) / 1e3 / calls)
     del src, dst
     return 8 * elems / statistics.median(times) / 1e9
