@@ -5,33 +5,29 @@ the messages of its two refusals."""
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+from xla_kernels.bench import load_script
+
 SCRIPT = Path(__file__).parents[1] / "scripts" / "repack_flashinfer_wheel.py"
 
-
-def load():
-    spec = importlib.util.spec_from_file_location("repack_flashinfer_wheel", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+repack_flashinfer_wheel = load_script(SCRIPT)
 
 
 def test_doctests_pass():
-    assert doctest.testmod(load()).failed == 0
+    assert doctest.testmod(repack_flashinfer_wheel).failed == 0
 
 
 def test_drops_the_unused_sources_and_keeps_the_rest(tmp_path):
-    module = load()
     wheel = tmp_path / "in" / "flashinfer_python-0.7.2.post1-py3-none-any.whl"
     wheel.parent.mkdir()
     kept = {"flashinfer/__init__.py": b"x = 1\n",
             "flashinfer/data/csrc/batch_decode.cu": b"decode" * 50}
-    dropped = {module.DROP[0] + "gen.cu": b"s" * 500, module.DROP[-1] + "k.cu": b"k" * 500}
+    drop = repack_flashinfer_wheel.DROP
+    dropped = {drop[0] + "gen.cu": b"s" * 500, drop[-1] + "k.cu": b"k" * 500}
     record = "".join(f"{name},sha256=x,1\n" for name in [*kept, *dropped])
     with zipfile.ZipFile(wheel, "w") as z:
         for name, data in {**kept, **dropped}.items():
