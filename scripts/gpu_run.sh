@@ -174,13 +174,15 @@ fi
 
 if [ "$mode" = profile ]; then
   step "profiles (Nsight Compute) and compile-time A/Bs"
-  # PROFILE_STEPS picks and orders them (default: all three). fp8_stages: the fp8 decode
-  # kernel's pipeline at 3 stages (default) vs 2 (-DXK_DECODE_FP8_STAGES=2: 3 CTAs per SM
-  # instead of 2), benchmarks/decode_ab.py, CUPTI end to end, alternating processes;
+  # PROFILE_STEPS picks and orders them (default: the first three). fp8_stages: the fp8 decode
+  # kernel's pipeline at 2 stages (default: 3 CTAs per SM) vs 3 (-DXK_DECODE_FP8_STAGES=3:
+  # 2 CTAs per SM), benchmarks/decode_ab.py, CUPTI end to end, alternating processes;
   # fp8_ncu: ncu --set full of one launch each of ours bf16, cuDNN and ours fp8
   # (decode_trace.py --ncu) at PROFILE_DECODE_CONFIGS (default 32x4096), once per stage
   # count; ragged_ncu: ours (wgmma) vs FA3 at PROFILE_RAGGED_CONFIG (default chunked 8x512
-  # of 8192). Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
+  # of 8192); bt_ahead (only when named): the decode kernels' block ids 2 tiles ahead
+  # (default) vs 1 (-DXK_DECODE_BT_AHEAD=1, the loop before 2026-11-26), bf16 and fp8, d 64,
+  # 128 and 256, decode_ab.py as above. Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
   # source page (_source.csv.gz) and a summary table (benchmarks/ncu_summary.py, .md).
   ncu_run() {  # name, command...: every kernel between cudaProfilerStart and Stop
     local name=$1
@@ -200,10 +202,15 @@ if [ "$mode" = profile ]; then
   for name in ${PROFILE_STEPS:-fp8_stages fp8_ncu ragged_ncu}; do
     case $name in
       fp8_stages) python3 benchmarks/decode_ab.py --out "$out/fp8_stages" \
-                    --b-flags=-DXK_DECODE_FP8_STAGES=2 --rounds 2 \
-                    --configs 32x2048 32x4096 128x8192 8x32768 2>&1 \
+                    --b-flags=-DXK_DECODE_FP8_STAGES=3 --rounds 2 \
+                    --configs 32x2048 32x4096 128x8192 8x32768 32x2048/8/256 \
+                    32x2048/8/64 2>&1 \
                     | tee "$out/fp8_stages.txt" || status=1 ;;
-      fp8_ncu) for stages in 3 2; do
+      bt_ahead) python3 benchmarks/decode_ab.py --out "$out/bt_ahead" \
+                  --b-flags=-DXK_DECODE_BT_AHEAD=1 --rounds 2 \
+                  --configs 32x2048 32x4096 128x8192 8x32768 1x32768 32x2048/8/64 \
+                  32x2048/8/256 2>&1 | tee "$out/bt_ahead.txt" || status=1 ;;
+      fp8_ncu) for stages in 2 3; do
                  NVCC_APPEND_FLAGS="-DXK_DECODE_FP8_STAGES=$stages" ncu_run \
                    "decode_fp8_stages$stages" python3 benchmarks/decode_trace.py --ncu \
                    --out "$out/ncu_trace" --configs ${PROFILE_DECODE_CONFIGS:-32x4096}

@@ -49,3 +49,22 @@ def test_fp8_decode_stage_switch_compiles_and_is_checked(stages, tmp_path, monke
     else:
         with pytest.raises(BuildError, match="at least 2 stages"):
             build()
+
+
+@requires_nvcc
+@pytest.mark.parametrize("ahead", [1, 0])
+def test_decode_block_id_lookahead_switch_compiles_and_is_checked(ahead, tmp_path, monkeypatch):
+    """``-DXK_DECODE_BT_AHEAD`` (block ids loaded that many tiles ahead; 1 is the loop before
+    2026-11-26, kept for A/B runs) reaches the kernel: 1 builds, 0 is refused by its
+    static_assert."""
+    op = SHIPPED["xla_kernels.paged_attention"]
+    kernel = op.kernels["cuda"]
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-DXK_DECODE_BT_AHEAD={ahead}")
+    build = lambda: builder.build_library(  # noqa: E731
+        op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
+        cache_dir=tmp_path, arch_specific=kernel.arch_specific)
+    if ahead >= 1:
+        assert build().exists()
+    else:
+        with pytest.raises(BuildError, match="at least one tile ahead"):
+            build()

@@ -117,13 +117,24 @@ constexpr unsigned kFull = 0xffffffffu;
 #define XK_DECODE_L2_PREFETCH 128
 #endif
 constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
-// Pipeline depth of Fp8MmaCore's K/V staging. 3 stages take 96 KB of shared memory per CTA
-// (2 CTAs, 8 warps per SM; 165 registers at d 128); 2 stages take 64 KB, so 3 CTAs fit
-// (12 warps; 168 registers at d 128, 3 x 128 x 168 = 64,512 of the SM's 65,536). -DXK_DECODE_FP8_STAGES=2 is the A/B candidate for fp8 decode on the H200
-// (PERFORMANCE.md, "On the H200": latency per warp tile, not issue slots, predicted limit).
+// Pipeline depth of Fp8MmaCore's K/V staging. 2 stages take 64 KB of shared memory per CTA,
+// so 3 CTAs fit an SM (12 warps; 168 registers at d 128, 3 x 128 x 168 = 64,512 of the
+// SM's 65,536); 3 stages take 96 KB (2 CTAs, 8 warps). With block ids 2 tiles ahead, 2
+// stages measured 0.7-4.4 % faster on the H200 at every configuration tried
+// (PERFORMANCE.md, "Block ids further ahead"); -DXK_DECODE_FP8_STAGES=3 is the old depth.
 #ifndef XK_DECODE_FP8_STAGES
-#define XK_DECODE_FP8_STAGES 3
+#define XK_DECODE_FP8_STAGES 2
 #endif
+// Tiles of block ids loaded ahead of the copies that use them. Under a saturated memory
+// system a block-table load waits behind the warp's own K/V copies; one tile ahead (the
+// value 1, the kernel before 2026-11-26) left the compare after it as the top stall of the
+// fp8 kernel on the H200 (PERFORMANCE.md, "Block ids further ahead"). -DXK_DECODE_BT_AHEAD=1
+// restores the old loop and the old prologue for A/B runs.
+#ifndef XK_DECODE_BT_AHEAD
+#define XK_DECODE_BT_AHEAD 2
+#endif
+constexpr int kBtAhead = XK_DECODE_BT_AHEAD;
+static_assert(kBtAhead >= 1, "block ids must be loaded at least one tile ahead");
 constexpr int kPartitionCtasPerSm = 3;  // see launch_typed
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -255,7 +266,8 @@ __device__ __forceinline__ void logits(float* x, const KernelArgs& a) {
 // ------------------------------------------------------------------ tile loader
 
 // Physical block of token pos0 + lane (lanes < NW), or -1 past the partition's end. Issued
-// one iteration before the copies that use it, so its latency hides behind a tile's math.
+// kBtAhead iterations before the copies that use it, so its latency hides behind that many
+// tiles' math.
 template <int NW>
 __device__ __forceinline__ int lookup_block(const KernelArgs& a, const int32_t* bt_row, int pos0,
                                             int p_hi, int lane) {
@@ -949,7 +961,7 @@ struct Smem {
 };
 
 template <typename T, int D, class Core>
-__global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1) paged_attention_main(const KernelArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   using L = Smem<T, D, Core>;
   using C = typename Core::Cache;  // T, or uint8_t (e4m3) for fp8 caches
@@ -970,10 +982,22 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
   const int kvh = hc / a.chunks, chunk = hc % a.chunks;
   const int h0 = kvh * a.G + chunk * GC;  // first q head of this CTA
   const int nh = min(GC, a.G - chunk * GC);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int32_t* bt_row = a.bt + static_cast<int64_t>(s) * a.max_blocks;
+  // Partition 0 of a sequence without a window starts at token 0, so the block ids of its
+  // first tiles are known before the length: their loads overlap the length's instead of
+  // following it (one dependent memory round trip less before the first copy).
+  constexpr int kFirst = kStages - 1;  // the prologue's copies
+  const bool early_ids = kBtAhead > 1 && part == 0 && a.window == 0;
+  int first_ids[kFirst];
+#pragma unroll
+  for (int i = 0; i < kFirst; ++i) {
+    const int b = ((warp + i * kWarps) * NW + lane) >> a.log2_bs;
+    first_ids[i] = (early_ids && lane < NW && b < a.max_blocks) ? __ldg(bt_row + b) : -1;
+  }
   const SeqPart sp = seq_partition(a, s);
   if (part >= sp.n) return;
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   T* out = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h0) * D;
   if (sp.hi <= sp.lo) {  // empty sequence: zeros
     for (int e = tid; e < nh * D; e += kThreads) out[e] = from_float<T>(0.f);
@@ -984,23 +1008,28 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
 
   C* staging = reinterpret_cast<C*>(smem) + warp * kStages * 2 * L::kTileElems;
   uint32_t* masks = reinterpret_cast<uint32_t*>(smem + L::kMaskOff) + warp * kStages;
-  const int32_t* bt_row = a.bt + static_cast<int64_t>(s) * a.max_blocks;
   const int ntile = (p_hi - p_lo + NW - 1) / NW;
   const int my_n = warp < ntile ? (ntile - warp + kWarps - 1) / kWarps : 0;
 
   auto tile_pos = [&](int i) { return p_lo + (warp + i * kWarps) * NW; };
+  // Block id of this lane's token in the warp's tile i < kFirst (lookup_block's value).
+  auto first_id = [&](int i) {
+    return early_ids && i < kFirst ? (tile_pos(i) + lane < p_hi ? first_ids[i] : -1)
+                                   : lookup_block<NW>(a, bt_row, tile_pos(i), p_hi, lane);
+  };
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
     if (st < my_n) {
       C* kb = staging + (2 * st) * L::kTileElems;
-      const int blk = lookup_block<NW>(a, bt_row, tile_pos(st), p_hi, lane);
-      const uint32_t mk = load_tile<C, D, NW, RS, kSwz>(kb, kb + L::kTileElems, a, blk,
+      const uint32_t mk = load_tile<C, D, NW, RS, kSwz>(kb, kb + L::kTileElems, a, first_id(st),
                                                         tile_pos(st), kvh, lane);
       if (lane == 0) masks[st] = mk;
     }
     cp_async_commit();
   }
-  int blk_next = lookup_block<NW>(a, bt_row, tile_pos(kStages - 1), p_hi, lane);
+  int ahead[kBtAhead];  // block ids of the warp's tiles nx, nx + 1, ... (nx: the next copy)
+#pragma unroll
+  for (int i = 0; i < kBtAhead; ++i) ahead[i] = first_id(kStages - 1 + i);
 
   // The query goes to shared memory while the first K/V tiles are in flight.
   const T* qg = static_cast<const T*>(a.q) + (static_cast<int64_t>(s) * a.Hq + h0) * D;
@@ -1013,10 +1042,12 @@ __global__ void __launch_bounds__(kThreads) paged_attention_main(const KernelArg
     if (nx < my_n) {
       const int st = nx % kStages;
       C* kb = staging + (2 * st) * L::kTileElems;
-      const uint32_t mk = load_tile<C, D, NW, RS, kSwz>(kb, kb + L::kTileElems, a, blk_next,
+      const uint32_t mk = load_tile<C, D, NW, RS, kSwz>(kb, kb + L::kTileElems, a, ahead[0],
                                                         tile_pos(nx), kvh, lane);
       if (lane == 0) masks[st] = mk;
-      blk_next = lookup_block<NW>(a, bt_row, tile_pos(nx + 1), p_hi, lane);  // prefetch
+#pragma unroll
+      for (int i = 0; i + 1 < kBtAhead; ++i) ahead[i] = ahead[i + 1];
+      ahead[kBtAhead - 1] = lookup_block<NW>(a, bt_row, tile_pos(nx + kBtAhead), p_hi, lane);
     }
     cp_async_commit();
     cp_async_wait<kStages - 1>();
