@@ -182,7 +182,9 @@ if [ "$mode" = profile ]; then
   # count; ragged_ncu: ours (wgmma) vs FA3 at PROFILE_RAGGED_CONFIG (default chunked 8x512
   # of 8192); bt_ahead (only when named): the decode kernels' block ids 2 tiles ahead
   # (default) vs 1 (-DXK_DECODE_BT_AHEAD=1, the loop before 2026-11-26), bf16 and fp8, d 64,
-  # 128 and 256, decode_ab.py as above. Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
+  # 128 and 256, decode_ab.py as above; fp8_d256 (only when named): fp8 warp tiles of 16
+  # tokens at head_dim 256 (default) vs 32 (-DXK_DECODE_FP8_D256_TOKENS=32), the same way.
+  # Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
   # source page (_source.csv.gz) and a summary table (benchmarks/ncu_summary.py, .md).
   ncu_run() {  # name, command...: every kernel between cudaProfilerStart and Stop
     local name=$1
@@ -210,6 +212,10 @@ if [ "$mode" = profile ]; then
                   --b-flags=-DXK_DECODE_BT_AHEAD=1 --rounds 2 \
                   --configs 32x2048 32x4096 128x8192 8x32768 1x32768 32x2048/8/64 \
                   32x2048/8/256 2>&1 | tee "$out/bt_ahead.txt" || status=1 ;;
+      fp8_d256) python3 benchmarks/decode_ab.py --out "$out/fp8_d256" \
+                  --b-flags=-DXK_DECODE_FP8_D256_TOKENS=32 --rounds 2 \
+                  --configs 32x2048/8/256 128x2048/8/256 8x8192/8/256 1x32768/8/256 \
+                  32x4096/8/256 2>&1 | tee "$out/fp8_d256.txt" || status=1 ;;
       fp8_ncu) for stages in 2 3; do
                  NVCC_APPEND_FLAGS="-DXK_DECODE_FP8_STAGES=$stages" ncu_run \
                    "decode_fp8_stages$stages" python3 benchmarks/decode_trace.py --ncu \

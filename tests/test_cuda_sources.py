@@ -68,3 +68,21 @@ def test_decode_block_id_lookahead_switch_compiles_and_is_checked(ahead, tmp_pat
     else:
         with pytest.raises(BuildError, match="at least one tile ahead"):
             build()
+
+
+@requires_nvcc
+@pytest.mark.parametrize("tokens", [32, 8])
+def test_fp8_d256_tile_switch_compiles_and_is_checked(tokens, tmp_path, monkeypatch):
+    """``-DXK_DECODE_FP8_D256_TOKENS`` (tokens per fp8 warp tile at head_dim 256; 32 is the
+    tile before 2026-11-26) reaches the kernel: 32 builds, 8 is refused by its static_assert."""
+    op = SHIPPED["xla_kernels.paged_attention"]
+    kernel = op.kernels["cuda"]
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-DXK_DECODE_FP8_D256_TOKENS={tokens}")
+    build = lambda: builder.build_library(  # noqa: E731
+        op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
+        cache_dir=tmp_path, arch_specific=kernel.arch_specific)
+    if tokens in (16, 32):
+        assert build().exists()
+    else:
+        with pytest.raises(BuildError, match="16 or 32 tokens"):
+            build()

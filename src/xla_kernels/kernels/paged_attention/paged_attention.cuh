@@ -117,11 +117,12 @@ constexpr unsigned kFull = 0xffffffffu;
 #define XK_DECODE_L2_PREFETCH 128
 #endif
 constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
-// Pipeline depth of Fp8MmaCore's K/V staging. 2 stages take 64 KB of shared memory per CTA,
-// so 3 CTAs fit an SM (12 warps; 168 registers at d 128, 3 x 128 x 168 = 64,512 of the
-// SM's 65,536); 3 stages take 96 KB (2 CTAs, 8 warps). With block ids 2 tiles ahead, 2
-// stages measured 0.7-4.4 % faster on the H200 at every configuration tried
-// (PERFORMANCE.md, "Block ids further ahead"); -DXK_DECODE_FP8_STAGES=3 is the old depth.
+// Pipeline depth of Fp8MmaCore's K/V staging: 64 KB of shared memory per CTA at d 128 with
+// 2 stages, 96 KB with 3. Either way 2 CTAs (8 warps) run per SM at d 128: ptxas gives the
+// 2-stage loop 190-193 registers (168 with 3 stages). With block ids 2 tiles ahead, 2
+// stages measured 0.5-4.1 % faster on the H200 at 5 of 6 configurations and level (0.2 %)
+// at the sixth, d 256 (PERFORMANCE.md, "Block ids further ahead"); -DXK_DECODE_FP8_STAGES=3
+// is the old depth.
 #ifndef XK_DECODE_FP8_STAGES
 #define XK_DECODE_FP8_STAGES 2
 #endif
@@ -134,6 +135,13 @@ constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
 #define XK_DECODE_BT_AHEAD 2
 #endif
 constexpr int kBtAhead = XK_DECODE_BT_AHEAD;
+// Tokens per warp tile of Fp8MmaCore at head_dim 256. At 32 (the tile of d 64 and 128) two
+// stages of 4 warps take 128 KB, so one CTA (4 warps) fits an SM; at 16 they take 64 KB and
+// the registers (2 CTAs) bound the SM instead: 8 warps (PERFORMANCE.md, "fp8 at head_dim
+// 256"). -DXK_DECODE_FP8_D256_TOKENS=32 is the old tile, for A/B runs.
+#ifndef XK_DECODE_FP8_D256_TOKENS
+#define XK_DECODE_FP8_D256_TOKENS 16
+#endif
 static_assert(kBtAhead >= 1, "block ids must be loaded at least one tile ahead");
 constexpr int kPartitionCtasPerSm = 3;  // see launch_typed
 constexpr float kLog2e = 1.4426950408889634f;
@@ -569,7 +577,8 @@ __device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t word, uint32_t& lo, uin
 }
 
 // f8e4m3fn caches, bf16/f16 queries: mma.sync m16n8k16 on K/V converted in registers. Tiles of
-// 32 tokens; rows of D bytes, chunks swizzled (swz_chunk), no padding.
+// 32 tokens (16 at head_dim 256: XK_DECODE_FP8_D256_TOKENS); rows of D bytes, chunks
+// swizzled (swz_chunk), no padding.
 //
 // Every MMA runs in f16, for bf16 queries too: e4m3 -> f16 is exact and one cvt per pair of
 // values (e4m3x4_to_f16x2 converts both pairs of a 32-bit word in place), where e4m3 -> bf16
@@ -594,7 +603,8 @@ struct Fp8MmaCore {
   static_assert(kQScaled || std::is_same_v<T, __half>, "bf16 or f16 queries");
   static constexpr bool kSwizzle = true;
   static constexpr int GC = 16;
-  static constexpr int NW = 32;
+  static constexpr int NW = D == 256 ? XK_DECODE_FP8_D256_TOKENS : 32;
+  static_assert(NW == 16 || NW == 32, "fp8 warp tiles of 16 or 32 tokens");
   static constexpr int kStages = XK_DECODE_FP8_STAGES;
   static_assert(kStages >= 2, "the tile loop needs at least 2 stages");
   static constexpr int RS = D;                 // bytes per staged row
