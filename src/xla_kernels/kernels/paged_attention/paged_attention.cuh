@@ -978,6 +978,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1) paged_attention_mai
   constexpr bool kFp8 = !std::is_same_v<C, T>;
   constexpr int NW = Core::NW, RS = Core::RS, kStages = Core::kStages, GC = Core::GC;
   constexpr bool kSwz = Core::kSwizzle;
+  // Block ids kBtAhead tiles ahead, except for bf16/f16/f32 caches at head_dim 64, where the
+  // loop with 2 measured 1.5 % slower than with 1 on the H200 (PERFORMANCE.md, "Block ids
+  // further ahead"); with 1 that kernel is the one measured before the change.
+  constexpr int kAhead = !kFp8 && D == 64 ? 1 : kBtAhead;
 
   // Launched with PDL: nothing global is touched before the previous kernel has finished.
   // The reduce kernel (PDL too) may then be scheduled; it waits for this grid to finish.
@@ -998,7 +1002,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1) paged_attention_mai
   // first tiles are known before the length: their loads overlap the length's instead of
   // following it (one dependent memory round trip less before the first copy).
   constexpr int kFirst = kStages - 1;  // the prologue's copies
-  const bool early_ids = kBtAhead > 1 && part == 0 && a.window == 0;
+  const bool early_ids = kAhead > 1 && part == 0 && a.window == 0;
   int first_ids[kFirst];
 #pragma unroll
   for (int i = 0; i < kFirst; ++i) {
@@ -1037,9 +1041,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1) paged_attention_mai
     }
     cp_async_commit();
   }
-  int ahead[kBtAhead];  // block ids of the warp's tiles nx, nx + 1, ... (nx: the next copy)
+  int ahead[kAhead];  // block ids of the warp's tiles nx, nx + 1, ... (nx: the next copy)
 #pragma unroll
-  for (int i = 0; i < kBtAhead; ++i) ahead[i] = first_id(kStages - 1 + i);
+  for (int i = 0; i < kAhead; ++i) ahead[i] = first_id(kStages - 1 + i);
 
   // The query goes to shared memory while the first K/V tiles are in flight.
   const T* qg = static_cast<const T*>(a.q) + (static_cast<int64_t>(s) * a.Hq + h0) * D;
@@ -1056,8 +1060,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1) paged_attention_mai
                                                         tile_pos(nx), kvh, lane);
       if (lane == 0) masks[st] = mk;
 #pragma unroll
-      for (int i = 0; i + 1 < kBtAhead; ++i) ahead[i] = ahead[i + 1];
-      ahead[kBtAhead - 1] = lookup_block<NW>(a, bt_row, tile_pos(nx + kBtAhead), p_hi, lane);
+      for (int i = 0; i + 1 < kAhead; ++i) ahead[i] = ahead[i + 1];
+      ahead[kAhead - 1] = lookup_block<NW>(a, bt_row, tile_pos(nx + kAhead), p_hi, lane);
     }
     cp_async_commit();
     cp_async_wait<kStages - 1>();
