@@ -17,7 +17,7 @@ JSON and log) to ``--out``.
 Example (on the GPU machine):
     $ python benchmarks/decode_ab.py --out /tmp/ab --b-flags=-DXK_DECODE_L2_PREFETCH=0 \\
         --configs 128x8192 32x2048 8x32768 32x2048/8/256
-    $ python benchmarks/decode_ab.py --out /tmp/fp8stages --b-flags=-DXK_DECODE_FP8_STAGES=2 \\
+    $ python benchmarks/decode_ab.py --out /tmp/fp8stages --b-flags=-DXK_DECODE_FP8_STAGES=3 \\
         --rounds 2 --configs 32x2048 32x4096 128x8192 8x32768
 """
 

@@ -175,8 +175,8 @@ fi
 if [ "$mode" = profile ]; then
   step "profiles (Nsight Compute) and compile-time A/Bs"
   # PROFILE_STEPS picks and orders them (default: the first three). fp8_stages: the fp8 decode
-  # kernel's pipeline at 2 stages (default: 3 CTAs per SM) vs 3 (-DXK_DECODE_FP8_STAGES=3:
-  # 2 CTAs per SM), benchmarks/decode_ab.py, CUPTI end to end, alternating processes;
+  # kernel's pipeline at 2 stages (default) vs 3 (-DXK_DECODE_FP8_STAGES=3, the depth before
+  # 2026-11-26), benchmarks/decode_ab.py, CUPTI end to end, alternating processes;
   # fp8_ncu: ncu --set full of one launch each of ours bf16, cuDNN and ours fp8
   # (decode_trace.py --ncu) at PROFILE_DECODE_CONFIGS (default 32x4096), once per stage
   # count; ragged_ncu: ours (wgmma) vs FA3 at PROFILE_RAGGED_CONFIG (default chunked 8x512

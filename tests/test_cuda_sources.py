@@ -34,10 +34,11 @@ def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path)
 
 
 @requires_nvcc
-@pytest.mark.parametrize("stages", [2, 1])
+@pytest.mark.parametrize("stages", [3, 1])
 def test_fp8_decode_stage_switch_compiles_and_is_checked(stages, tmp_path, monkeypatch):
-    """``-DXK_DECODE_FP8_STAGES`` (the fp8 decode A/B candidate, off by default) reaches the
-    kernel: 2 builds, 1 is refused by the kernel's own static_assert."""
+    """``-DXK_DECODE_FP8_STAGES`` (fp8 decode's pipeline depth: 2 by default, 3 the depth
+    before 2026-11-26, kept for A/B runs) reaches the kernel: 3 builds, 1 is refused by the
+    kernel's own static_assert."""
     op = SHIPPED["xla_kernels.paged_attention"]
     kernel = op.kernels["cuda"]
     monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-DXK_DECODE_FP8_STAGES={stages}")
