@@ -135,14 +135,15 @@ constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
 #define XK_DECODE_BT_AHEAD 2
 #endif
 constexpr int kBtAhead = XK_DECODE_BT_AHEAD;
+static_assert(kBtAhead >= 1, "block ids must be loaded at least one tile ahead");
 // Tokens per warp tile of Fp8MmaCore at head_dim 256. At 32 (the tile of d 64 and 128) two
 // stages of 4 warps take 128 KB, so one CTA (4 warps) fits an SM; at 16 they take 64 KB and
-// the registers (2 CTAs) bound the SM instead: 8 warps (PERFORMANCE.md, "fp8 at head_dim
-// 256"). -DXK_DECODE_FP8_D256_TOKENS=32 is the old tile, for A/B runs.
+// the registers (2 CTAs) bound the SM instead: 8 warps; measured 7-11 % faster on the H200
+// (PERFORMANCE.md, "Block ids further ahead, 2 fp8 stages, 16-token fp8 tiles at d 256").
+// -DXK_DECODE_FP8_D256_TOKENS=32 is the old tile, for A/B runs.
 #ifndef XK_DECODE_FP8_D256_TOKENS
 #define XK_DECODE_FP8_D256_TOKENS 16
 #endif
-static_assert(kBtAhead >= 1, "block ids must be loaded at least one tile ahead");
 constexpr int kPartitionCtasPerSm = 3;  // see launch_typed
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -970,8 +971,12 @@ struct Smem {
   static constexpr int kBytes = kMaskOff + kWarps * Core::kStages * 4;
 };
 
+// At head_dim 64, at most 128 registers per thread (4 CTAs per SM by registers): block ids 2
+// tiles ahead had raised the bf16/f16 kernel to 168 without this bound. The A/B builds of
+// 2026-11-26 were compiled with it (their d 64 SASS differs from the kernel before them).
 template <typename T, int D, class Core>
-__global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1) paged_attention_main(const KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
+    paged_attention_main(const KernelArgs a) {
   extern __shared__ __align__(16) unsigned char smem[];
   using L = Smem<T, D, Core>;
   using C = typename Core::Cache;  // T, or uint8_t (e4m3) for fp8 caches
@@ -980,7 +985,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1) paged_attention_mai
   constexpr bool kSwz = Core::kSwizzle;
   // Block ids kBtAhead tiles ahead, except for bf16/f16/f32 caches at head_dim 64, where the
   // loop with 2 measured 1.5 % slower than with 1 on the H200 (PERFORMANCE.md, "Block ids
-  // further ahead"); with 1 that kernel is the one measured before the change.
+  // further ahead"); with 1, their SASS is that of the measured -DXK_DECODE_BT_AHEAD=1 build.
   constexpr int kAhead = !kFp8 && D == 64 ? 1 : kBtAhead;
 
   // Launched with PDL: nothing global is touched before the previous kernel has finished.
