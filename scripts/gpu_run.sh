@@ -182,7 +182,8 @@ if [ "$mode" = profile ]; then
   # count; ragged_ncu: ours (wgmma) vs FA3 at PROFILE_RAGGED_CONFIG (default chunked 8x512
   # of 8192); bt_ahead (only when named): the decode kernels' block ids 2 tiles ahead
   # (default) vs 1 (-DXK_DECODE_BT_AHEAD=1, the loop before 2026-11-26), bf16 and fp8, d 64,
-  # 128 and 256, decode_ab.py as above; fp8_d256 (only when named): fp8 warp tiles of 16
+  # 128 and 256 (non-fp8 caches at d 64 keep 1 in both builds since 341d59c), decode_ab.py
+  # as above; fp8_d256 (only when named): fp8 warp tiles of 16
   # tokens at head_dim 256 (default) vs 32 (-DXK_DECODE_FP8_D256_TOKENS=32), the same way.
   # Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
   # source page (_source.csv.gz) and a summary table (benchmarks/ncu_summary.py, .md).
