@@ -33,57 +33,37 @@ def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path)
     assert handler_metadata(handler, op_name=op.name).command_buffer_compatible
 
 
-@requires_nvcc
-@pytest.mark.parametrize("stages", [3, 1])
-def test_fp8_decode_stage_switch_compiles_and_is_checked(stages, tmp_path, monkeypatch):
-    """``-DXK_DECODE_FP8_STAGES`` (fp8 decode's pipeline depth: 2 by default, 3 the depth
-    before 2026-11-26, kept for A/B runs) reaches the kernel: 3 builds, 1 is refused by the
-    kernel's own static_assert."""
-    op = SHIPPED["xla_kernels.paged_attention"]
-    kernel = op.kernels["cuda"]
-    monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-DXK_DECODE_FP8_STAGES={stages}")
-    build = lambda: builder.build_library(  # noqa: E731
-        op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
-        cache_dir=tmp_path, arch_specific=kernel.arch_specific)
-    if stages >= 2:
-        assert build().exists()
-    else:
-        with pytest.raises(BuildError, match="at least 2 stages"):
-            build()
+# The decode kernels' compile-time switches, kept for A/B runs (benchmarks/decode_ab.py):
+# (macro, value, the kernel's static_assert message when it refuses the value, else None).
+#   XK_DECODE_FP8_STAGES: fp8 decode's pipeline depth (default 2; 3 was the depth before
+#     2026-11-26);
+#   XK_DECODE_BT_AHEAD: block ids loaded that many tiles ahead (default 2; 1 is the loop
+#     before 2026-11-26);
+#   XK_DECODE_FP8_D256_TOKENS: tokens per fp8 warp tile at head_dim 256 (default 16; 32 was
+#     the tile before 2026-11-26).
+DECODE_SWITCHES = [
+    ("XK_DECODE_FP8_STAGES", 3, None),
+    ("XK_DECODE_FP8_STAGES", 1, "at least 2 stages"),
+    ("XK_DECODE_BT_AHEAD", 1, None),
+    ("XK_DECODE_BT_AHEAD", 0, "at least one tile ahead"),
+    ("XK_DECODE_FP8_D256_TOKENS", 32, None),
+    ("XK_DECODE_FP8_D256_TOKENS", 8, "16 or 32 tokens"),
+]
 
 
 @requires_nvcc
-@pytest.mark.parametrize("ahead", [1, 0])
-def test_decode_block_id_lookahead_switch_compiles_and_is_checked(ahead, tmp_path, monkeypatch):
-    """``-DXK_DECODE_BT_AHEAD`` (block ids loaded that many tiles ahead; 1 is the loop before
-    2026-11-26, kept for A/B runs) reaches the kernel: 1 builds, 0 is refused by its
-    static_assert."""
+@pytest.mark.parametrize("macro,value,refusal", DECODE_SWITCHES)
+def test_decode_switch_compiles_and_is_checked(macro, value, refusal, tmp_path, monkeypatch):
+    """A decode switch given through ``NVCC_APPEND_FLAGS`` reaches the kernel: a supported
+    value builds, an unsupported one is refused by the kernel's own static_assert."""
     op = SHIPPED["xla_kernels.paged_attention"]
     kernel = op.kernels["cuda"]
-    monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-DXK_DECODE_BT_AHEAD={ahead}")
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-D{macro}={value}")
     build = lambda: builder.build_library(  # noqa: E731
         op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
         cache_dir=tmp_path, arch_specific=kernel.arch_specific)
-    if ahead >= 1:
+    if refusal is None:
         assert build().exists()
     else:
-        with pytest.raises(BuildError, match="at least one tile ahead"):
-            build()
-
-
-@requires_nvcc
-@pytest.mark.parametrize("tokens", [32, 8])
-def test_fp8_d256_tile_switch_compiles_and_is_checked(tokens, tmp_path, monkeypatch):
-    """``-DXK_DECODE_FP8_D256_TOKENS`` (tokens per fp8 warp tile at head_dim 256; 32 is the
-    tile before 2026-11-26) reaches the kernel: 32 builds, 8 is refused by its static_assert."""
-    op = SHIPPED["xla_kernels.paged_attention"]
-    kernel = op.kernels["cuda"]
-    monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-DXK_DECODE_FP8_D256_TOKENS={tokens}")
-    build = lambda: builder.build_library(  # noqa: E731
-        op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
-        cache_dir=tmp_path, arch_specific=kernel.arch_specific)
-    if tokens in (16, 32):
-        assert build().exists()
-    else:
-        with pytest.raises(BuildError, match="16 or 32 tokens"):
+        with pytest.raises(BuildError, match=refusal):
             build()
