@@ -1033,8 +1033,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
   auto tile_pos = [&](int i) { return p_lo + (warp + i * kWarps) * NW; };
   // Block id of this lane's token in the warp's tile i < kFirst (lookup_block's value).
   auto first_id = [&](int i) {
-    return early_ids && i < kFirst ? (tile_pos(i) + lane < p_hi ? first_ids[i] : -1)
-                                   : lookup_block<NW>(a, bt_row, tile_pos(i), p_hi, lane);
+    return early_ids ? (tile_pos(i) + lane < p_hi ? first_ids[i] : -1)
+                     : lookup_block<NW>(a, bt_row, tile_pos(i), p_hi, lane);
   };
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
@@ -1048,7 +1048,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
   }
   int ahead[kAhead];  // block ids of the warp's tiles nx, nx + 1, ... (nx: the next copy)
 #pragma unroll
-  for (int i = 0; i < kAhead; ++i) ahead[i] = first_id(kStages - 1 + i);
+  for (int i = 0; i < kAhead; ++i) {
+    ahead[i] = lookup_block<NW>(a, bt_row, tile_pos(kStages - 1 + i), p_hi, lane);
+  }
 
   // The query goes to shared memory while the first K/V tiles are in flight.
   const T* qg = static_cast<const T*>(a.q) + (static_cast<int64_t>(s) * a.Hq + h0) * D;
