@@ -307,6 +307,35 @@ def test_wgmma_invalid_block_ids_in_long_prefills(rng):
     check(run_jax(x, scale=0.09), reference(x, scale=0.09), "f16", "invalid ids")
 
 
+@pytest.mark.parametrize("dtype,head_dim", [("bf16", 128), ("f16", 64), ("bf16", 256),
+                                             ("f16", 128)])
+def test_wgmma_rows_whose_maximum_keeps_rising(rng, dtype, head_dim):
+    """Logits that climb tile after tile: a row's reference maximum moves (O is rescaled)
+    at many tiles, odd and even, while the P V of the tile before may still run (the
+    kernel's two register sets of P)."""
+    q_lens, kv_lens = [900, 130], [1000, 700]
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=8, num_kv_heads=2,
+                    head_dim=head_dim, block_size=16, dtype=dtype, poison=False)
+    np_dtype = x["queries"].dtype
+    u = rng.standard_normal(head_dim)
+    u /= np.linalg.norm(u)
+    # Per 64-token stretch a random climb of 0, 3, 9 or 15 nats of logit (the kernel moves
+    # its reference only past 8 in base 2, ~5.5 nats), summed along the context.
+    rise = {s: np.cumsum(rng.choice([0.0, 3.0, 9.0, 15.0], size=-(-k // 64)))
+            for s, k in enumerate(kv_lens)}
+    keys = x["key_cache"].astype(np.float32)
+    q = x["queries"].astype(np.float32)
+    scale = 1.0 / np.sqrt(head_dim)
+    for s, k in enumerate(kv_lens):
+        for t in range(k):
+            b, off = x["block_tables"][s, t // 16], t % 16
+            keys[b, off] = 0.3 * keys[b, off] + u * rise[s][t // 64]
+        lo = int(x["cu_q_lens"][s])
+        q[lo:lo + q_lens[s]] = 0.3 * q[lo:lo + q_lens[s]] + u / scale
+    x["key_cache"], x["queries"] = keys.astype(np_dtype), q.astype(np_dtype)
+    check(run_jax(x, scale=scale), reference(x, scale=scale), dtype, f"d={head_dim}")
+
+
 def test_wgmma_and_mma_sync_kernels_agree(rng, monkeypatch):
     """The same call through both kernels (the switch is read at every launch)."""
     x = make_inputs(rng, q_lens=[777, 64, 3], kv_lens=[900, 64, 500], num_q_heads=16,
