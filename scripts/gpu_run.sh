@@ -184,11 +184,7 @@ if [ "$mode" = profile ]; then
   # (default) vs 1 (-DXK_DECODE_BT_AHEAD=1, the loop before 2026-11-26), bf16 and fp8, d 64,
   # 128 and 256 (non-fp8 caches at d 64 keep 1 in both builds since 341d59c), decode_ab.py
   # as above; fp8_d256 (only when named): fp8 warp tiles of 16
-  # tokens at head_dim 256 (default) vs 32 (-DXK_DECODE_FP8_D256_TOKENS=32), the same way;
-  # ragged_p_sets (only when named): the wgmma prefill kernel with two register sets of P
-  # (default) vs one (-DXK_RAGGED_P_SETS=1, the kernel before 2026-11-26),
-  # benchmarks/ragged_env_ab.py in processes alternating between the builds (A B A B), FA3
-  # alongside in each as the control, TFLOP/s over RAGGED_AB_CONFIGS.
+  # tokens at head_dim 256 (default) vs 32 (-DXK_DECODE_FP8_D256_TOKENS=32), the same way.
   # Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
   # source page (_source.csv.gz) and a summary table (benchmarks/ncu_summary.py, .md).
   ncu_run() {  # name, command...: every kernel between cudaProfilerStart and Stop
@@ -221,16 +217,6 @@ if [ "$mode" = profile ]; then
                   --b-flags=-DXK_DECODE_FP8_D256_TOKENS=32 --rounds 2 \
                   --configs 32x2048/8/256 128x2048/8/256 8x8192/8/256 1x32768/8/256 \
                   32x4096/8/256 2>&1 | tee "$out/fp8_d256.txt" || status=1 ;;
-      ragged_p_sets)
-        for round in 1 2; do
-          for build in A B; do
-            flags=$([ $build = B ] && echo "-DXK_RAGGED_P_SETS=1")
-            echo "round $round build $build (${flags:-default})"
-            NVCC_APPEND_FLAGS="$flags" python3 benchmarks/ragged_env_ab.py --configs \
-              "${RAGGED_AB_CONFIGS:-prefill 4x4096,chunked 8x512 of 8192,prefill 1x16384,prefill 4x4096 MQA,prefill 4x4096 d64,prefill 4x4096 d256,mixed 64 decode + 4x512,prefill 4x4096 fp8}" \
-              || status=1
-          done
-        done 2>&1 | tee "$out/ragged_p_sets.txt" ;;
       fp8_ncu) for stages in 2 3; do
                  NVCC_APPEND_FLAGS="-DXK_DECODE_FP8_STAGES=$stages" ncu_run \
                    "decode_fp8_stages$stages" python3 benchmarks/decode_trace.py --ncu \

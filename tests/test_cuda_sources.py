@@ -33,38 +33,30 @@ def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path)
     assert handler_metadata(handler, op_name=op.name).command_buffer_compatible
 
 
-# The kernels' compile-time switches, kept for A/B runs (benchmarks/decode_ab.py; NVCC_APPEND_FLAGS
-# around benchmarks/ragged_env_ab.py): (op, macro, value, the kernel's static_assert message
-# when it refuses the value, else None).
+# The decode kernels' compile-time switches, kept for A/B runs (benchmarks/decode_ab.py):
+# (macro, value, the kernel's static_assert message when it refuses the value, else None).
 #   XK_DECODE_FP8_STAGES: fp8 decode's pipeline depth (default 2; 3 was the depth before
 #     2026-11-26);
 #   XK_DECODE_BT_AHEAD: block ids loaded that many tiles ahead (default 2; 1 is the loop
 #     before 2026-11-26);
 #   XK_DECODE_FP8_D256_TOKENS: tokens per fp8 warp tile at head_dim 256 (default 16; 32 was
-#     the tile before 2026-11-26);
-#   XK_RAGGED_P_SETS: register sets of P in the wgmma prefill kernel (default 2; 1 is the
-#     kernel before 2026-11-26).
-PAGED = "xla_kernels.paged_attention"
-RAGGED = "xla_kernels.ragged_paged_attention"
-KERNEL_SWITCHES = [
-    (PAGED, "XK_DECODE_FP8_STAGES", 3, None),
-    (PAGED, "XK_DECODE_FP8_STAGES", 1, "at least 2 stages"),
-    (PAGED, "XK_DECODE_BT_AHEAD", 1, None),
-    (PAGED, "XK_DECODE_BT_AHEAD", 0, "at least one tile ahead"),
-    (PAGED, "XK_DECODE_FP8_D256_TOKENS", 32, None),
-    (PAGED, "XK_DECODE_FP8_D256_TOKENS", 8, "16 or 32 tokens"),
-    (RAGGED, "XK_RAGGED_P_SETS", 1, None),
-    (RAGGED, "XK_RAGGED_P_SETS", 3, "1 or 2 register sets of P"),
+#     the tile before 2026-11-26).
+DECODE_SWITCHES = [
+    ("XK_DECODE_FP8_STAGES", 3, None),
+    ("XK_DECODE_FP8_STAGES", 1, "at least 2 stages"),
+    ("XK_DECODE_BT_AHEAD", 1, None),
+    ("XK_DECODE_BT_AHEAD", 0, "at least one tile ahead"),
+    ("XK_DECODE_FP8_D256_TOKENS", 32, None),
+    ("XK_DECODE_FP8_D256_TOKENS", 8, "16 or 32 tokens"),
 ]
 
 
 @requires_nvcc
-@pytest.mark.parametrize("name,macro,value,refusal", KERNEL_SWITCHES)
-def test_kernel_switch_compiles_and_is_checked(name, macro, value, refusal, tmp_path,
-                                               monkeypatch):
-    """A kernel switch given through ``NVCC_APPEND_FLAGS`` reaches the kernel: a supported
+@pytest.mark.parametrize("macro,value,refusal", DECODE_SWITCHES)
+def test_decode_switch_compiles_and_is_checked(macro, value, refusal, tmp_path, monkeypatch):
+    """A decode switch given through ``NVCC_APPEND_FLAGS`` reaches the kernel: a supported
     value builds, an unsupported one is refused by the kernel's own static_assert."""
-    op = SHIPPED[name]
+    op = SHIPPED["xla_kernels.paged_attention"]
     kernel = op.kernels["cuda"]
     monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-D{macro}={value}")
     build = lambda: builder.build_library(  # noqa: E731

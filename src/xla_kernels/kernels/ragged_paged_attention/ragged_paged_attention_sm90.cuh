@@ -57,11 +57,6 @@ namespace xla_kernels::ragged_paged_attention::detail {
 namespace wg = ::xla_kernels::cuda_wgmma;
 namespace ap = ::xla_kernels::cuda_async_pipeline;
 
-// Register sets of P where the registers allow two (Sm90Config::kPSets); 1 for A/B runs.
-#ifndef XK_RAGGED_P_SETS
-#define XK_RAGGED_P_SETS 2
-#endif
-
 constexpr int kSm90Consumers = 2;                        // consumer warpgroups
 constexpr int kSm90Threads = 128 * (1 + kSm90Consumers);  // + the producer warpgroup
 constexpr int kSm90Rows = 64 * kSm90Consumers;           // packed rows per CTA
@@ -93,12 +88,6 @@ struct Sm90Config {
   // 256, whose P V is two wgmmas per k-step; one m64nD otherwise).
   static constexpr int kOH = D == 256 ? 2 : 1;
   static constexpr int kOW = D / 2 / kOH;
-  // Register sets of P (the A operand of P V): two where the registers allow, so the P V of
-  // one tile runs under the next tile's softmax (ragged_wgmma_kernel); one at head_dim 256
-  // (O takes 128 registers) and where Q is in shared memory (S and P of 128-token tiles),
-  // where a second set spilled. -DXK_RAGGED_P_SETS=1 is the kernel before, for A/B runs.
-  static constexpr int kPSets = kQSmem ? 1 : XK_RAGGED_P_SETS;
-  static_assert(kPSets == 1 || kPSets == 2, "XK_RAGGED_P_SETS: 1 or 2 register sets of P");
   static constexpr int kQWgBytes = 64 * D * 2;  // one consumer warpgroup's rows
   static constexpr int kQBytes = kQSmem ? kSm90Consumers * kQWgBytes : 0;
   // Shared memory per CTA on sm_90 (227 KB), less the static part (barriers, Work: under
@@ -517,13 +506,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   }
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
   float ap0 = 1.f, ap1 = 1.f;  // rescale of O before the pending P V
-  // P in C::kPSets register sets. With two, used in turn, tile j's P is packed into one
-  // while the P V of tile j - 1 still reads the other. With one, ptxas puts the wait for
-  // that P V before the whole softmax of tile j (the first register it rewrites is that P),
-  // so the softmax never overlaps it (ncu source page at 3df4d9b: that wait was the
-  // consumers' top stall).
-  constexpr int PS = C::kPSets;
-  uint32_t pp[PS][PK][4];
+  uint32_t pp[PK][4];          // the pending P (register A operand of P V)
   float s[SR];
 
   // S = Q K_j^T (this warpgroup's 64 rows x N tokens), issued and committed; the first
@@ -553,13 +536,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     wg::wgmma_commit();
   };
   // O = alpha O + P V_j (V of tile j's stage), issued and committed.
-  auto issue_pv = [&](int j, uint32_t (&pp)[PK][4]) {
+  auto issue_pv = [&](int j) {
     if (__any_sync(kFull, ap0 != 1.f || ap1 != 1.f)) {  // rare: see softmax
-      if constexpr (PS == 2) {  // O must hold P V of the tile before, which may still run
-        wg::wgmma_wait<0>();
-#pragma unroll
-        for (int h = 0; h < OH; ++h) wg::fence_operands(o[h]);
-      }
 #pragma unroll
       for (int h = 0; h < OH; ++h) {
 #pragma unroll
@@ -591,7 +569,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     }
     wg::wgmma_commit();
   };
-  auto wait_pv = [&](uint32_t (&pp)[PK][4]) {
+  auto wait_pv = [&]() {
     wg::wgmma_wait<0>();
 #pragma unroll
     for (int h = 0; h < OH; ++h) wg::fence_operands(o[h]);
@@ -686,7 +664,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     l1 = l1 * ap1 + rs1;
   };
   // P as the register A operand of the next P V: k-step k = token columns 16k .. 16k + 15.
-  auto pack_p = [&](uint32_t (&pp)[PK][4]) {
+  auto pack_p = [&]() {
 #pragma unroll
     for (int k = 0; k < PK; ++k) {
       pp[k][0] = pack2<TV>(s[8 * k], s[8 * k + 1]);
@@ -707,62 +685,25 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     wg::fence_operands(s);
     release_k(jlo);
     softmax(jlo, block_id);
-    pack_p(pp[0]);
-    // Tile j: issue S_j and P_{j-1} V_{j-1} (P_{j-1} in `pend`), then wait until only the
-    // latter may run. Two P sets: S_j and P_{j-2} V_{j-2} are then done, so tile j - 2's V
-    // is free and P_j goes into `next`, the registers P_{j-2} came from, while P_{j-1}
-    // V_{j-1} runs under the softmax of S_j. One set: P_{j-1} V_{j-1} is waited for after
-    // the softmax (ptxas moves that wait before it), and P_j replaces P_{j-1}.
-    auto step = [&](int j, uint32_t (&pend)[PK][4], uint32_t (&next)[PK][4]) {
+    pack_p();
+    for (int j = jlo + 1; j < jhi; ++j) {
       block_id = next_id;
       if (j + 1 < jhi) next_id = load_block_id(j + 1);
       wait_k(j);
       issue_s(j);
       wait_v(j - 1);
-      issue_pv(j - 1, pend);
-      wg::wgmma_wait<1>();
+      issue_pv(j - 1);
+      wg::wgmma_wait<1>();  // S_j done; P V of tile j - 1 may still run
       wg::fence_operands(s);
-      if constexpr (PS == 2) {
-#pragma unroll
-        for (int k = 0; k < PK; ++k) wg::fence_operands(next[k]);
-        if (j - 2 >= jlo) release_v(j - 2);
-      }
       release_k(j);
       softmax(j, block_id);
-      if constexpr (PS == 1) {
-        wait_pv(pend);
-        release_v(j - 1);
-      }
-      pack_p(next);
-    };
-    bool in_second = false;  // two P sets: P_{jhi-1} is in pp[1]
-    if constexpr (PS == 2) {
-      int j = jlo + 1;
-      while (j < jhi) {
-        step(j, pp[0], pp[1]);
-        if (++j == jhi) {
-          in_second = true;
-          break;
-        }
-        step(j, pp[1], pp[0]);
-        ++j;
-      }
-      wg::wgmma_wait<0>();
-      if (jhi - 2 >= jlo) release_v(jhi - 2);
-    } else {
-      for (int j = jlo + 1; j < jhi; ++j) step(j, pp[0], pp[0]);
-    }
-    // Epilogue: P_{jhi-1} V_{jhi-1}, from pp[0] (moved there once nothing reads it).
-    if (in_second) {
-#pragma unroll
-      for (int k = 0; k < PK; ++k) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) pp[0][k][i] = pp[PS - 1][k][i];
-      }
+      wait_pv();
+      release_v(j - 1);
+      pack_p();
     }
     wait_v(jhi - 1);
-    issue_pv(jhi - 1, pp[0]);
-    wait_pv(pp[0]);
+    issue_pv(jhi - 1);
+    wait_pv();
     release_v(jhi - 1);
   }
   pass(jhi, ntiles);
