@@ -95,6 +95,19 @@ def test_long_context_small_batch(rng, dtype, heads):
     check(run_jax(x, scale=0.0884), reference(x, scale=0.0884), dtype)
 
 
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("heads", [(32, 8), (4, 1)])
+def test_long_context_at_head_dims_64_and_256(rng, head_dim, heads):
+    """Split contexts at the other head dims, next to a short sequence the main kernel
+    finishes alone. With 4 / 1 heads (two (sequence, kv head) pairs) the long one takes
+    all 64 partitions, so at head_dim 256 the reduce kernel's second round (past 32) runs."""
+    hq, hkv = heads
+    x = make_inputs(rng, num_seqs=2, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
+                    block_size=16, dtype="bf16", seq_lens=[32768, 40], max_context=32768,
+                    poison=False)
+    check(run_jax(x, scale=0.0884), reference(x, scale=0.0884), "bf16")
+
+
 @pytest.mark.parametrize("num_seqs", [1, 3, 130])
 def test_batch_sizes_and_ragged(rng, num_seqs):
     x = make_inputs(rng, num_seqs=num_seqs, num_q_heads=8, num_kv_heads=2, head_dim=128,

@@ -174,10 +174,10 @@ struct SeqPart {
   int n;       // partitions (1 also for an empty sequence)
 };
 
-// The partitioning of one sequence; the main and the reduce kernel must agree on it.
-__device__ __forceinline__ SeqPart seq_partition(const KernelArgs& a, int s) {
+// The partitioning of a sequence of `L` tokens (its seq_lens entry); the main and the reduce
+// kernel must agree on it.
+__device__ __forceinline__ SeqPart seq_partition_of(const KernelArgs& a, int L) {
   SeqPart r;
-  int L = __ldg(a.lens + s);
   const int cap = a.max_blocks << a.log2_bs;
   L = L < cap ? L : cap;
   if (L <= 0) {
@@ -196,6 +196,11 @@ __device__ __forceinline__ SeqPart seq_partition(const KernelArgs& a, int s) {
   r.P = P;
   r.n = (len + P - 1) / P;
   return r;
+}
+
+// The partitioning of sequence s.
+__device__ __forceinline__ SeqPart seq_partition(const KernelArgs& a, int s) {
+  return seq_partition_of(a, __ldg(a.lens + s));
 }
 
 // 16 bytes of T -> floats.
@@ -1134,33 +1139,70 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
 // Combines the partitions of each (sequence, q head); sequences with one partition were
 // finished by the main kernel. One CTA of kReduceWarps warps per (sequence, q head): every
 // warp reads the (m, l) of all partitions (lanes hold two each) and finds the common
-// maximum; warp w sums partitions w, w + kReduceWarps, ... (lanes over D, the loads of
-// several partitions in flight); the warps' sums are added through shared memory.
+// maximum; warp w sums partitions w, w + kReduceWarps, ... (lanes over D); the warps' sums
+// are added through shared memory. Everything the sum needs is loaded in one round trip
+// after the main kernel: the (m, l) of every partition slot (a.T of them), the warp's first
+// kReduceBatch accumulators and the sequence's length are all in flight together, and the
+// slots past the partitions the main kernel used (never written) are dropped once they
+// arrive. (Loading the length first, then (m, l), then the accumulators, as before, put
+// three dependent round trips between the main kernel's end and the output.)
 constexpr int kReduceWarps = 4;
 static_assert(kMaxParts <= 64, "the reduce kernel holds two partitions per lane");
+
+// Accumulators per warp in flight at once: every partition slot in one round up to head_dim
+// 128 (64 registers of them per lane), half of them at 256.
+template <int D>
+constexpr int kReduceBatch = (D <= 128 ? kMaxParts : kMaxParts / 2) / kReduceWarps;
 
 template <typename T, int D, bool kScaled = false>
 __global__ void __launch_bounds__(32 * kReduceWarps) paged_attention_reduce(const KernelArgs a) {
   constexpr int kDpl = D / 32;
+  constexpr int kBatch = kReduceBatch<D>;
   __shared__ __align__(16) float sums[kReduceWarps][D];
   pdl_wait();  // the main kernel's partials are complete and visible
   pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int s = blockIdx.x / a.Hq, h = blockIdx.x % a.Hq;
-  const SeqPart sp = seq_partition(a, s);
-  if (sp.n <= 1) return;
+  const int len = __ldg(a.lens + s);
   const int64_t row = (static_cast<int64_t>(s) * a.Hq + h) * a.T;
   const float* ws_acc = a.ws + row * D;
   const float* ws_ml = a.ws + static_cast<int64_t>(a.S) * a.Hq * a.T * D + row * 2;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
-  if (lane < sp.n) {
-    m0 = ws_ml[2 * lane];
-    l0 = ws_ml[2 * lane + 1];
+  // The loads are volatile asm so that the compiler keeps them here, ahead of the length's
+  // use, instead of sinking them below the early return (it did, which put the length's
+  // round trip before most of them).
+  auto ld2 = [](const float* src, float* x) {
+    asm volatile("ld.global.v2.f32 {%0, %1}, [%2];" : "=f"(x[0]), "=f"(x[1]) : "l"(src));
+  };
+  auto ld4 = [](const float* src, float* x) {
+    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                 : "l"(src));
+  };
+  // Partition slot p's accumulator: this lane's kDpl values (any slot < a.T is inside the
+  // workspace, written or not).
+  auto load_acc = [&](int p, float (&x)[kDpl]) {
+    const float* src = ws_acc + static_cast<int64_t>(p) * D + lane * kDpl;
+    if constexpr (kDpl % 4 == 0) {
+#pragma unroll
+      for (int e = 0; e < kDpl; e += 4) ld4(src + e, x + e);
+    } else {
+      ld2(src, x);
+    }
+  };
+  float ml0[2] = {-INFINITY, 0.f}, ml1[2] = {-INFINITY, 0.f};
+  if (lane < a.T) ld2(ws_ml + 2 * lane, ml0);
+  if (lane + 32 < a.T) ld2(ws_ml + 2 * (lane + 32), ml1);
+  float x[kBatch][kDpl];
+#pragma unroll
+  for (int j = 0; j < kBatch; ++j) {
+    const int p = warp + j * kReduceWarps;
+    if (p < a.T) load_acc(p, x[j]);
   }
-  if (lane + 32 < sp.n) {
-    m1 = ws_ml[2 * (lane + 32)];
-    l1 = ws_ml[2 * (lane + 32) + 1];
-  }
+  // A sequence with one partition (finished by the main kernel) is not stored below; no
+  // early return here, which let ptxas sink loads below it.
+  const SeqPart sp = seq_partition_of(a, len);
+  const float m0 = lane < sp.n ? ml0[0] : -INFINITY, l0 = lane < sp.n ? ml0[1] : 0.f;
+  const float m1 = lane + 32 < sp.n ? ml1[0] : -INFINITY, l1 = lane + 32 < sp.n ? ml1[1] : 0.f;
   float mx = fmaxf(m0, m1);
 #pragma unroll
   for (int off = 16; off >= 1; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, off));
@@ -1169,38 +1211,22 @@ __global__ void __launch_bounds__(32 * kReduceWarps) paged_attention_reduce(cons
   float acc[kDpl];
 #pragma unroll
   for (int e = 0; e < kDpl; ++e) acc[e] = 0.f;
-  // kBatch partitions' loads are issued before any of them is used.
-  constexpr int kBatch = 8;
-  for (int p0 = warp; p0 < sp.n; p0 += kBatch * kReduceWarps) {
-    float x[kBatch][kDpl];
+  // Adds partition p's accumulator (x, loaded before) with its weight; the values of a slot
+  // past sp.n are garbage and are never used (a select, not a product with weight 0).
+  auto add = [&](int p, const float (&xp)[kDpl]) {  // p warp-uniform
+    const float w = __shfl_sync(kFull, p < 32 ? w0 : w1, p & 31);
+    if (p < sp.n) {
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int p = p0 + j * kReduceWarps;
-      const float* src = ws_acc + static_cast<int64_t>(p) * D + lane * kDpl;
-      if constexpr (kDpl % 4 == 0) {
-#pragma unroll
-        for (int e = 0; e < kDpl; e += 4) {
-          const float4 v = p < sp.n ? *reinterpret_cast<const float4*>(src + e)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
-          x[j][e] = v.x;
-          x[j][e + 1] = v.y;
-          x[j][e + 2] = v.z;
-          x[j][e + 3] = v.w;
-        }
-      } else {
-        const float2 v = p < sp.n ? *reinterpret_cast<const float2*>(src)
-                                  : make_float2(0.f, 0.f);
-        x[j][0] = v.x;
-        x[j][1] = v.y;
-      }
+      for (int e = 0; e < kDpl; ++e) acc[e] = fmaf(w, xp[e], acc[e]);
     }
+  };
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int p = p0 + j * kReduceWarps;  // warp-uniform; x is 0 past the last partition
-      const float w = __shfl_sync(kFull, p < 32 ? w0 : w1, p & 31);
-#pragma unroll
-      for (int e = 0; e < kDpl; ++e) acc[e] = fmaf(w, x[j][e], acc[e]);
-    }
+  for (int j = 0; j < kBatch; ++j) add(warp + j * kReduceWarps, x[j]);
+  // Slots beyond the first round (head_dim 256 with more than 32 partitions).
+  for (int p = warp + kBatch * kReduceWarps; p < sp.n; p += kReduceWarps) {
+    float xp[kDpl];
+    load_acc(p, xp);
+    add(p, xp);
   }
 #pragma unroll
   for (int e = 0; e < kDpl; ++e) sums[warp][lane * kDpl + e] = acc[e];
@@ -1210,6 +1236,7 @@ __global__ void __launch_bounds__(32 * kReduceWarps) paged_attention_reduce(cons
   __syncthreads();
   float inv = lsum > 0.f ? 1.f / lsum : 0.f;
   if constexpr (kScaled) inv *= a.out_scale;  // fp8 caches: v_scale
+  if (sp.n <= 1) return;
   T* o = static_cast<T*>(a.out) + (static_cast<int64_t>(s) * a.Hq + h) * D;
   for (int d = threadIdx.x; d < D; d += 32 * kReduceWarps) {
     float x = 0.f;
