@@ -39,10 +39,10 @@ from typing import Any
 # Variant name -> environment of its serve-bench run (gpu_run.sh runs them all by default).
 # "base" is serve-bench as it comes: with --async-scheduling --frontend jax on a GPU (this
 # script's default) that includes the PjRt client's async dispatch (cli.async_dispatch_env);
-# "sync_dispatch" turns it off.
+# "sync_dispatch" turns it off. (An "async_dispatch" variant, which set the variable to 1,
+# ran the same configuration as "base" and is gone.)
 VARIANTS = {
     "base": {},
-    "async_dispatch": {"PJRT_GPU_ENABLE_ASYNC_DISPATCH": "1"},
     "sync_dispatch": {"PJRT_GPU_ENABLE_ASYNC_DISPATCH": "0"},
     "nccl": {"XLA_FLAGS": "--xla_gpu_experimental_use_collective_kernels="},
     "nccl_graphs": {"XLA_FLAGS": "--xla_gpu_experimental_use_collective_kernels= "
