@@ -1169,8 +1169,8 @@ __global__ void __launch_bounds__(32 * kReduceWarps) paged_attention_reduce(cons
   const float* ws_ml = a.ws + static_cast<int64_t>(a.S) * a.Hq * a.T * D + row * 2;
   // The loads are volatile asm so that the compiler issues them here, before the length is
   // used: with plain loads it had sunk most of them below the (then early) return for
-  // one-partition sequences, behind the length's round trip. ptxas still places 2 of the 16
-  // accumulator loads (4 at head_dim 256) after the length's division.
+  // one-partition sequences, behind the length's round trip. ptxas still places two of the
+  // accumulator loads after the length's division at head_dim 128, four at 256 (none at 64).
   auto ld2 = [](const float* src, float* x) {
     asm volatile("ld.global.v2.f32 {%0, %1}, [%2];" : "=f"(x[0]), "=f"(x[1]) : "l"(src));
   };
