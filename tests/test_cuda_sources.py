@@ -40,7 +40,9 @@ def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path)
 #   XK_DECODE_BT_AHEAD: block ids loaded that many tiles ahead (default 2; 1 is the loop
 #     before 2026-11-26);
 #   XK_DECODE_FP8_D256_TOKENS: tokens per fp8 warp tile at head_dim 256 (default 16; 32 was
-#     the tile before 2026-11-26).
+#     the tile before 2026-11-26);
+#   XK_DECODE_FP8_TOKENS_ON_ROWS: fp8 caches at up to 8 q heads per kv head on Fp8MmaCoreT
+#     (default 1; 0 runs Fp8MmaCore at every ratio, as the kernel did before 2026-11-26).
 DECODE_SWITCHES = [
     ("XK_DECODE_FP8_STAGES", 3, None),
     ("XK_DECODE_FP8_STAGES", 1, "at least 2 stages"),
@@ -48,6 +50,7 @@ DECODE_SWITCHES = [
     ("XK_DECODE_BT_AHEAD", 0, "at least one tile ahead"),
     ("XK_DECODE_FP8_D256_TOKENS", 32, None),
     ("XK_DECODE_FP8_D256_TOKENS", 8, "16 or 32 tokens"),
+    ("XK_DECODE_FP8_TOKENS_ON_ROWS", 0, None),
 ]
 
 

@@ -85,27 +85,26 @@ def test_softcap_and_sliding_window(rng, dtype, layout, softcap, window):
     check(run_jax(x, **attrs), reference(x, **attrs), dtype)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
-@pytest.mark.parametrize("heads", [(32, 8), (32, 32), (32, 1), (12, 4)])
-def test_long_context_small_batch(rng, dtype, heads):
+# (dtype, head_dim, (q heads, kv heads), seq_lens): contexts split over many partitions
+# (the reduce kernel). At head_dim 128 two long sequences in every dtype; at 64 and 256 a
+# long one next to a short one the main kernel finishes alone, and with 4 / 1 heads (two
+# (sequence, kv head) pairs) the long one takes all 64 partitions, so at head_dim 256 the
+# reduce kernel's second round (past 32) runs.
+LONG_CONTEXTS = [
+    *((dtype, 128, heads, [32768, 20001]) for dtype in ("bf16", "f16", "f32")
+      for heads in ((32, 8), (32, 32), (32, 1), (12, 4))),
+    *(("bf16", head_dim, heads, [32768, 40]) for head_dim in (64, 256)
+      for heads in ((32, 8), (4, 1))),
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,heads,seq_lens", LONG_CONTEXTS)
+def test_long_context_small_batch(rng, dtype, head_dim, heads, seq_lens):
     hq, hkv = heads
-    x = make_inputs(rng, num_seqs=2, num_q_heads=hq, num_kv_heads=hkv, head_dim=128,
-                    block_size=16, dtype=dtype, seq_lens=[32768, 20001], max_context=32768,
-                    poison=False)
+    x = make_inputs(rng, num_seqs=len(seq_lens), num_q_heads=hq, num_kv_heads=hkv,
+                    head_dim=head_dim, block_size=16, dtype=dtype, seq_lens=seq_lens,
+                    max_context=max(seq_lens), poison=False)
     check(run_jax(x, scale=0.0884), reference(x, scale=0.0884), dtype)
-
-
-@pytest.mark.parametrize("head_dim", [64, 256])
-@pytest.mark.parametrize("heads", [(32, 8), (4, 1)])
-def test_long_context_at_head_dims_64_and_256(rng, head_dim, heads):
-    """Split contexts at the other head dims, next to a short sequence the main kernel
-    finishes alone. With 4 / 1 heads (two (sequence, kv head) pairs) the long one takes
-    all 64 partitions, so at head_dim 256 the reduce kernel's second round (past 32) runs."""
-    hq, hkv = heads
-    x = make_inputs(rng, num_seqs=2, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
-                    block_size=16, dtype="bf16", seq_lens=[32768, 40], max_context=32768,
-                    poison=False)
-    check(run_jax(x, scale=0.0884), reference(x, scale=0.0884), "bf16")
 
 
 @pytest.mark.parametrize("num_seqs", [1, 3, 130])

@@ -62,6 +62,15 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "r"(a));
 }
 
+// The transpose of an 8x8 matrix of 16-bit values held in the m8n8 fragment layout (lane
+// l: row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1, low half first), e.g. two packed m16n8
+// accumulators turned into an MMA's B operand (sm_75+).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 // D += A (16x16, row) * B (16x8, col), f32 accumulate.
 template <typename T>
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

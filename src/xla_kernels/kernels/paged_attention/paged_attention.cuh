@@ -48,7 +48,10 @@
 //    convert them with cvt e4m3x2 -> f16x2 (bf16 through f32; every e4m3 value is exact in
 //    both) for the same m16n8k16 MMAs. k_scale is folded into the logit scale and v_scale
 //    into the final normalization, so the math is that of the bf16/f16 kernel on the
-//    dequantized cache.
+//    dequantized cache. At up to 8 q heads per kv head (Fp8MmaCoreT) the MMA operands are
+//    swapped (S^T = K Q^T, O^T = V^T P^T): tokens and head dims fill the 16 MMA rows and the
+//    8 q heads the columns, so half as many MMAs run; at most 2 of its CTAs share an SM
+//    (cap_ctas_per_sm), the occupancy of Fp8MmaCore, which measured faster than 3.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -144,6 +147,12 @@ static_assert(kBtAhead >= 1, "block ids must be loaded at least one tile ahead")
 #ifndef XK_DECODE_FP8_D256_TOKENS
 #define XK_DECODE_FP8_D256_TOKENS 16
 #endif
+// fp8 caches at up to 8 q heads per kv head run Fp8MmaCoreT (tokens on the MMA rows);
+// -DXK_DECODE_FP8_TOKENS_ON_ROWS=0 runs Fp8MmaCore for every ratio, for A/B runs.
+#ifndef XK_DECODE_FP8_TOKENS_ON_ROWS
+#define XK_DECODE_FP8_TOKENS_ON_ROWS 1
+#endif
+constexpr bool kFp8TokensOnRows = XK_DECODE_FP8_TOKENS_ON_ROWS;
 constexpr int kPartitionCtasPerSm = 3;  // see launch_typed
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -425,6 +434,7 @@ template <typename T, int D>
 struct MmaCore {
   using Cache = T;                             // staging (cache) element type
   static constexpr int GC = 16;                // q heads per CTA
+  static constexpr int kMaxCtasPerSm = 0;      // no cap: as many as fit
   // Tokens per warp tile: 16, or 32 at head_dim 64 so that a tile is 8 KB of K+V as at d 128
   // (16-token d 64 tiles paid the tile's fixed work per 4 KB: 1060 SASS instructions per
   // 8 KB against 923; 1-2 % faster on an H100, PERFORMANCE.md).
@@ -582,6 +592,55 @@ __device__ __forceinline__ void e4m3x4_to_f16x2(uint32_t word, uint32_t& lo, uin
 #endif
 }
 
+// The query rows of an fp8 core (GC rows from qg, rows >= nh zero) -> f16 in shared memory,
+// head-dim permuted and fragment-ordered ([kk][row][tig][4]: lane tig's 4 values of k-step
+// kk, see Fp8MmaCore), then with bf16 queries each row's scale (q_row_scale) after the GC
+// rows. Called by every thread of the CTA; with bf16 queries it synchronizes them.
+template <typename T, int D, int GC>
+__device__ __forceinline__ void stage_q_fp8(const T* qg, int nh, unsigned char* extra, int tid) {
+  using M = __half;
+  constexpr bool kQScaled = std::is_same_v<T, __nv_bfloat16>;
+  constexpr int kSeg = D / 4;
+  constexpr int kQBytes = GC * D * static_cast<int>(sizeof(M));
+  M* q = reinterpret_cast<M*>(extra);
+  float* row_scale = reinterpret_cast<float*>(extra + kQBytes);
+  if constexpr (kQScaled) {
+    // One warp per row: the largest finite |q| -> the row's scale.
+    for (int r = tid >> 5; r < GC; r += kWarps) {
+      float amax = 0.f;
+      if (r < nh) {
+        for (int d = tid & 31; d < D; d += 32) {
+          const float x = fabsf(static_cast<float>(qg[static_cast<int64_t>(r) * D + d]));
+          if (x <= FLT_MAX) amax = fmaxf(amax, x);  // skips inf and NaN
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
+      }
+      if ((tid & 31) == 0) row_scale[r] = q_row_scale(amax);
+    }
+    __syncthreads();
+  }
+  for (int c = tid; c < GC * D / 4; c += kThreads) {
+    const int r = c / (D / 4), col = (c % (D / 4)) * 4;
+    const int tig = col / kSeg, kk = (col % kSeg) / 4;
+    uint2 v = make_uint2(0, 0);
+    if (r < nh) v = *reinterpret_cast<const uint2*>(qg + static_cast<int64_t>(r) * D + col);
+    if constexpr (kQScaled) {
+      // 4 bf16 -> f32 (exact), times 2^e (exact), -> f16 (exact unless subnormal).
+      const float sc = row_scale[r];
+      const __half2 lo = __floats2half2_rn(__uint_as_float(v.x << 16) * sc,
+                                           __uint_as_float(v.x & 0xffff0000u) * sc);
+      const __half2 hi = __floats2half2_rn(__uint_as_float(v.y << 16) * sc,
+                                           __uint_as_float(v.y & 0xffff0000u) * sc);
+      v = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
+                     *reinterpret_cast<const uint32_t*>(&hi));
+    }
+    *reinterpret_cast<uint2*>(q + ((kk * GC + r) * 4 + tig) * 4) = v;
+  }
+}
+
 // f8e4m3fn caches, bf16/f16 queries: mma.sync m16n8k16 on K/V converted in registers. Tiles of
 // 32 tokens (16 at head_dim 256: XK_DECODE_FP8_D256_TOKENS); rows of D bytes, chunks
 // swizzled (swz_chunk), no padding.
@@ -609,6 +668,7 @@ struct Fp8MmaCore {
   static_assert(kQScaled || std::is_same_v<T, __half>, "bf16 or f16 queries");
   static constexpr bool kSwizzle = true;
   static constexpr int GC = 16;
+  static constexpr int kMaxCtasPerSm = 0;  // no cap: as many as fit
   static constexpr int NW = D == 256 ? XK_DECODE_FP8_D256_TOKENS : 32;
   static_assert(NW == 16 || NW == 32, "fp8 warp tiles of 16 or 32 tokens");
   static constexpr int kStages = XK_DECODE_FP8_STAGES;
@@ -634,43 +694,7 @@ struct Fp8MmaCore {
   // Called by every thread of the CTA (with kQScaled it synchronizes them).
   __device__ __forceinline__ static void stage_q(const T* qg, int nh, unsigned char* extra,
                                                  int tid) {
-    M* q = reinterpret_cast<M*>(extra);
-    float* row_scale = reinterpret_cast<float*>(extra + kQBytes);
-    if constexpr (kQScaled) {
-      // One warp per row: the largest finite |q| -> the row's scale.
-      for (int r = tid >> 5; r < GC; r += kWarps) {
-        float amax = 0.f;
-        if (r < nh) {
-          for (int d = tid & 31; d < D; d += 32) {
-            const float x = fabsf(static_cast<float>(qg[static_cast<int64_t>(r) * D + d]));
-            if (x <= FLT_MAX) amax = fmaxf(amax, x);  // skips inf and NaN
-          }
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, off));
-        }
-        if ((tid & 31) == 0) row_scale[r] = q_row_scale(amax);
-      }
-      __syncthreads();
-    }
-    for (int c = tid; c < GC * D / 4; c += kThreads) {
-      const int r = c / (D / 4), col = (c % (D / 4)) * 4;
-      const int tig = col / kSeg, kk = (col % kSeg) / 4;
-      uint2 v = make_uint2(0, 0);
-      if (r < nh) v = *reinterpret_cast<const uint2*>(qg + static_cast<int64_t>(r) * D + col);
-      if constexpr (kQScaled) {
-        // 4 bf16 -> f32 (exact), times 2^e (exact), -> f16 (exact unless subnormal).
-        const float sc = row_scale[r];
-        const __half2 lo = __floats2half2_rn(__uint_as_float(v.x << 16) * sc,
-                                             __uint_as_float(v.x & 0xffff0000u) * sc);
-        const __half2 hi = __floats2half2_rn(__uint_as_float(v.y << 16) * sc,
-                                             __uint_as_float(v.y & 0xffff0000u) * sc);
-        v = make_uint2(*reinterpret_cast<const uint32_t*>(&lo),
-                       *reinterpret_cast<const uint32_t*>(&hi));
-      }
-      *reinterpret_cast<uint2*>(q + ((kk * GC + r) * 4 + tig) * 4) = v;
-    }
+    stage_q_fp8<T, D, GC>(qg, nh, extra, tid);
   }
 
   __device__ __forceinline__ void q_frag(uint32_t (&af)[4], int kk) const {
@@ -801,6 +825,240 @@ struct Fp8MmaCore {
   }
 };
 
+// f8e4m3fn caches at up to 8 q heads per kv head (GQA up to 8, and MHA): Fp8MmaCore's math
+// with the MMA operands swapped, S^T = K Q^T and O^T = V^T P^T, so that a warp tile's tokens
+// (and the head dims) fill the MMA's 16 rows and the CTA's 8 q heads its 8 columns. With
+// the heads on the rows (Fp8MmaCore) at least half of every MMA computes rows that are not
+// there (12 of 16 at GQA 4); here half as many MMAs do the same work, the softmax handles 8
+// values per lane instead of 16, and O takes half the registers. The conversions (one cvt
+// per two e4m3 values) and the shared-memory reads are the same as Fp8MmaCore's.
+//  * S^T = K Q^T: the head dim is permuted as in Fp8MmaCore (Q staged by stage_q_fp8 with 8
+//    rows); lane (g = lane/4, tig = lane%4) reads its A fragments of k-step kk from bytes
+//    tig*D/4 + 4kk .. +3 of token rows g and g + 8 of each 16-token m-tile, and its B
+//    fragment (Q) from registers.
+//  * The softmax runs per column (head): a lane holds heads 2tig and 2tig + 1 of its tokens,
+//    reduced over the 8 lanes of a column (shuffles over lane bits 2-4).
+//  * P^T as B: the two f16-packed accumulator halves of an m-tile, transposed by movmatrix,
+//    are the B fragments of one P V k-step.
+//  * O^T += V^T P^T: A row r of head-dim m-tile 4i + x is head dim 4 (16i + r) + x (r < 8 for
+//    lane rows g, r >= 8 for g + 8), so a lane's A fragments of 4 m-tiles are 4 adjacent
+//    bytes of each of its 4 token rows (2tig, 2tig + 1, 2tig + 8, 2tig + 9), paired by a byte
+//    permute as in Fp8MmaCore. The epilogue un-permutes.
+template <typename T, int D>
+struct Fp8MmaCoreT {
+  using Cache = uint8_t;
+  using M = __half;  // MMA operand type
+  static constexpr bool kQScaled = std::is_same_v<T, __nv_bfloat16>;  // bf16 q as scaled f16
+  static_assert(kQScaled || std::is_same_v<T, __half>, "bf16 or f16 queries");
+  static constexpr bool kSwizzle = true;
+  static constexpr int GC = 8;
+  // With half the registers of Fp8MmaCore, 3 CTAs would fit an SM at head_dim 128 and 256
+  // (146-168 registers); 2 measured faster (PERFORMANCE.md, "Tokens on the MMA rows").
+  static constexpr int kMaxCtasPerSm = D == 64 ? 0 : 2;
+  static constexpr int NW = Fp8MmaCore<T, D>::NW;
+  static constexpr int kStages = Fp8MmaCore<T, D>::kStages;
+  static constexpr int RS = D;         // bytes per staged row
+  static constexpr int kCpr = D / 16;  // 16-byte chunks per row
+  static constexpr int KT = D / 16;    // k-steps of S^T (head dim)
+  static constexpr int MT = NW / 16;   // token m-tiles of S^T (k-steps of O^T)
+  static constexpr int DT = D / 16;    // head-dim m-tiles of O^T
+  static constexpr int kSeg = D / 4;   // bytes of a K row one lane reads
+  static constexpr int kQBytes = GC * D * static_cast<int>(sizeof(M));
+  static constexpr int kExtraBytes = kQBytes + (kQScaled ? GC * 4 : 0);
+  static_assert(DT % 4 == 0, "head-dim m-tiles in groups of 4");
+
+  uint32_t qf[KT][2];  // B fragments of Q (head g) per k-step
+  float o[DT][4];      // O^T: rows g / g + 8 of each m-tile, columns (heads) 2tig, 2tig + 1
+  float m[2], l[2];    // heads 2tig and 2tig + 1 (l: this lane's tokens only)
+  float qinv[2];       // kQScaled: 1 / the scales of heads 2tig and 2tig + 1
+  int lane;
+
+  __device__ __forceinline__ static void stage_q(const T* qg, int nh, unsigned char* extra,
+                                                 int tid) {
+    stage_q_fp8<T, D, GC>(qg, nh, extra, tid);
+  }
+
+  __device__ __forceinline__ void init(unsigned char* extra, int warp, int lane_) {
+    (void)warp;
+    lane = lane_;
+    const int g = lane >> 2, tig = lane & 3;
+    if constexpr (kQScaled) {
+      const float* row_scale = reinterpret_cast<const float*>(extra + kQBytes);
+      qinv[0] = 1.f / row_scale[2 * tig];  // exact: powers of two
+      qinv[1] = 1.f / row_scale[2 * tig + 1];
+    }
+    const M* qsm = reinterpret_cast<const M*>(extra);
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk) {
+      const uint2 q = *reinterpret_cast<const uint2*>(qsm + ((kk * GC + g) * 4 + tig) * 4);
+      qf[kk][0] = q.x;  // k = 2tig, 2tig + 1
+      qf[kk][1] = q.y;  // k = 2tig + 8, 2tig + 9
+    }
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  }
+
+  __device__ __forceinline__ void step(const uint8_t* ks, const uint8_t* vs, uint32_t mask,
+                                       const KernelArgs& a) {
+    const int g = lane >> 2, tig = lane & 3;
+    float sc[MT][4];  // S^T: tokens 16 i + g (0, 1) and + 8 (2, 3); heads 2tig (0, 2), + 1
+#pragma unroll
+    for (int i = 0; i < MT; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+    // S^T = K Q^T, one 16-byte chunk (4 k-steps) of the lane's two K rows per m-tile at a time.
+#pragma unroll
+    for (int c = 0; c < kSeg / 16; ++c) {
+      uint4 kw[MT][2];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = i * 16 + h * 8 + g;
+          kw[i][h] = *reinterpret_cast<const uint4*>(
+              ks + row * RS + swz_chunk<kCpr>(tig * (kSeg / 16) + c, row) * 16);
+        }
+      }
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int kk = c * 4 + w;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          auto word = [&](const uint4& x) {
+            return w == 0 ? x.x : w == 1 ? x.y : w == 2 ? x.z : x.w;
+          };
+          uint32_t af[4];
+          e4m3x4_to_f16x2(word(kw[i][0]), af[0], af[2]);
+          e4m3x4_to_f16x2(word(kw[i][1]), af[1], af[3]);
+          mma16816<M>(sc[i], af, qf[kk][0], qf[kk][1]);
+        }
+      }
+    }
+    if constexpr (kQScaled) {  // back to K Q^T (exact: powers of two)
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        sc[i][0] *= qinv[0];
+        sc[i][1] *= qinv[1];
+        sc[i][2] *= qinv[0];
+        sc[i][3] *= qinv[1];
+      }
+    }
+    softmax(sc, mask, a);
+    // O^T += V^T P^T, one token k-step (m-tile i of S^T) at a time.
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      const uint32_t pb0 = movmatrix_trans(pack2<M>(sc[i][0], sc[i][1]));  // tokens 2tig, +1
+      const uint32_t pb1 = movmatrix_trans(pack2<M>(sc[i][2], sc[i][3]));  // tokens 2tig + 8, +9
+      const int row0 = i * 16 + 2 * tig;
+      const int rows[4] = {row0, row0 + 1, row0 + 8, row0 + 9};
+#pragma unroll
+      for (int i4 = 0; i4 < DT / 4; ++i4) {
+        uint32_t af[4][4];  // A fragments of m-tiles 4 i4 + x
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // A row g (head dims of quad 16 i4 + g), then g + 8
+          const int quad = i4 * 16 + h * 8 + g;
+          uint32_t w[4];
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            w[x] = *reinterpret_cast<const uint32_t*>(
+                vs + rows[x] * RS + swz_chunk<kCpr>(quad >> 2, rows[x]) * 16 + (quad & 3) * 4);
+          }
+          const uint32_t lo0 = __byte_perm(w[0], w[1], 0x5140), hi0 = __byte_perm(w[0], w[1], 0x7362);
+          const uint32_t lo8 = __byte_perm(w[2], w[3], 0x5140), hi8 = __byte_perm(w[2], w[3], 0x7362);
+          // Head dim 4 quad + x: tokens (2tig, 2tig + 1) to register h, (+8, +9) to h + 2.
+          e4m3x4_to_f16x2(lo0, af[0][h], af[1][h]);
+          e4m3x4_to_f16x2(lo8, af[0][h + 2], af[1][h + 2]);
+          e4m3x4_to_f16x2(hi0, af[2][h], af[3][h]);
+          e4m3x4_to_f16x2(hi8, af[2][h + 2], af[3][h + 2]);
+        }
+#pragma unroll
+        for (int x = 0; x < 4; ++x) mma16816<M>(o[4 * i4 + x], af[x], pb0, pb1);
+      }
+    }
+  }
+
+  // Scale / softcap / mask, then the online softmax per head (column) of S^T: S becomes P,
+  // (m, l) are updated and O rescaled. The counterpart of online_softmax for this layout.
+  __device__ __forceinline__ void softmax(float (&sc)[MT][4], uint32_t mask,
+                                          const KernelArgs& a) {
+    const int g = lane >> 2;
+    logits<MT * 4>(&sc[0][0], a);
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      const int t = i * 16 + g;
+      if (!((mask >> t) & 1u)) sc[i][0] = sc[i][1] = -INFINITY;
+      if (!((mask >> (t + 8)) & 1u)) sc[i][2] = sc[i][3] = -INFINITY;
+      mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][2]));
+      mx1 = fmaxf(mx1, fmaxf(sc[i][1], sc[i][3]));
+    }
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, off));
+    }
+    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+    const float b0 = safe_max(mn0), b1 = safe_max(mn1);
+    const float al0 = exp2f(m[0] - b0), al1 = exp2f(m[1] - b1);
+    m[0] = mn0;
+    m[1] = mn1;
+    float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      sc[i][0] = exp2f(sc[i][0] - b0);
+      sc[i][1] = exp2f(sc[i][1] - b1);
+      sc[i][2] = exp2f(sc[i][2] - b0);
+      sc[i][3] = exp2f(sc[i][3] - b1);
+      rs0 += sc[i][0] + sc[i][2];
+      rs1 += sc[i][1] + sc[i][3];
+    }
+    l[0] = l[0] * al0 + rs0;
+    l[1] = l[1] * al1 + rs1;
+    if (__any_sync(kFull, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        o[i][0] *= al0;
+        o[i][1] *= al1;
+        o[i][2] *= al0;
+        o[i][3] *= al1;
+      }
+    }
+  }
+
+  // (m, l) of heads < nh to ml (l summed over the column's 8 lanes) and O to ow ([head][D]),
+  // undoing the head-dim permutation.
+  __device__ __forceinline__ void store(float* ow, float* ml, int nh) const {
+    const int g = lane >> 2, tig = lane & 3;
+    float ls[2] = {l[0], l[1]};
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) ls[e] += __shfl_xor_sync(kFull, ls[e], off);
+      const int h = 2 * tig + e;
+      if (g == 0 && h < nh) {
+        ml[h * 2] = m[e];
+        ml[h * 2 + 1] = ls[e];
+      }
+    }
+#pragma unroll
+    for (int i4 = 0; i4 < DT / 4; ++i4) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // A row g (registers 0, 1), g + 8 (registers 2, 3)
+        const int quad = i4 * 16 + h * 8 + g;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int head = 2 * tig + e;
+          if (head < nh) {
+            *reinterpret_cast<float4*>(ow + head * D + quad * 4) =
+                make_float4(o[4 * i4][2 * h + e], o[4 * i4 + 1][2 * h + e],
+                            o[4 * i4 + 2][2 * h + e], o[4 * i4 + 3][2 * h + e]);
+          }
+        }
+      }
+    }
+  }
+};
+
 // ------------------------------------------------------------------ CUDA-core core
 
 // Any T (used for f32): exact f32 FMAs. GC q heads per CTA.
@@ -808,6 +1066,7 @@ template <typename T, int D, int GC_>
 struct SimtCore {
   using Cache = T;
   static constexpr int GC = GC_;
+  static constexpr int kMaxCtasPerSm = 0;  // no cap: as many as fit
   static constexpr int kVec = 16 / static_cast<int>(sizeof(T));
   static constexpr int kRowBytes = D * static_cast<int>(sizeof(T));
   static constexpr int NW = 4096 / kRowBytes > 32 ? 32 : (4096 / kRowBytes < 4 ? 4 : 4096 / kRowBytes);
@@ -1280,6 +1539,20 @@ inline std::string prepare_kernel(const void* kernel, int smem, int device, int*
   return "";
 }
 
+// Raises *smem (dynamic shared memory per CTA) so that at most `cap` CTAs fit an SM: one more
+// would need more than the SM has, counting each CTA's reserved shared memory.
+inline std::string cap_ctas_per_sm(int cap, int device, int* smem) {
+  int per_sm = 0, reserved = 0;
+  cudaError_t e =
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", e);
+  e = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+  if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", e);
+  const int floor = per_sm / (cap + 1) - reserved + 16;
+  if (*smem < floor) *smem = floor;
+  return "";
+}
+
 template <typename T, int D, class Core>
 inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs a) {
   using L = Smem<T, D, Core>;
@@ -1289,8 +1562,13 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
   if (e != cudaSuccess) return cuda_error("cudaGetDevice", e);
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return cuda_error("cudaDeviceGetAttribute", e);
-  std::string err = prepare_kernel(reinterpret_cast<const void*>(main_kernel), L::kBytes, device,
-                                   &ctas_per_sm);
+  std::string err;
+  int smem = L::kBytes;
+  if constexpr (Core::kMaxCtasPerSm > 0) {
+    err = cap_ctas_per_sm(Core::kMaxCtasPerSm, device, &smem);
+    if (!err.empty()) return err;
+  }
+  err = prepare_kernel(reinterpret_cast<const void*>(main_kernel), smem, device, &ctas_per_sm);
   if (!err.empty()) return err;
 
   a.chunks = (a.G + Core::GC - 1) / Core::GC;
@@ -1317,7 +1595,7 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
   const int64_t grid = p.num_seqs * parts * p.num_kv_heads * a.chunks;
   if (grid > INT_MAX) return "paged_attention: problem too large for one launch";
   const bool pdl = pdl_enabled(device);
-  e = launch_kernel(main_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), L::kBytes,
+  e = launch_kernel(main_kernel, dim3(static_cast<unsigned>(grid)), dim3(kThreads), smem,
                     stream, pdl, a);
   if (e != cudaSuccess) return cuda_error("launching the main kernel", e);
   if (parts > 1) {
@@ -1334,10 +1612,16 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
 template <int D>
 inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const KernelArgs& a) {
   if (p.fp8_cache) {
+    // Up to 8 q heads per kv head: tokens on the MMA rows (Fp8MmaCoreT); more: heads.
+    const bool tokens_on_rows = kFp8TokensOnRows && a.G <= Fp8MmaCoreT<__half, D>::GC;
     switch (p.dtype) {
       case DType::kBF16:
+        if (tokens_on_rows) {
+          return launch_typed<__nv_bfloat16, D, Fp8MmaCoreT<__nv_bfloat16, D>>(stream, p, a);
+        }
         return launch_typed<__nv_bfloat16, D, Fp8MmaCore<__nv_bfloat16, D>>(stream, p, a);
       case DType::kF16:
+        if (tokens_on_rows) return launch_typed<__half, D, Fp8MmaCoreT<__half, D>>(stream, p, a);
         return launch_typed<__half, D, Fp8MmaCore<__half, D>>(stream, p, a);
       case DType::kF32:
         return "paged_attention: f8e4m3fn caches need bf16 or f16 queries";
