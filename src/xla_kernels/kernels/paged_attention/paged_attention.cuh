@@ -853,7 +853,8 @@ struct Fp8MmaCoreT {
   static constexpr bool kSwizzle = true;
   static constexpr int GC = 8;
   // With half the registers of Fp8MmaCore, 3 CTAs would fit an SM at head_dim 128 and 256
-  // (146-168 registers); 2 measured faster (PERFORMANCE.md, "Tokens on the MMA rows").
+  // (146-168 registers); 2 measured faster (PERFORMANCE.md, "fp8 at many waves, and tokens
+  // on the MMA rows").
   static constexpr int kMaxCtasPerSm = D == 64 ? 0 : 2;
   static constexpr int NW = Fp8MmaCore<T, D>::NW;
   static constexpr int kStages = Fp8MmaCore<T, D>::kStages;
