@@ -100,7 +100,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
              f"Method: benchmarks/decode_ab.py; decode_trace.py (CUPTI kernel timestamps, "
              f"end-to-end µs per call, median of the phase's calls) in {meta['rounds']} "
              f"alternating process pairs (A then B). cudnn_xla is the control (no flag "
-             f"touches it).", "",
+             f"touches it)." + (" Each input set's pages were read in one order by every "
+                                "call (--same-order)." if meta.get("same_order") else ""), "",
              "| config | phase | A µs (rounds) | B µs (rounds) | A median | B median | B / A |",
              "|---|---|---|---|---|---|---|"]
 
@@ -129,6 +130,7 @@ def main() -> int:
     parser.add_argument("--configs", nargs="+", default=["128x8192", "32x2048"],
                         help="decode_trace.py's --configs")
     parser.add_argument("--programs", type=int, default=3, help="decode_trace.py's --programs")
+    parser.add_argument("--same-order", action="store_true", help="decode_trace.py's --same-order")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     script = Path(__file__).with_name("decode_trace.py")
@@ -142,7 +144,8 @@ def main() -> int:
             with open(args.out / f"decode_trace_{tag}.txt", "w") as log:
                 code = subprocess.run(
                     [sys.executable, str(script), "--out", str(args.out), "--tag", tag,
-                     "--programs", str(args.programs), "--configs", *args.configs],
+                     "--programs", str(args.programs), "--configs", *args.configs,
+                     *(["--same-order"] if args.same_order else [])],
                     env=env, stdout=log, stderr=subprocess.STDOUT).returncode
             print(f"{tag} ({flags or 'default'}): exit {code}", flush=True)
             path = args.out / f"decode_trace_{tag}.json"
@@ -155,7 +158,7 @@ def main() -> int:
             rounds[name].append(end_to_end_us(trace))
     rows = summarize(rounds)
     meta = {"a_flags": args.a_flags, "b_flags": args.b_flags, "rounds": args.rounds,
-            "configs": args.configs, "device": device,
+            "configs": args.configs, "same_order": args.same_order, "device": device,
             "date": datetime.date.today().isoformat()}
     (args.out / "decode_ab.json").write_text(json.dumps(
         {**meta, "rows": rows, "fp8_speedup": {b: fp8_speedups(rows, b) for b in "AB"}},

@@ -34,6 +34,7 @@ and ``Stop``, for Nsight Compute with ``--profile-from-start off``.
 Example (on the GPU machine):
     $ python benchmarks/decode_trace.py --out /tmp/trace --configs 128x8192 32x2048
     $ XLA_FLAGS=--xla_gpu_enable_command_buffer= python benchmarks/decode_trace.py ...
+    $ python benchmarks/decode_trace.py --out /tmp/trace2 --configs 32x2048 --same-order
     $ ncu --profile-from-start off --set full -o /tmp/decode \\
         python benchmarks/decode_trace.py --out /tmp/trace --configs 128x8192 --ncu
 """
@@ -161,9 +162,10 @@ def profiled_launches(pa: Any, data: dict[str, Any], chains: dict[str, Any],
 
 
 def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False,
-           spare_pages: int = 0) -> dict[str, Any]:
+           spare_pages: int = 0, same_order: bool = False) -> dict[str, Any]:
     """The four phases of one config (see the module docstring); with ``ncu``, only
-    :func:`profiled_launches`."""
+    :func:`profiled_launches`; ``same_order``: :func:`paged_attention.make_data`'s
+    ``reorder=False``."""
     import jax
     import jax.numpy as jnp
 
@@ -171,7 +173,7 @@ def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False,
 
     nbytes = pa.kv_bytes(cfg)
     sets = pa.input_sets(nbytes)
-    data = pa.make_data(cfg, sets, spare_pages)
+    data = pa.make_data(cfg, sets, spare_pages, reorder=not same_order)
     scale = cfg["head_dim"] ** -0.5
     args = (data["qs"], data["k"], data["v"], data["bts"], data["lens"])
     chains = {"ours_xla": (pa.chained(lambda q, k, v, bt, ln: paged_attention(
@@ -182,7 +184,8 @@ def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False,
     # bf16 chain, a difference that favours fp8 (e.g. 32 x 2048: 134 MB of fp8 K+V, 2.7x the
     # L2, in one set).
     fp8_sets = pa.input_sets(nbytes // 2)
-    fp8_data = data if fp8_sets == sets else pa.make_data(cfg, fp8_sets, spare_pages)
+    fp8_data = (data if fp8_sets == sets
+                else pa.make_data(cfg, fp8_sets, spare_pages, reorder=not same_order))
     fp8 = (fp8_data["qs"], fp8_data["k"].astype(jnp.float8_e4m3fn),
            fp8_data["v"].astype(jnp.float8_e4m3fn), fp8_data["bts"], fp8_data["lens"])
     del fp8_data  # frees its bf16 caches when they are not the bf16 chain's
@@ -197,7 +200,8 @@ def phases(pa: Any, cfg: dict[str, Any], programs: int, ncu: bool = False,
                                (data["qs"], data["k"], data["v"], tables, data["lens"]), "")
     result: dict[str, Any] = {"config": pa.label(cfg), "kv_bytes": nbytes, "sets": sets,
                               "fp8_sets": fp8_sets,
-                              "spare_pages": spare_pages, "cache_blocks": data["k"].shape[0],
+                              "spare_pages": spare_pages, "same_order": same_order,
+                              "cache_blocks": data["k"].shape[0],
                               "k_address_mod_4096": data["k"].unsafe_buffer_pointer() % 4096,
                               "v_minus_k_bytes": (data["v"].unsafe_buffer_pointer()
                                                   - data["k"].unsafe_buffer_pointer()),
@@ -243,6 +247,9 @@ def main() -> None:
     parser.add_argument("--tag", default="default", help="names the JSON (e.g. the XLA flags)")
     parser.add_argument("--spare-pages", type=int, default=0,
                         help="unused cache blocks per sequence (varies the caches' placement)")
+    parser.add_argument("--same-order", action="store_true",
+                        help="every call reads its input set's pages in one order (nothing "
+                             "left in L2 for the next call once a set exceeds the L2)")
     parser.add_argument("--ncu", action="store_true",
                         help="one profiled launch of ours and of cuDNN per config, nothing else")
     args = parser.parse_args()
@@ -257,7 +264,7 @@ def main() -> None:
         seqs, context = (int(x) for x in shape.split("x"))
         kv_heads, head_dim = ([int(x) for x in heads] + [8, 128][len(heads):])[:2]
         cfg = pa.config(seqs, context, num_kv_heads=kv_heads, head_dim=head_dim)
-        row = phases(pa, cfg, args.programs, args.ncu, args.spare_pages)
+        row = phases(pa, cfg, args.programs, args.ncu, args.spare_pages, args.same_order)
         results["configs"].append(row)
         if args.ncu:
             continue

@@ -180,10 +180,15 @@ def pallas_kwargs(fn: Any, pages_per_seq: int) -> dict[str, Any]:
     return {k: v for k, v in kw.items() if k in params}
 
 
-def make_data(cfg: dict[str, Any], sets: int, spare_pages: int = 0) -> dict[str, Any]:
+def make_data(cfg: dict[str, Any], sets: int, spare_pages: int = 0,
+              reorder: bool = True) -> dict[str, Any]:
     """Caches (vLLM layout) and `sets` disjoint (query, block table) sets, on the device.
     ``spare_pages``: blocks per sequence and set that the caches hold past the used ones
-    (never in a table), so the caches' sizes and relative placement can be varied."""
+    (never in a table), so the caches' sizes and relative placement can be varied.
+    ``reorder``: each call after the first round over the sets reads its set's pages in
+    a new order (the default); False keeps one order per set, so a set read again finds
+    in L2 only what an LRU cache keeps of a stream in the same order, i.e. nothing once the
+    set exceeds the L2 (decode_trace.py ``--same-order``)."""
     s, ctx, hq, hkv, d, block = (cfg[k] for k in ("num_seqs", "context", "num_q_heads",
                                                   "num_kv_heads", "head_dim", "block_size"))
     dtype = DTYPES[cfg["dtype"]]
@@ -206,8 +211,8 @@ def make_data(cfg: dict[str, Any], sets: int, spare_pages: int = 0) -> dict[str,
     perm = rng.permutation(nblocks).reshape(sets, s, pages)
     # One table per call: call i reads set i % sets, in its own block order (so XLA cannot
     # merge the gathers of different calls either).
-    tables = [perm[i % sets] if i < sets else perm[i % sets][:, rng.permutation(pages)]
-              for i in range(CHAIN)]
+    tables = [perm[i % sets] if i < sets or not reorder
+              else perm[i % sets][:, rng.permutation(pages)] for i in range(CHAIN)]
     # One query per call of a chain: identical calls would be merged by XLA (CSE).
     qs = jax.random.normal(k3, (CHAIN, s, hq, d), dtype)
     return {
