@@ -184,7 +184,11 @@ if [ "$mode" = profile ]; then
   # (default) vs 1 (-DXK_DECODE_BT_AHEAD=1, the loop before 2026-11-26), bf16 and fp8, d 64,
   # 128 and 256 (non-fp8 caches at d 64 keep 1 in both builds since 341d59c), decode_ab.py
   # as above; fp8_d256 (only when named): fp8 warp tiles of 16
-  # tokens at head_dim 256 (default) vs 32 (-DXK_DECODE_FP8_D256_TOKENS=32), the same way.
+  # tokens at head_dim 256 (default) vs 32 (-DXK_DECODE_FP8_D256_TOKENS=32), the same way;
+  # l2_reuse (only when named): decode_trace.py with a new page order per call (default) and
+  # with --same-order, alternating, twice, where the K+V is a few times the L2 (does the
+  # fp8 / bf16 ratio depend on what one call leaves in L2 for the next? paged
+  # PERFORMANCE.md, "fp8 at many waves, and tokens on the MMA rows"); l2_reuse.txt.
   # Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
   # source page (_source.csv.gz) and a summary table (benchmarks/ncu_summary.py, .md).
   ncu_run() {  # name, command...: every kernel between cudaProfilerStart and Stop
@@ -217,6 +221,17 @@ if [ "$mode" = profile ]; then
                   --b-flags=-DXK_DECODE_FP8_D256_TOKENS=32 --rounds 2 \
                   --configs 32x2048/8/256 128x2048/8/256 8x8192/8/256 1x32768/8/256 \
                   32x4096/8/256 2>&1 | tee "$out/fp8_d256.txt" || status=1 ;;
+      l2_reuse) for round in 1 2; do
+                  for order in new same; do
+                    flag=""
+                    [ "$order" = same ] && flag=--same-order
+                    python3 benchmarks/decode_trace.py --out "$out/l2_reuse" \
+                      --tag "${order}_order$round" $flag --configs 32x2048 1x32768 \
+                      32x2048/8/64 1x32768/8/256 128x2048 2>&1 | grep "cuDNN / ours" \
+                      | sed "s/^/$order order, round $round: /" | tee -a "$out/l2_reuse.txt" \
+                      || status=1
+                  done
+                done ;;
       fp8_ncu) for stages in 2 3; do
                  NVCC_APPEND_FLAGS="-DXK_DECODE_FP8_STAGES=$stages" ncu_run \
                    "decode_fp8_stages$stages" python3 benchmarks/decode_trace.py --ncu \
