@@ -125,7 +125,9 @@ constexpr int kL2Prefetch = XK_DECODE_L2_PREFETCH;
 // 2-stage loop 190-193 registers (168 with 3 stages). With block ids 2 tiles ahead, 2
 // stages measured 0.5-4.1 % faster on the H200 at 5 of 6 configurations and level (0.2 %)
 // at the sixth, d 256 (PERFORMANCE.md, "Block ids further ahead"); -DXK_DECODE_FP8_STAGES=3
-// is the old depth.
+// is the old depth. Fp8MmaCoreT takes the same depth and tiles (3 stages, measured again
+// with Fp8MmaCore before it existed, were slower at one-wave sizes: "fp8 at many waves, and
+// tokens on the MMA rows"; not measured with Fp8MmaCoreT).
 #ifndef XK_DECODE_FP8_STAGES
 #define XK_DECODE_FP8_STAGES 2
 #endif
