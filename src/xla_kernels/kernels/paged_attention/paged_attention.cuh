@@ -357,6 +357,59 @@ __device__ __forceinline__ uint32_t load_tile(T* ks, T* vs, const KernelArgs& a,
 
 // ------------------------------------------------------------------ tensor-core softmax
 
+// The online-softmax step after scale / softcap / mask, shared by the tensor-core cores. A
+// lane's m16n8 accumulator values x[i][e] belong to two statistics (m, l)[0] and [1]: by
+// row (e / 2: rows g0 and g0 + 8, the q heads of MmaCore and Fp8MmaCore) or, with kCols, by
+// column (e % 2: columns 2tig and 2tig + 1, the q heads of Fp8MmaCoreT). mx0 and mx1 are the
+// lane's maxima of each; they are reduced over the lanes that share the statistic (the
+// quad's 4 lanes, or a column's 8). x becomes exp2(x - m), (m, l) are updated and the O
+// accumulators o, whose values follow the same mapping, are rescaled when a reference moves.
+template <bool kCols, int N, int DT>
+__device__ __forceinline__ void online_softmax_update(float (&x)[N][4], float mx0, float mx1,
+                                                      float (&m)[2], float (&l)[2],
+                                                      float (&o)[DT][4]) {
+  auto stat = [](int e) { return kCols ? e & 1 : e >> 1; };
+  // (Each case keeps the shuffle order it had before this step was shared: the row case's
+  // SASS is then byte-identical to the measured builds'.)
+  if constexpr (kCols) {
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, off));
+    }
+  } else {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
+  }
+  const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+  const float b0 = safe_max(mn0), b1 = safe_max(mn1);
+  const float al0 = exp2f(m[0] - b0), al1 = exp2f(m[1] - b1);
+  m[0] = mn0;
+  m[1] = mn1;
+  // The two values of statistic 0 in each x[i] (those of 1 follow them): (0, 1) by row, (0, 2)
+  // by column.
+  constexpr int kPair = kCols ? 2 : 1;
+  float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[i][e] = exp2f(x[i][e] - (stat(e) ? b1 : b0));
+    rs0 += x[i][0] + x[i][kPair];
+    rs1 += x[i][3 - kPair] + x[i][3];
+  }
+  l[0] = l[0] * al0 + rs0;
+  l[1] = l[1] * al1 + rs1;
+  if (__any_sync(kFull, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+    for (int i = 0; i < DT; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[i][e] *= stat(e) ? al1 : al0;
+    }
+  }
+}
+
 // S (NT n-tiles of 8 tokens, m16n8 accumulator layout: rows g0 = lane/4 and g0 + 8) ->
 // scale / softcap / mask, then the online softmax: S becomes P, (m, l) are updated and the
 // O accumulators (DT n-tiles) rescaled. Shared by the bf16/f16 and the fp8 core.
@@ -375,36 +428,7 @@ __device__ __forceinline__ void online_softmax(float (&sc)[NT][4], uint32_t mask
     mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][1]));
     mx1 = fmaxf(mx1, fmaxf(sc[i][2], sc[i][3]));
   }
-  mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 1));
-  mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, 2));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 1));
-  mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, 2));
-  const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
-  const float b0 = safe_max(mn0), b1 = safe_max(mn1);
-  const float al0 = exp2f(m[0] - b0), al1 = exp2f(m[1] - b1);
-  m[0] = mn0;
-  m[1] = mn1;
-  float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    sc[i][0] = exp2f(sc[i][0] - b0);
-    sc[i][1] = exp2f(sc[i][1] - b0);
-    sc[i][2] = exp2f(sc[i][2] - b1);
-    sc[i][3] = exp2f(sc[i][3] - b1);
-    rs0 += sc[i][0] + sc[i][1];
-    rs1 += sc[i][2] + sc[i][3];
-  }
-  l[0] = l[0] * al0 + rs0;
-  l[1] = l[1] * al1 + rs1;
-  if (__any_sync(kFull, al0 != 1.f || al1 != 1.f)) {
-#pragma unroll
-    for (int i = 0; i < DT; ++i) {
-      o[i][0] *= al0;
-      o[i][1] *= al0;
-      o[i][2] *= al1;
-      o[i][3] *= al1;
-    }
-  }
+  online_softmax_update<false>(sc, mx0, mx1, m, l, o);
 }
 
 // ------------------------------------------------------------------ tensor-core core
@@ -980,8 +1004,8 @@ struct Fp8MmaCoreT {
     }
   }
 
-  // Scale / softcap / mask, then the online softmax per head (column) of S^T: S becomes P,
-  // (m, l) are updated and O rescaled. The counterpart of online_softmax for this layout.
+  // Scale / softcap / mask per token (row) of S^T, then the online softmax per head
+  // (column): S becomes P, (m, l) are updated and O rescaled (online_softmax_update).
   __device__ __forceinline__ void softmax(float (&sc)[MT][4], uint32_t mask,
                                           const KernelArgs& a) {
     const int g = lane >> 2;
@@ -995,37 +1019,7 @@ struct Fp8MmaCoreT {
       mx0 = fmaxf(mx0, fmaxf(sc[i][0], sc[i][2]));
       mx1 = fmaxf(mx1, fmaxf(sc[i][1], sc[i][3]));
     }
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, off));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, off));
-    }
-    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
-    const float b0 = safe_max(mn0), b1 = safe_max(mn1);
-    const float al0 = exp2f(m[0] - b0), al1 = exp2f(m[1] - b1);
-    m[0] = mn0;
-    m[1] = mn1;
-    float rs0 = 0.f, rs1 = 0.f;
-#pragma unroll
-    for (int i = 0; i < MT; ++i) {
-      sc[i][0] = exp2f(sc[i][0] - b0);
-      sc[i][1] = exp2f(sc[i][1] - b1);
-      sc[i][2] = exp2f(sc[i][2] - b0);
-      sc[i][3] = exp2f(sc[i][3] - b1);
-      rs0 += sc[i][0] + sc[i][2];
-      rs1 += sc[i][1] + sc[i][3];
-    }
-    l[0] = l[0] * al0 + rs0;
-    l[1] = l[1] * al1 + rs1;
-    if (__any_sync(kFull, al0 != 1.f || al1 != 1.f)) {
-#pragma unroll
-      for (int i = 0; i < DT; ++i) {
-        o[i][0] *= al0;
-        o[i][1] *= al1;
-        o[i][2] *= al0;
-        o[i][3] *= al1;
-      }
-    }
+    online_softmax_update<true>(sc, mx0, mx1, m, l, o);
   }
 
   // (m, l) of heads < nh to ml (l summed over the column's 8 lanes) and O to ow ([head][D]),
