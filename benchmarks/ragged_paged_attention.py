@@ -74,7 +74,8 @@ def matrix(quick: bool) -> list[dict[str, Any]]:
         ("prefill 4x4096 MQA", [4096] * 4, [4096] * 4, 32, 1, 128),
     ]
     fp8 = [(f"{n} fp8", q, k, hq, hkv, d) for n, q, k, hq, hkv, d in rows
-           if n in ("prefill 4x4096", "chunked 8x512 of 8192", "mixed 64 decode + 4x512")]
+           if n in ("prefill 4x4096", "chunked 8x512 of 8192", "mixed 64 decode + 4x512",
+                    "prefill 4x4096 d64", "prefill 4x4096 d256")]
     if quick:
         rows = rows[:1] + rows[2:5]
     return [dict(name=n, q_lens=q, kv_lens=k, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,

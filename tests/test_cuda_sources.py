@@ -70,3 +70,32 @@ def test_decode_switch_compiles_and_is_checked(macro, value, refusal, tmp_path, 
     else:
         with pytest.raises(BuildError, match=refusal):
             build()
+
+
+# The ragged wgmma kernel's compile-time switches (ragged_paged_attention_sm90.cuh), kept
+# for A/B runs (scripts/gpu_run.sh's ragged_pingpong step): (nvcc flags, refusal or None).
+#   XK_RAGGED_PINGPONG: 0 or 1 turns the consumers' ping-pong off or on at every shape
+#     (default: per shape, Sm90Config::kPingPong);
+#   XK_RAGGED_CONSUMER_REGS: the consumers' registers at every shape (default: per shape).
+RAGGED_SWITCHES = [
+    ("-DXK_RAGGED_PINGPONG=0", None),
+    ("-DXK_RAGGED_PINGPONG=1 -DXK_RAGGED_CONSUMER_REGS=240", None),
+    ("-DXK_RAGGED_CONSUMER_REGS=248", "a multiple of 8 up to 240"),
+]
+
+
+@requires_nvcc
+@pytest.mark.parametrize("flags,refusal", RAGGED_SWITCHES)
+def test_ragged_switch_compiles_and_is_checked(flags, refusal, tmp_path, monkeypatch):
+    """A ragged wgmma switch given through ``NVCC_APPEND_FLAGS`` reaches the kernel."""
+    op = SHIPPED["xla_kernels.ragged_paged_attention"]
+    kernel = op.kernels["cuda"]
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", flags)
+    build = lambda: builder.build_library(  # noqa: E731
+        op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
+        cache_dir=tmp_path, arch_specific=kernel.arch_specific)
+    if refusal is None:
+        assert build().exists()
+    else:
+        with pytest.raises(BuildError, match=refusal):
+            build()

@@ -350,6 +350,22 @@ def test_wgmma_and_mma_sync_kernels_agree(rng, monkeypatch):
     assert rel_error(new, old.astype(np.float64)) <= 2 * TOLERANCES["bf16"]
 
 
+@pytest.mark.parametrize("dtype,head_dim,window", [("bf16", 128, 0), ("f16", 128, 150),
+                                                    ("f16", 64, 0), ("bf16", 64, 90)])
+def test_wgmma_both_tile_lengths(rng, monkeypatch, dtype, head_dim, window):
+    """Both K/V tile lengths at head_dim 64 and 128 (the default takes 128 tokens; 64 is
+    the A/B switch's), with and without ping-pong of the consumers and their register
+    splits; a window gives the two consumer warpgroups different first tiles."""
+    x = make_inputs(rng, q_lens=[1100, 200, 1], kv_lens=[1100, 1300, 300], num_q_heads=8,
+                    num_kv_heads=2, head_dim=head_dim, block_size=32, dtype=dtype,
+                    sliding_window=window)
+    attrs = dict(scale=0.1, sliding_window=window)
+    ref = reference(x, **attrs)
+    for tile in ("64", "128"):
+        monkeypatch.setenv("XLA_KERNELS_RAGGED_WGMMA_TILE", tile)
+        check(run_jax(x, fresh=True, **attrs), ref, dtype, f"tile {tile}")
+
+
 # ------------------------------------------------------------------ fp8 KV cache
 
 FP8 = "f8e4m3fn"

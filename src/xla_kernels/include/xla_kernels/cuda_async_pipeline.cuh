@@ -96,6 +96,17 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
 #endif
 }
 
+// Arrives at barrier `id` without waiting: the arriving threads count towards `threads`,
+// whose other members wait there with named_barrier_sync (a producer/consumer hand-off
+// between warp groups; `threads` as in the waiters' sync).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+#if XK_HAS_ASYNC_PIPELINE
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+#else
+  (void)id, (void)threads;
+#endif
+}
+
 // The warpgroup's registers per thread become N (every warp of the warpgroup executes it):
 // producers give registers back (dec) so that consumers can take them (inc). sm_90a only.
 template <int N>

@@ -988,17 +988,18 @@ inline bool wgmma_kernel_usable(const void* kernel, int device) {
   return ok;
 }
 
-// K/V tile length of the wgmma kernel at head_dim D: 128 tokens at 64 (measured faster
-// there: 291 vs 265 TFLOP/s at prefill 4 x 4096 on the H100), 64 at 128 (404 vs 379) and
-// 256 (O leaves no registers for 128). XLA_KERNELS_RAGGED_WGMMA_TILE=64 or =128 in the
-// environment picks one at head_dim 64 and 128 (read at every launch; for A/B checks).
+// K/V tile length of the wgmma kernel at head_dim D on bf16/f16 caches: 128 tokens at 64
+// and 128, 64 at 256 (O leaves no registers for 128). Measured on the H200 with ping-pong
+// (PERFORMANCE.md), TFLOP/s at prefill 4 x 4096: d 64 310 vs 282, d 128 415-426 (with 240
+// consumer registers) vs 401-410 (64-token tiles without ping-pong, the faster there).
+// XLA_KERNELS_RAGGED_WGMMA_TILE=64 or =128 in the environment picks one at head_dim 64 and
+// 128 (read at every launch; for A/B checks).
 template <int D>
 inline int wgmma_tile() {
   if constexpr (D == 256) return 64;
   const char* v = std::getenv("XLA_KERNELS_RAGGED_WGMMA_TILE");
   if (v != nullptr && std::string(v) == "64") return 64;
-  if (v != nullptr && std::string(v) == "128") return 128;
-  return D == 64 ? 128 : 64;
+  return 128;
 }
 
 // The wgmma kernel with N-token tiles when it applies (see ragged_paged_attention_sm90.cuh);

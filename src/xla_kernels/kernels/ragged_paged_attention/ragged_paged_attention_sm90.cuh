@@ -3,14 +3,15 @@
 // comment); this file is included by that header after its device helpers (Args, Work,
 // find_work, token_range, row_range, logit...) and is not usable on its own.
 //
-// Design (FlashAttention-3's warp specialization and intra-warpgroup overlap; no TMA, whose
-// boxes cannot follow a block table, and no ping-pong between the consumers):
+// Design (FlashAttention-3's warp specialization, intra-warpgroup overlap and ping-pong
+// between the consumers; no TMA, whose boxes cannot follow a block table):
 //  * CTA = 3 warpgroups (384 threads) on 128 packed rows of one (sequence, kv head): a
 //    producer warpgroup that only copies K/V tiles, and two consumer warpgroups with 64 rows
-//    each (one wgmma M). setmaxnreg moves registers from the producer (40) to the consumers
-//    (232). Grid and work search as the mma.sync kernel (find_work with 128-row tiles).
-//  * K/V: N-token tiles (N = 128 at head_dim 64, 64 otherwise: the faster of the two where
-//    both fit, see wgmma_tile and PERFORMANCE.md), gathered through the block
+//    each (one wgmma M). setmaxnreg moves registers from the producer (40, or 24) to the
+//    consumers (232, or 240: Sm90Config). Grid and work search as the mma.sync kernel
+//    (find_work with 128-row tiles).
+//  * K/V: N-token tiles (N = 128 at head_dim 64 and 128, 64 at 256 and on fp8 caches at 128:
+//    the faster where both fit, see wgmma_tile and PERFORMANCE.md), gathered through the block
 //    table with 16-byte cp.async by the producer (2 threads per token, offsets fixed
 //    per thread) into 128-byte-swizzled shared memory (cuda_wgmma.cuh's SW128 panels), in as
 //    many stages as fit. Tokens outside the CTA's range or with an invalid block id are
@@ -34,6 +35,8 @@
 //    statistics, a row's statistics reduced over the 4 lanes of a quad) while the tensor
 //    cores work on P_{j-1} V_{j-1}, wait for it, free stage j - 1, pack P_j; epilogue
 //    P_{jhi-1} V_{jhi-1}. Tiles outside [jlo, jhi) are only waited for and freed.
+//  * Ping-pong (Sm90Config::kPingPong): the consumers take turns, one per tile of the CTA,
+//    to issue S_j and the pending P V, so one's softmax runs under the other's wgmmas.
 //  * The per-element mask (causal, window, valid token, rows past the tile) runs only on
 //    tiles that need it: a warpgroup's tile is "full" when every token is valid and every
 //    one of its 64 rows attends every token of the tile. Full tiles without softcap take
@@ -60,16 +63,24 @@ namespace ap = ::xla_kernels::cuda_async_pipeline;
 constexpr int kSm90Consumers = 2;                        // consumer warpgroups
 constexpr int kSm90Threads = 128 * (1 + kSm90Consumers);  // + the producer warpgroup
 constexpr int kSm90Rows = 64 * kSm90Consumers;           // packed rows per CTA
-constexpr int kSm90ProducerRegs = 40;   // registers per thread after setmaxnreg:
-constexpr int kSm90ConsumerRegs = 232;  // 128 x 40 + 256 x 232 <= 64 K
-// setmaxnreg.inc takes registers only from those the CTA's producer gave back from its
-// launch allocation (__launch_bounds__(kSm90Threads, 1): 168 per thread), so the two
-// budgets must balance there, not only fit the register file; 24 / 240 balances too
-// (FA3's split): measured no faster at 128-token tiles (PERFORMANCE.md), so not used.
+// Registers per thread at launch (__launch_bounds__(kSm90Threads, 1)); setmaxnreg then moves
+// them from the producer to the consumers (Sm90Config::kConsumerRegs).
 constexpr int kSm90LaunchRegs = 65536 / kSm90Threads / 8 * 8;
-static_assert((kSm90LaunchRegs - kSm90ProducerRegs) * 128 >=
-                  (kSm90ConsumerRegs - kSm90LaunchRegs) * 128 * kSm90Consumers,
-              "the consumers would wait for registers the producer never gives back");
+// The consumers' register budget where it is not the shape's own (Sm90Config); an A/B
+// switch: -DXK_RAGGED_CONSUMER_REGS=232 or =240.
+#ifndef XK_RAGGED_CONSUMER_REGS
+#define XK_RAGGED_CONSUMER_REGS 0
+#endif
+// Ping-pong of the two consumer warpgroups (FlashAttention-3's warp-scheduler barriers): a
+// consumer issues a tile's wgmmas (S_j and the pending P V) only in its turn, then hands
+// the turn to the other, so that one's softmax runs while the other's wgmmas keep the
+// tensor cores busy. Both take one turn per tile of the CTA, the tiles they pass included.
+// Where it is used: Sm90Config::kPingPong; -DXK_RAGGED_PINGPONG=0 or =1 turns it off or on
+// for every shape (A/B runs).
+#ifndef XK_RAGGED_PINGPONG
+#define XK_RAGGED_PINGPONG -1
+#endif
+constexpr uint32_t kSm90TurnBarrier = 3;  // + consumer index (1 + consumer index stages Q)
 
 template <int D, int N, bool kFp8 = false>
 struct Sm90Config {
@@ -107,6 +118,26 @@ struct Sm90Config {
   static constexpr int kBytes = kQBytes + kStages * kStageBytes + kRawBytes + 1024;
   // K and V of a stage behind barriers of their own where two stages are all that fit.
   static constexpr bool kSplitKV = kStages == 2;
+  // Ping-pong everywhere but at head_dim 128 with 64-token tiles (fp8 caches there), where
+  // it measured 1 % slower; at 128-token tiles with 240 registers +3 %, at head_dim 64 +8 %,
+  // at 256 +5 % (PERFORMANCE.md).
+  static constexpr bool kPingPong =
+      XK_RAGGED_PINGPONG < 0 ? !(D == 128 && N == 64) : XK_RAGGED_PINGPONG != 0;
+  // Registers per thread after setmaxnreg: 240 for the consumers at head_dim 128 with
+  // 128-token tiles (FA3's split: S, P, O and the pipelining fit without spilling Q's
+  // fragments), else 232; the producer gets what they leave (24 or 40). setmaxnreg.inc
+  // takes registers only from those the producer gave back from its launch allocation, so
+  // the budgets must balance there, not only fit the register file; the fp8 producer
+  // converts, and needs its 40.
+  static constexpr int kConsumerRegs = XK_RAGGED_CONSUMER_REGS > 0 ? XK_RAGGED_CONSUMER_REGS
+                                       : D == 128 && N == 128 && !kFp8 ? 240 : 232;
+  static constexpr int kProducerRegs =
+      (kSm90LaunchRegs - kSm90Consumers * (kConsumerRegs - kSm90LaunchRegs)) / 8 * 8;
+  static_assert(kConsumerRegs % 8 == 0 && kConsumerRegs <= 240 && kProducerRegs >= 24,
+                "consumer registers: a multiple of 8 up to 240");
+  static_assert((kSm90LaunchRegs - kProducerRegs) * 128 >=
+                    (kConsumerRegs - kSm90LaunchRegs) * 128 * kSm90Consumers,
+                "the consumers would wait for registers the producer never gives back");
   // Producer: 2 threads per token (their 16-byte chunks side by side: whole 32-byte
   // sectors per pair), tokens per thread, and chunks per thread and token of each of K, V.
   static constexpr int kTpt = 2;
@@ -390,7 +421,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   const int ntiles = hi > lo ? (hi - lo + N - 1) / N : 0;
 
   if (wgi == 0) {
-    ap::setmaxnreg_dec<kSm90ProducerRegs>();
+    ap::setmaxnreg_dec<C::kProducerRegs>();
     if constexpr (kFp8) {
       produce_kv_fp8<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s,
                               kv_s + S * C::kStageBytes, bars, tid);
@@ -399,7 +430,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     }
     return;
   }
-  ap::setmaxnreg_inc<kSm90ConsumerRegs>();
+  ap::setmaxnreg_inc<C::kConsumerRegs>();
 
   // This warpgroup's rows and the tiles they attend; this thread's two rows.
   const int cw = wgi - 1, wwarp = (tid >> 5) & 3;
@@ -487,14 +518,27 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     if constexpr (C::kSplitKV) arrive(empty, j);
   };
   auto release_v = [&](int j) { arrive(C::kSplitKV ? bars.empty_v : empty, j); };
+  // Ping-pong turns (kSm90PingPong): consumer cw waits at barrier kSm90TurnBarrier + cw
+  // until the other has arrived there (256 threads: 128 wait, 128 arrive). Consumer 1's
+  // first arrival gives consumer 0 the first turn; consumer 0 takes one turn more at the
+  // end, which consumes consumer 1's last arrival, so no barrier is left half-arrived.
+  auto turn_begin = [&]() {
+    if constexpr (C::kPingPong) ap::named_barrier_sync(kSm90TurnBarrier + cw, 256);
+  };
+  auto turn_end = [&]() {
+    if constexpr (C::kPingPong) ap::named_barrier_arrive(kSm90TurnBarrier + (cw ^ 1), 256);
+  };
+  if (cw == 1) turn_end();
   // Tiles this warpgroup does not compute: waited for (which orders the stage's phases)
-  // and freed.
+  // and freed, and their turns taken.
   auto pass = [&](int j0, int j1) {
     for (int j = j0; j < j1; ++j) {
       wait_k(j);
       release_k(j);
       wait_v(j);
       release_v(j);
+      turn_begin();
+      turn_end();
     }
   };
 
@@ -680,7 +724,9 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     int block_id = load_block_id(jlo), next_id = -1;
     if (jlo + 1 < jhi) next_id = load_block_id(jlo + 1);
     wait_k(jlo);
+    turn_begin();
     issue_s(jlo);
+    turn_end();
     wg::wgmma_wait<0>();
     wg::fence_operands(s);
     release_k(jlo);
@@ -690,9 +736,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
       block_id = next_id;
       if (j + 1 < jhi) next_id = load_block_id(j + 1);
       wait_k(j);
+      turn_begin();
       issue_s(j);
       wait_v(j - 1);
       issue_pv(j - 1);
+      turn_end();
       wg::wgmma_wait<1>();  // S_j done; P V of tile j - 1 may still run
       wg::fence_operands(s);
       release_k(j);
@@ -707,6 +755,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     release_v(jhi - 1);
   }
   pass(jhi, ntiles);
+  if (cw == 0) turn_begin();  // consumer 1's last arrival
 
   if (!live) return;
   l0 += __shfl_xor_sync(kFull, l0, 1);
