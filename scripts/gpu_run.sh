@@ -189,13 +189,16 @@ if [ "$mode" = profile ]; then
   # with --same-order, alternating, twice, where the K+V is a few times the L2 (does the
   # fp8 / bf16 ratio depend on what one call leaves in L2 for the next? paged
   # PERFORMANCE.md, "fp8 at many waves, and tokens on the MMA rows"); l2_reuse.txt.
-  # ragged_pingpong (only when named): the wgmma prefill kernel as built by default (A),
-  # with ping-pong of its consumer warpgroups at every shape (B: -DXK_RAGGED_PINGPONG=1),
-  # and with FA3's 24 / 240 register split as well (C); the builds made first, in parallel;
-  # benchmarks/ragged_env_ab.py in processes A B C A B C over RAGGED_AB_CONFIGS with 64- and
-  # 128-token tiles, FA3 alongside as the control (ragged_pingpong.txt); then the long wgmma
-  # and fp8 GPU tests on build B under XLA_KERNELS_RAGGED_WGMMA=require
-  # (ragged_pingpong_tests.txt).
+  # ragged_ab (only when named): compile-time A/B of the ragged wgmma kernel. RAGGED_AB_BUILDS
+  # names the builds and their nvcc flags, "name:flags;name:flags" (default "A:;B:" plus
+  # RAGGED_B_FLAGS); all are built first, in parallel, then benchmarks/ragged_env_ab.py runs
+  # in processes alternating between them, twice (A B A B), over RAGGED_AB_CONFIGS with
+  # RAGGED_AB_VARIANTS (environment variants, default one), FA3 alongside as the control
+  # (ragged_ab.txt); then, if RAGGED_AB_TESTS is a pytest -k expression, those ragged GPU
+  # tests on the last build under XLA_KERNELS_RAGGED_WGMMA=require (ragged_ab_tests.txt).
+  # 2026-11-26's ping-pong runs: RAGGED_AB_BUILDS="A:;B:-DXK_RAGGED_PINGPONG=1;C:
+  # -DXK_RAGGED_PINGPONG=1 -DXK_RAGGED_CONSUMER_REGS=240" (then: A without ping-pong)
+  # RAGGED_AB_VARIANTS="t64:XLA_KERNELS_RAGGED_WGMMA_TILE=64;t128:XLA_KERNELS_RAGGED_WGMMA_TILE=128".
   # Each profile leaves ncu_<name>.ncu-rep, its raw page (_raw.csv.gz), its
   # source page (_source.csv.gz) and a summary table (benchmarks/ncu_summary.py, .md).
   ncu_run() {  # name, command...: every kernel between cudaProfilerStart and Stop
@@ -228,29 +231,28 @@ if [ "$mode" = profile ]; then
                   --b-flags=-DXK_DECODE_FP8_D256_TOKENS=32 --rounds 2 \
                   --configs 32x2048/8/256 128x2048/8/256 8x8192/8/256 1x32768/8/256 \
                   32x4096/8/256 2>&1 | tee "$out/fp8_d256.txt" || status=1 ;;
-      ragged_pingpong)
-        pp_flags=-DXK_RAGGED_PINGPONG=1
-        declare -A ab_flags=([A]="" [B]="$pp_flags" [C]="$pp_flags -DXK_RAGGED_CONSUMER_REGS=240")
-        for flags in "${ab_flags[@]}"; do
-          NVCC_APPEND_FLAGS="$flags" python3 -c "from xla_kernels.runtime.library import \
+      ragged_ab)
+        IFS=';' read -r -a ab_builds <<< "${RAGGED_AB_BUILDS:-A:;B:${RAGGED_B_FLAGS:-}}"
+        for build in "${ab_builds[@]}"; do
+          NVCC_APPEND_FLAGS="${build#*:}" python3 -c "from xla_kernels.runtime.library import \
 load_kernel; from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention \
 as op; load_kernel(op, 'cuda')" &
         done
         wait
         for round in 1 2; do
-          for build in A B C; do
-            flags=${ab_flags[$build]}
-            echo "round $round build $build (${flags:-default})"
-            NVCC_APPEND_FLAGS="$flags" timeout 200 python3 benchmarks/ragged_env_ab.py \
-              --budget 0.3 --variants "t64:XLA_KERNELS_RAGGED_WGMMA_TILE=64;t128:XLA_KERNELS_RAGGED_WGMMA_TILE=128" \
-              --configs "${RAGGED_AB_CONFIGS:-prefill 4x4096,chunked 8x512 of 8192,prefill 4x4096 d64,prefill 4x4096 d256,mixed 64 decode + 4x512,prefill 4x4096 fp8,prefill 4x4096 d64 fp8,prefill 4x4096 d256 fp8}" \
+          for build in "${ab_builds[@]}"; do
+            echo "round $round build ${build%%:*} (${build#*:})"
+            NVCC_APPEND_FLAGS="${build#*:}" timeout 200 python3 benchmarks/ragged_env_ab.py \
+              --budget 0.3 --variants "${RAGGED_AB_VARIANTS:-ours:}" \
+              --configs "${RAGGED_AB_CONFIGS:-prefill 4x4096,chunked 8x512 of 8192,prefill 1x16384,prefill 4x4096 MQA,prefill 4x4096 d64,prefill 4x4096 d256,mixed 64 decode + 4x512,prefill 4x4096 fp8}" \
               || status=1
           done
-        done 2>&1 | tee "$out/ragged_pingpong.txt"
-        NVCC_APPEND_FLAGS="$pp_flags" XLA_KERNELS_RAGGED_WGMMA=require timeout 240 \
-          python3 -m pytest -q -m gpu tests/gpu/test_ragged_paged_attention_gpu.py \
-          -k "wgmma_long or wgmma_softcap or wgmma_invalid or wgmma_rows or fp8_long" -x 2>&1 \
-          | tail -15 | tee "$out/ragged_pingpong_tests.txt" ;;
+        done 2>&1 | tee "$out/ragged_ab.txt"
+        if [ -n "${RAGGED_AB_TESTS:-}" ]; then
+          NVCC_APPEND_FLAGS="${ab_builds[-1]#*:}" XLA_KERNELS_RAGGED_WGMMA=require timeout 240 \
+            python3 -m pytest -q -m gpu tests/gpu/test_ragged_paged_attention_gpu.py \
+            -k "$RAGGED_AB_TESTS" 2>&1 | tail -15 | tee "$out/ragged_ab_tests.txt"
+        fi ;;
       l2_reuse) for round in 1 2; do
                   for order in new same; do
                     flag=""
