@@ -101,6 +101,22 @@ def test_every_mix(rng, kind, dtype):
     check(run_jax(x, scale=0.088), reference(x, scale=0.088), dtype, kind)
 
 
+@pytest.mark.parametrize("dtype,wgmma", [("bf16", "1"), ("f16", "0"), ("f32", "1")])
+def test_more_sequences_than_a_warp(rng, monkeypatch, dtype, wgmma):
+    """75 sequences in 82 slots: the CTAs' work search walks three 32-sequence chunks (the
+    last one partial, its loads issued a chunk ahead), on the wgmma, mma.sync and f32
+    kernels."""
+    q_lens = [int(q) for q in rng.choice([1, 1, 1, 2, 5, 17, 40, 130], size=75)]
+    kv_lens = [q + int(rng.integers(0, 300)) for q in q_lens]
+    x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=8, num_kv_heads=2,
+                    head_dim=128, block_size=16, dtype=dtype, max_seqs=82)
+    if wgmma == "0":
+        monkeypatch.setenv("XLA_KERNELS_RAGGED_WGMMA", "0")
+    out = run_jax(x, fresh=True, scale=0.1)
+    check(out, reference(x, scale=0.1), dtype, "75 sequences")
+    assert np.all(out[int(x["cu_q_lens"][len(q_lens)]):] == 0), "padding rows must be zeros"
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("layout", ["vllm", "pallas"])
 @pytest.mark.parametrize("softcap,window", [(5.0, 0), (0.0, 1), (0.0, 31), (0.0, 100),

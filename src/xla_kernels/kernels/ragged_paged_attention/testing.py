@@ -172,8 +172,8 @@ def sanitize_cases(platform: str = "gpu") -> None:
     head_dim, both layouts, GQA and MQA, decode rows, prefill tiles, padding rows,
     out-of-range block ids and inconsistent cu_q_lens; decode-only batches (the CUDA decode
     path) with empty sequences, padding rows and split contexts; fp8 caches (bf16 and f16
-    queries, every head_dim, both layouts, MQA) on both paths. Raises AssertionError if a
-    result is off.
+    queries, every head_dim, both layouts, MQA) on both paths; 40 sequences; long prefills.
+    Raises AssertionError if a result is off.
 
     Example:
         >>> sanitize_cases("cpu")                                   # doctest: +SKIP
@@ -224,6 +224,15 @@ def sanitize_cases(platform: str = "gpu") -> None:
         ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **base)
         err = rel_error(out, ref)
         assert err <= TOLERANCES[dtype], ("clamped", *what, err)
+    # More sequences than a warp's lanes: the work search's chunks (loaded a chunk ahead).
+    for dtype, d in (("bf16", 128), ("f32", 64)):
+        q_lens = [1, 3, 1, 1, 20, 1, 2, 1] * 5
+        x = make_inputs(rng, q_lens=q_lens, kv_lens=[q + 30 for q in q_lens], num_q_heads=4,
+                        num_kv_heads=2, head_dim=d, block_size=16, dtype=dtype, max_seqs=45)
+        out = ragged_paged_attention(*[jax.device_put(x[k], device) for k in ARGS], scale=0.1)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), scale=0.1)
+        err = rel_error(out, ref)
+        assert err <= TOLERANCES[dtype], ("40 sequences", dtype, d, err)
     # Long prefills: more K/V tiles than the Hopper kernel's stages, so every stage is
     # reused (its barriers go through several phases); a masked block inside the context;
     # fp8 caches too.
