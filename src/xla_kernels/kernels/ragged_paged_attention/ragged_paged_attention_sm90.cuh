@@ -124,11 +124,11 @@ struct Sm90Config {
   static constexpr bool kPingPong =
       XK_RAGGED_PINGPONG < 0 ? !(D == 128 && N == 64) : XK_RAGGED_PINGPONG != 0;
   // Registers per thread after setmaxnreg: 240 for the consumers at head_dim 128 with
-  // 128-token tiles (FA3's split: S, P, O and the pipelining fit without spilling Q's
-  // fragments), else 232; the producer gets what they leave (24 or 40). setmaxnreg.inc
-  // takes registers only from those the producer gave back from its launch allocation, so
-  // the budgets must balance there, not only fit the register file; the fp8 producer
-  // converts, and needs its 40.
+  // 128-token tiles (FA3's split: with 232 the consumers spilled; at 24 the producer spills
+  // its 9 copy offsets instead, 36 bytes), else 232; the producer gets what they leave (24
+  // or 40). setmaxnreg.inc takes registers only from those the producer gave back from its
+  // launch allocation, so the budgets must balance there, not only fit the register file;
+  // the fp8 producer converts, and needs its 40.
   static constexpr int kConsumerRegs = XK_RAGGED_CONSUMER_REGS > 0 ? XK_RAGGED_CONSUMER_REGS
                                        : D == 128 && N == 128 && !kFp8 ? 240 : 232;
   static constexpr int kProducerRegs =
@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     if constexpr (C::kSplitKV) arrive(empty, j);
   };
   auto release_v = [&](int j) { arrive(C::kSplitKV ? bars.empty_v : empty, j); };
-  // Ping-pong turns (kSm90PingPong): consumer cw waits at barrier kSm90TurnBarrier + cw
+  // Ping-pong turns (C::kPingPong): consumer cw waits at barrier kSm90TurnBarrier + cw
   // until the other has arrived there (256 threads: 128 wait, 128 arrive). Consumer 1's
   // first arrival gives consumer 0 the first turn; consumer 0 takes one turn more at the
   // end, which consumes consumer 1's last arrival, so no barrier is left half-arrived.
