@@ -21,14 +21,31 @@ def test_the_shipped_ops_are_found():
     assert {"xla_kernels.simple_add", "xla_kernels.paged_attention"} <= set(SHIPPED)
 
 
+def build_for_sm90(name, cache_dir):
+    """The shipped op's CUDA library, built for Hopper (sm_90a where the kernel asks)."""
+    kernel = SHIPPED[name].kernels["cuda"]
+    return builder.build_library(name, kernel.resolved_sources(), platform="cuda",
+                                 cuda_archs=["90"], cache_dir=cache_dir,
+                                 arch_specific=kernel.arch_specific)
+
+
+def check_switch(name, flags, refusal, cache_dir, monkeypatch):
+    """Compile-time switches given through ``NVCC_APPEND_FLAGS`` reach the op's kernel: a
+    supported value builds, an unsupported one is refused by the kernel's static_assert."""
+    monkeypatch.setenv("NVCC_APPEND_FLAGS", flags)
+    if refusal is None:
+        assert build_for_sm90(name, cache_dir).exists()
+    else:
+        with pytest.raises(BuildError, match=refusal):
+            build_for_sm90(name, cache_dir)
+
+
 @requires_nvcc
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path):
     op = SHIPPED[name]
     kernel = op.kernels["cuda"]
-    path = builder.build_library(op.name, kernel.resolved_sources(), platform="cuda",
-                               cuda_archs=["90"], cache_dir=tmp_path,
-                               arch_specific=kernel.arch_specific)
+    path = build_for_sm90(name, tmp_path)
     handler = getattr(ctypes.CDLL(str(path)), kernel.handler)
     assert handler_metadata(handler, op_name=op.name).command_buffer_compatible
 
@@ -59,17 +76,8 @@ DECODE_SWITCHES = [
 def test_decode_switch_compiles_and_is_checked(macro, value, refusal, tmp_path, monkeypatch):
     """A decode switch given through ``NVCC_APPEND_FLAGS`` reaches the kernel: a supported
     value builds, an unsupported one is refused by the kernel's own static_assert."""
-    op = SHIPPED["xla_kernels.paged_attention"]
-    kernel = op.kernels["cuda"]
-    monkeypatch.setenv("NVCC_APPEND_FLAGS", f"-D{macro}={value}")
-    build = lambda: builder.build_library(  # noqa: E731
-        op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
-        cache_dir=tmp_path, arch_specific=kernel.arch_specific)
-    if refusal is None:
-        assert build().exists()
-    else:
-        with pytest.raises(BuildError, match=refusal):
-            build()
+    check_switch("xla_kernels.paged_attention", f"-D{macro}={value}", refusal, tmp_path,
+                 monkeypatch)
 
 
 # The ragged wgmma kernel's compile-time switches (ragged_paged_attention_sm90.cuh), kept
@@ -88,14 +96,4 @@ RAGGED_SWITCHES = [
 @pytest.mark.parametrize("flags,refusal", RAGGED_SWITCHES)
 def test_ragged_switch_compiles_and_is_checked(flags, refusal, tmp_path, monkeypatch):
     """A ragged wgmma switch given through ``NVCC_APPEND_FLAGS`` reaches the kernel."""
-    op = SHIPPED["xla_kernels.ragged_paged_attention"]
-    kernel = op.kernels["cuda"]
-    monkeypatch.setenv("NVCC_APPEND_FLAGS", flags)
-    build = lambda: builder.build_library(  # noqa: E731
-        op.name, kernel.resolved_sources(), platform="cuda", cuda_archs=["90"],
-        cache_dir=tmp_path, arch_specific=kernel.arch_specific)
-    if refusal is None:
-        assert build().exists()
-    else:
-        with pytest.raises(BuildError, match=refusal):
-            build()
+    check_switch("xla_kernels.ragged_paged_attention", flags, refusal, tmp_path, monkeypatch)
