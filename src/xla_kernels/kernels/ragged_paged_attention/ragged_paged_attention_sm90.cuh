@@ -80,6 +80,15 @@ constexpr int kSm90LaunchRegs = 65536 / kSm90Threads / 8 * 8;
 #ifndef XK_RAGGED_PINGPONG
 #define XK_RAGGED_PINGPONG -1
 #endif
+// The line-wise bf16/f16 producer (produce_kv_lines); -DXK_RAGGED_LINES=0: produce_kv.
+#ifndef XK_RAGGED_LINES
+#define XK_RAGGED_LINES 1
+#endif
+// A sequence's CTAs take its row tiles last first (the longest causal ranges start first,
+// the grid's tail is short ones); -DXK_RAGGED_HEAVY_FIRST=0: first first.
+#ifndef XK_RAGGED_HEAVY_FIRST
+#define XK_RAGGED_HEAVY_FIRST 1
+#endif
 constexpr uint32_t kSm90TurnBarrier = 3;  // + consumer index (1 + consumer index stages Q)
 
 template <int D, int N, bool kFp8 = false>
@@ -138,6 +147,8 @@ struct Sm90Config {
   static_assert((kSm90LaunchRegs - kProducerRegs) * 128 >=
                     (kConsumerRegs - kSm90LaunchRegs) * 128 * kSm90Consumers,
                 "the consumers would wait for registers the producer never gives back");
+  // Producer of bf16/f16 caches: line-wise (produce_kv_lines) unless -DXK_RAGGED_LINES=0.
+  static constexpr bool kLines = XK_RAGGED_LINES != 0;
   // Producer: 2 threads per token (their 16-byte chunks side by side: whole 32-byte
   // sectors per pair), tokens per thread, and chunks per thread and token of each of K, V.
   static constexpr int kTpt = 2;
@@ -244,6 +255,80 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
       }
     }
     ap::cp_async_mbarrier_arrive(b.full + 8 * st);  // when the copies have landed
+    st = st + 1 == S ? 0 : st + 1;
+  }
+  cp_async_wait<0>();  // nothing in flight when the thread exits
+}
+
+// The producer warpgroup, line-wise (Sm90Config::kLines): 8 threads per token, so that a
+// warp's cp.async reads 4 whole 128-byte lines (2 threads per token read 16 rows of 32
+// bytes: one sector per L2 request). In pass u < N / 16, lanes 8 q .. 8 q + 7 of warp pw
+// copy token j = 16 u + 4 pw + q of the tile, chunk `part` = lane % 8 of each 64-column
+// panel, into the same swizzled stages as produce_kv (j % 8 does not depend on u, so the
+// destinations are one offset plus constants). Each token's source offset is computed
+// once per tile, by lane 4 u + q of its warp (its block id loaded a tile ahead), and
+// shuffled to the 8 lanes that copy it (as FlashAttention-3's PagedKVManager shares its
+// page pointers): per tile and thread one block-table load and one 64-bit offset, not one
+// per token.
+template <typename T, int D, int N>
+__device__ __forceinline__ void produce_kv_lines(const Args& a, const Work& w, int kvh, int lo,
+                                                 int hi, int ntiles, uint32_t kv_s,
+                                                 const StageBarriers& b, int ptid) {
+  using C = Sm90Config<D, N>;
+  constexpr int S = C::kStages, kPasses = N / 16, kPanels = D / 64;
+  static_assert(4 * kPasses <= 32, "a warp's tokens: one offset per lane");
+  const int pw = ptid >> 5, lane = ptid & 31, part = lane & 7, q = lane >> 3;
+  const uint32_t dst0 = wg::sw128_offset(4 * pw + q, part);  // token 4 pw + q of pass 0
+  const int jl = 16 * (lane >> 2) + 4 * pw + (lane & 3);     // the token whose offset it computes
+  const bool looks = lane < 4 * kPasses;
+  // Bytes: this thread's chunk of kv head kvh; a token's offset.
+  const char* kc = reinterpret_cast<const char*>(static_cast<const T*>(a.k) +
+                                                 static_cast<int64_t>(kvh) * a.sh + part * 8);
+  const char* vc = reinterpret_cast<const char*>(static_cast<const T*>(a.v) +
+                                                 static_cast<int64_t>(kvh) * a.sh + part * 8);
+  const int slot_mask = (1 << a.log2_bs) - 1;
+  int next = ntiles > 0 && looks ? tile_block(a, w.s, lo, lo, hi, jl) : -1;
+  // Pass u's copies of one token into K (kk) and / or V (kv) of a stage: its offset from
+  // lane 4 u + q, negative where it is masked (zero-filled, nothing read). K and V in one
+  // pass: the shuffled offsets are used at once (ptxas kept all of them live between
+  // separate K and V loops, and spilled).
+  auto copy = [&](int64_t off, uint32_t ks, uint32_t vs, bool kk, bool kv) {
+#pragma unroll
+    for (int u = 0; u < kPasses; ++u) {
+      const int64_t o = __shfl_sync(kFull, off, 4 * u + q);
+      const bool valid = o >= 0;
+      const char* kp = kc + (valid ? o : 0);
+      const char* vp = vc + (valid ? o : 0);
+#pragma unroll
+      for (int p = 0; p < kPanels; ++p) {
+        const uint32_t dst = u * 16 * 128 + p * C::kKvPanel;
+        if (kk) ap::cp_async16_zfill(ks + dst, kp + 128 * p, valid);
+        if (kv) ap::cp_async16_zfill(vs + dst, vp + 128 * p, valid);
+      }
+    }
+  };
+  int st = 0;
+  for (int it = 0; it < ntiles; ++it) {
+    const int t0 = lo + it * N;
+    const int64_t off = next >= 0 ? (static_cast<int64_t>(next) * a.sb +
+                                     static_cast<int64_t>((t0 + jl) & slot_mask) * a.ss) *
+                                        static_cast<int64_t>(sizeof(T))
+                                  : int64_t{-1};
+    if (it + 1 < ntiles && looks) next = tile_block(a, w.s, t0 + N, lo, hi, jl);  // ahead
+    const uint32_t ks = kv_s + st * C::kStageBytes + dst0, vs = ks + C::kTileBytes;
+    const uint32_t free_parity = ((it / S) & 1) ^ 1;
+    if constexpr (C::kSplitKV) {  // K, then V, each as soon as the consumers have freed it
+      if (it >= S) ap::mbarrier_wait_parity(b.empty + 8 * st, free_parity);
+      copy(off, ks, vs, true, false);
+      ap::cp_async_mbarrier_arrive(b.full + 8 * st);
+      if (it >= S) ap::mbarrier_wait_parity(b.empty_v + 8 * st, free_parity);
+      copy(off, ks, vs, false, true);
+      ap::cp_async_mbarrier_arrive(b.full_v + 8 * st);
+    } else {
+      if (it >= S) ap::mbarrier_wait_parity(b.empty + 8 * st, free_parity);
+      copy(off, ks, vs, true, true);
+      ap::cp_async_mbarrier_arrive(b.full + 8 * st);  // when the copies have landed
+    }
     st = st + 1 == S ? 0 : st + 1;
   }
   cp_async_wait<0>();  // nothing in flight when the thread exits
@@ -412,8 +497,13 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   }
   if (tid < 32) find_work(a, blockIdx.x, kSm90Rows, &work, lane);
   __syncthreads();
-  const Work w = work;
+  Work w = work;
   if (w.s < 0) return;  // uniform over the CTA
+  if constexpr (XK_RAGGED_HEAVY_FIRST != 0) {
+    const int seq_tiles = static_cast<int>(
+        (static_cast<int64_t>(w.q_len) * a.G + kSm90Rows - 1) / kSm90Rows);
+    w.tile = seq_tiles - 1 - w.tile;
+  }
 
   const TileRows tr = tile_rows(a, w, kSm90Rows);
   int lo, hi;
@@ -426,7 +516,11 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
       produce_kv_fp8<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s,
                               kv_s + S * C::kStageBytes, bars, tid);
     } else {
-      produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
+      if constexpr (C::kLines) {
+        produce_kv_lines<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
+      } else {
+        produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
+      }
     }
     return;
   }
