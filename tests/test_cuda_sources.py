@@ -81,13 +81,16 @@ def test_decode_switch_compiles_and_is_checked(macro, value, refusal, tmp_path, 
 
 
 # The ragged wgmma kernel's compile-time switches (ragged_paged_attention_sm90.cuh), kept
-# for A/B runs (scripts/gpu_run.sh's ragged_pingpong step): (nvcc flags, refusal or None).
+# for A/B runs (scripts/gpu_run.sh's ragged_ab step): (nvcc flags, refusal or None).
 #   XK_RAGGED_PINGPONG: 0 or 1 turns the consumers' ping-pong off or on at every shape
 #     (default: per shape, Sm90Config::kPingPong);
-#   XK_RAGGED_CONSUMER_REGS: the consumers' registers at every shape (default: per shape).
+#   XK_RAGGED_CONSUMER_REGS: the consumers' registers at every shape (default: per shape);
+#   XK_RAGGED_HEAVY_FIRST=0: a sequence's row tiles first first (default: last first);
+#   XK_RAGGED_O_STAGED=0: O stored from the accumulators (default: through shared memory).
 RAGGED_SWITCHES = [
     ("-DXK_RAGGED_PINGPONG=0", None),
     ("-DXK_RAGGED_PINGPONG=1 -DXK_RAGGED_CONSUMER_REGS=240", None),
+    ("-DXK_RAGGED_HEAVY_FIRST=0 -DXK_RAGGED_O_STAGED=0", None),
     ("-DXK_RAGGED_CONSUMER_REGS=248", "a multiple of 8 up to 240"),
 ]
 

@@ -9,11 +9,13 @@
 //    producer warpgroup that only copies K/V tiles, and two consumer warpgroups with 64 rows
 //    each (one wgmma M). setmaxnreg moves registers from the producer (40, or 24) to the
 //    consumers (232, or 240: Sm90Config). Grid and work search as the mma.sync kernel
-//    (find_work with 128-row tiles).
+//    (find_work with 128-row tiles), but a sequence's CTAs take its row tiles last first:
+//    the longest causal ranges start first and the grid's tail is short ones.
 //  * K/V: N-token tiles (N = 128 at head_dim 64 and 128, 64 at 256 and on fp8 caches at 128:
 //    the faster where both fit, see wgmma_tile and PERFORMANCE.md), gathered through the block
-//    table with 16-byte cp.async by the producer (2 threads per token, offsets fixed
-//    per thread) into 128-byte-swizzled shared memory (cuda_wgmma.cuh's SW128 panels), in as
+//    table with 16-byte cp.async by the producer (8 threads per token: whole 128-byte
+//    lines per warp instruction; each token's offset computed by one lane and shuffled)
+//    into 128-byte-swizzled shared memory (cuda_wgmma.cuh's SW128 panels), in as
 //    many stages as fit. Tokens outside the CTA's range or with an invalid block id are
 //    zero-filled by the same cp.async (src-size 0: nothing read); the consumers mask them
 //    from the block table themselves (a few entries per tile, read a tile ahead), so a
@@ -27,7 +29,8 @@
 //    the producer could not run ahead of the consumers (ncu at 774f06c).
 //  * Q: each consumer thread loads its own A fragments of Q (its warp's 16 rows) from
 //    global memory into registers once; at head_dim 256, and 128 with 128-token tiles, where
-//    the registers do not suffice, each consumer warpgroup stages its rows in shared memory.
+//    the registers do not suffice, each consumer warpgroup stages its rows in shared memory
+//    (and there, at the end, its O for 16-byte row stores).
 //  * A consumer warpgroup runs over the contiguous tiles its rows attend, [jlo, jhi):
 //    prologue S_jlo and its softmax; then per tile j: issue S_j = Q K_j^T (register-A wgmma,
 //    K-major K), issue O = alpha_{j-1} O + P_{j-1} V_{j-1} (register-A P, MN-major V:
@@ -80,10 +83,12 @@ constexpr int kSm90LaunchRegs = 65536 / kSm90Threads / 8 * 8;
 #ifndef XK_RAGGED_PINGPONG
 #define XK_RAGGED_PINGPONG -1
 #endif
-// The line-wise bf16/f16 producer (produce_kv_lines); -DXK_RAGGED_LINES=0: produce_kv.
-#ifndef XK_RAGGED_LINES
-#define XK_RAGGED_LINES 1
+// O staged through shared memory for 16-byte stores where Q is in shared memory
+// (-DXK_RAGGED_O_STAGED=0: 4-byte stores from the accumulators).
+#ifndef XK_RAGGED_O_STAGED
+#define XK_RAGGED_O_STAGED 1
 #endif
+constexpr bool kOStaged = XK_RAGGED_O_STAGED != 0;
 // A sequence's CTAs take its row tiles last first (the longest causal ranges start first,
 // the grid's tail is short ones); -DXK_RAGGED_HEAVY_FIRST=0: first first.
 #ifndef XK_RAGGED_HEAVY_FIRST
@@ -147,13 +152,6 @@ struct Sm90Config {
   static_assert((kSm90LaunchRegs - kProducerRegs) * 128 >=
                     (kConsumerRegs - kSm90LaunchRegs) * 128 * kSm90Consumers,
                 "the consumers would wait for registers the producer never gives back");
-  // Producer of bf16/f16 caches: line-wise (produce_kv_lines) unless -DXK_RAGGED_LINES=0.
-  static constexpr bool kLines = XK_RAGGED_LINES != 0;
-  // Producer: 2 threads per token (their 16-byte chunks side by side: whole 32-byte
-  // sectors per pair), tokens per thread, and chunks per thread and token of each of K, V.
-  static constexpr int kTpt = 2;
-  static constexpr int kTokens = N / (128 / kTpt);
-  static constexpr int kChunks = D / 8 / kTpt;
 };
 
 // Block id of token t0 + j of sequence s, or -1 where the token is outside [lo, hi) or its
@@ -180,100 +178,21 @@ struct StageBarriers {
   uint32_t full, empty, full_v, empty_v;
 };
 
-// The producer warpgroup (ptid 0..127): tiles 0 .. ntiles - 1 of K and V into the stages.
-// Thread ptid copies tokens j = ptid / 2 + 64 u (u < kTokens) of every tile, chunks
-// part + 2 i of their rows (SW128 puts chunk c % 8 of row j at 16 ((c % 8) ^ (j % 8)), in
-// the panel of columns 64 (c / 8) ..).
+// The producer warpgroup (ptid 0..127): tiles 0 .. ntiles - 1 of K and V into the stages,
+// 8 threads per token, so that a warp's cp.async reads 4 whole 128-byte lines (with 2
+// threads per token it read 16 rows of 32 bytes, one sector per L2 request: 7-12 % slower
+// prefill, PERFORMANCE.md). In pass u < N / 16, lanes 8 q .. 8 q + 7 of warp pw copy token
+// j = 16 u + 4 pw + q of the tile, chunk `part` = lane % 8 of each 64-column panel (SW128
+// puts chunk c of row j at 16 (c ^ (j % 8)); j % 8 does not depend on u, so the
+// destinations are one offset plus constants). Each token's source offset is computed
+// once per tile, by lane 4 u + q of its warp (its block id loaded a tile ahead), and
+// shuffled to the 8 lanes that copy it (as FlashAttention-3's PagedKVManager shares its
+// page pointers): per tile and thread one block-table load and one 64-bit offset, and no
+// spill at the producer's 24 registers.
 template <typename T, int D, int N>
 __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh, int lo,
                                            int hi, int ntiles, uint32_t kv_s,
                                            const StageBarriers& b, int ptid) {
-  using C = Sm90Config<D, N>;
-  constexpr int S = C::kStages, U = C::kTokens;
-  const int j0 = ptid / C::kTpt, part = ptid % C::kTpt;
-  const T* kc = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * a.sh + part * 8;
-  const T* vc = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * a.sh + part * 8;
-  const int slot_mask = (1 << a.log2_bs) - 1;
-  int blk[U];  // block ids of this thread's tokens of the next tile (-1: masked)
-#pragma unroll
-  for (int u = 0; u < U; ++u) blk[u] = ntiles > 0 ? tile_block(a, w.s, lo, lo, hi, j0 + 64 * u) : -1;
-  int st = 0;
-  for (int it = 0; it < ntiles; ++it) {
-    const int t0 = lo + it * N;
-    int cur[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      cur[u] = blk[u];
-      if (it + 1 < ntiles) blk[u] = tile_block(a, w.s, t0 + N, lo, hi, j0 + 64 * u);  // ahead
-    }
-    const uint32_t ks = kv_s + st * C::kStageBytes, vs = ks + C::kTileBytes;
-    const uint32_t free_parity = ((it / S) & 1) ^ 1;
-    if constexpr (C::kSplitKV) {
-      // K, then V, each as soon as the consumers have freed it. Panels in a loop (unrolled,
-      // the 16 addresses of head_dim 256 spilled the producer's registers).
-      constexpr int kPanels = D / 64, kPerPanel = 8 / C::kTpt;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if (it >= S) ap::mbarrier_wait_parity((half ? b.empty_v : b.empty) + 8 * st, free_parity);
-        const T* src = half ? vc : kc;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int j = j0 + 64 * u;
-          const bool valid = cur[u] >= 0;
-          const int64_t off = valid ? static_cast<int64_t>(cur[u]) * a.sb +
-                                          static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
-                                    : 0;
-#pragma unroll 1
-          for (int p = 0; p < kPanels; ++p) {
-#pragma unroll
-            for (int q = 0; q < kPerPanel; ++q) {
-              const int c = part + C::kTpt * q;
-              ap::cp_async16_zfill((half ? vs : ks) + p * C::kKvPanel + wg::sw128_offset(j, c),
-                                   src + off + 64 * p + C::kTpt * 8 * q, valid);
-            }
-          }
-        }
-        ap::cp_async_mbarrier_arrive((half ? b.full_v : b.full) + 8 * st);
-      }
-      st = st + 1 == S ? 0 : st + 1;
-      continue;
-    }
-    if (it >= S) ap::mbarrier_wait_parity(b.empty + 8 * st, free_parity);
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int j = j0 + 64 * u;
-      const bool valid = cur[u] >= 0;
-      const int64_t off = valid ? static_cast<int64_t>(cur[u]) * a.sb +
-                                      static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
-                                : 0;
-#pragma unroll
-      for (int i = 0; i < C::kChunks; ++i) {
-        const int c = part + C::kTpt * i;
-        const uint32_t dst = (c / 8) * C::kKvPanel + wg::sw128_offset(j, c % 8);
-        ap::cp_async16_zfill(ks + dst, kc + off + C::kTpt * 8 * i, valid);
-        ap::cp_async16_zfill(vs + dst, vc + off + C::kTpt * 8 * i, valid);
-      }
-    }
-    ap::cp_async_mbarrier_arrive(b.full + 8 * st);  // when the copies have landed
-    st = st + 1 == S ? 0 : st + 1;
-  }
-  cp_async_wait<0>();  // nothing in flight when the thread exits
-}
-
-// The producer warpgroup, line-wise (Sm90Config::kLines): 8 threads per token, so that a
-// warp's cp.async reads 4 whole 128-byte lines (2 threads per token read 16 rows of 32
-// bytes: one sector per L2 request). In pass u < N / 16, lanes 8 q .. 8 q + 7 of warp pw
-// copy token j = 16 u + 4 pw + q of the tile, chunk `part` = lane % 8 of each 64-column
-// panel, into the same swizzled stages as produce_kv (j % 8 does not depend on u, so the
-// destinations are one offset plus constants). Each token's source offset is computed
-// once per tile, by lane 4 u + q of its warp (its block id loaded a tile ahead), and
-// shuffled to the 8 lanes that copy it (as FlashAttention-3's PagedKVManager shares its
-// page pointers): per tile and thread one block-table load and one 64-bit offset, not one
-// per token.
-template <typename T, int D, int N>
-__device__ __forceinline__ void produce_kv_lines(const Args& a, const Work& w, int kvh, int lo,
-                                                 int hi, int ntiles, uint32_t kv_s,
-                                                 const StageBarriers& b, int ptid) {
   using C = Sm90Config<D, N>;
   constexpr int S = C::kStages, kPasses = N / 16, kPanels = D / 64;
   static_assert(4 * kPasses <= 32, "a warp's tokens: one offset per lane");
@@ -336,16 +255,20 @@ __device__ __forceinline__ void produce_kv_lines(const Args& a, const Work& w, i
 
 // fp8 caches: the same stages of T, filled by the producer from a ring of raw e4m3 units
 // (C::kRawUnits of N x D bytes; unit v = 2 it + half is tile it's K, half 0, or its V).
-// Each thread copies its own 16-byte e4m3 chunks of a unit with cp.async (masked tokens are
-// zero-filled, nothing read) kRawUnits - 1 units ahead of the unit it converts, so later
-// units' loads are in flight while it converts (a synchronous producer kept one tile's load
-// latency per tile: PERFORMANCE.md). It converts exactly the chunks it copied, so no barrier
-// is needed among the producer threads (cp.async.wait_group orders a thread's own copies
-// before its reads), each to two 16-byte chunks (exact: e4m3x2_to; K to T, V to f16),
-// stored where produce_kv's copies would land; a proxy fence before its arrival on "full"
-// makes the stores visible to the consumers' wgmma (the async proxy).
-// Raw layout: chunk q = u kF + f (token u of the thread, chunk f of its part of the row) of
-// thread ptid at unit + 2048 q + 16 ptid (consecutive threads, consecutive 16 bytes).
+// kTpt = min(8, D / 16) threads per token (a token's D bytes in 16-byte chunks), so that a
+// warp's cp.async reads whole 128-byte lines (head_dim 128 and 256) or 64-byte rows (64);
+// token offsets computed once per tile by one lane each and shuffled, as in produce_kv.
+// Thread ptid = 32 pw + lane copies, in pass u < kPasses, token j = 4 kP u + kP pw + lane /
+// kTpt (kP = 32 / kTpt tokens per warp and pass), chunks part + kTpt f (f < kF) of its row,
+// into the raw ring at unit + 2048 (u kF + f) + 16 ptid (consecutive threads, consecutive
+// 16 bytes), with cp.async (masked tokens are zero-filled, nothing read) kRawUnits - 1
+// units ahead of the unit it converts, so later units' loads are in flight while it
+// converts (a synchronous producer kept one tile's load latency per tile: PERFORMANCE.md).
+// It converts exactly the chunks it copied, so no barrier is needed among the producer
+// threads (cp.async.wait_group orders a thread's own copies before its reads), each to two
+// 16-byte chunks (exact: e4m3x2_to; K to T, V to f16), stored where produce_kv's copies
+// would land; a proxy fence before its arrival on "full" makes the stores visible to the
+// consumers' wgmma (the async proxy).
 template <typename T, int D, int N>
 __device__ __forceinline__ void produce_kv_fp8(const Args& a, const Work& w, int kvh, int lo,
                                                int hi, int ntiles, uint32_t kv_s,
@@ -353,49 +276,62 @@ __device__ __forceinline__ void produce_kv_fp8(const Args& a, const Work& w, int
                                                int ptid) {
   using ::xla_kernels::paged_attention::detail::e4m3x2_to;
   using C = Sm90Config<D, N, true>;
-  constexpr int S = C::kStages, U = C::kTokens, R = C::kRawUnits;
-  constexpr int kF = D / 16 / C::kTpt;  // e4m3 chunks per thread and token
+  constexpr int S = C::kStages, R = C::kRawUnits;
+  constexpr int kTpt = D / 16 < 8 ? D / 16 : 8;  // threads per token
+  constexpr int kP = 32 / kTpt, kPasses = N / (4 * kP);
+  constexpr int kF = D / 16 / kTpt;  // e4m3 chunks per thread and token
   static_assert((R & (R - 1)) == 0, "the raw ring's length is a power of two");
-  const int j0 = ptid / C::kTpt, part = ptid % C::kTpt;
+  static_assert(kP * kPasses <= 32, "a warp's tokens: one offset per lane");
+  const int pw = ptid >> 5, lane = ptid & 31, part = lane % kTpt, qq = lane / kTpt;
+  const int j0 = kP * pw + qq;  // this thread's token of pass 0 (+ 4 kP u)
+  const int jl = 4 * kP * (lane / kP) + kP * pw + lane % kP;  // the token whose offset it computes
+  const bool looks = lane < kP * kPasses;
+  // Where chunk 2 part + h (h < 2) of token j0 lands in a stage's tile (SW128); the other
+  // chunks and passes are constant offsets from it (2 kTpt f chunks: whole panels; 4 kP u
+  // rows: a multiple of 8, the same swizzle), so that ptxas keeps two addresses, not 16.
+  // With kSwapHalves (8 threads per token), threads of parts 4..7 (the second panel) store
+  // their two chunks in the other order, so that a quarter warp's 16-byte stores (one
+  // token's 8 parts) hit 8 different bank groups instead of 4 twice (+3-5 %, PERFORMANCE.md).
+  constexpr bool kSwapHalves = kTpt == 8;
+  const int swap = kSwapHalves && part >= 4 ? 1 : 0;
+  const uint32_t swap8 = 8u * swap;
+  uint32_t conv_off[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    conv_off[h] =
+        (2 * part / 8) * C::kKvPanel + wg::sw128_offset(j0, (2 * part) % 8 + (h ^ swap));
+  }
   const uint8_t* kc =
       static_cast<const uint8_t*>(a.k) + static_cast<int64_t>(kvh) * a.sh + part * 16;
   const uint8_t* vc =
       static_cast<const uint8_t*>(a.v) + static_cast<int64_t>(kvh) * a.sh + part * 16;
   const int slot_mask = (1 << a.log2_bs) - 1;
   const int nunits = 2 * ntiles;
-  // Copy side: offsets of this thread's tokens in the tile being copied (-1: masked), and
-  // the block ids of the tile after it (read a tile ahead).
-  int64_t off[U];
-  int nxt[U];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-    off[u] = -1;
-    nxt[u] = ntiles > 0 ? tile_block(a, w.s, lo, lo, hi, j0 + 64 * u) : -1;
-  }
+  // Copy side: the byte offset of token jl of the tile being copied (-1: masked), and its
+  // block id in the tile after it (read a tile ahead).
+  int64_t off = -1;
+  int nxt = ntiles > 0 && looks ? tile_block(a, w.s, lo, lo, hi, jl) : -1;
   // Unit v's copies (nothing past the last unit), always one commit group.
   auto copy_unit = [&](int v) {
     if (v < nunits) {
       const int it = v >> 1;
-      if ((v & 1) == 0) {  // a new tile: its offsets, and the next tile's block ids
+      if ((v & 1) == 0) {  // a new tile: its offset, and the next tile's block id
         const int t0 = lo + it * N;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int j = j0 + 64 * u;
-          off[u] = nxt[u] >= 0 ? static_cast<int64_t>(nxt[u]) * a.sb +
-                                     static_cast<int64_t>((t0 + j) & slot_mask) * a.ss
-                               : -1;
-          if (it + 1 < ntiles) nxt[u] = tile_block(a, w.s, t0 + N, lo, hi, j);
-        }
+        off = nxt >= 0 ? static_cast<int64_t>(nxt) * a.sb +
+                             static_cast<int64_t>((t0 + jl) & slot_mask) * a.ss
+                       : -1;
+        if (it + 1 < ntiles && looks) nxt = tile_block(a, w.s, t0 + N, lo, hi, jl);
       }
       const uint8_t* src = (v & 1) ? vc : kc;
       const uint32_t dst = raw_s + (v & (R - 1)) * C::kRawUnitBytes + 16 * ptid;
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const bool valid = off[u] >= 0;
-        const uint8_t* row = src + (valid ? off[u] : 0);
+      for (int u = 0; u < kPasses; ++u) {
+        const int64_t o = __shfl_sync(kFull, off, kP * u + qq);
+        const bool valid = o >= 0;
+        const uint8_t* row = src + (valid ? o : 0);
 #pragma unroll
         for (int f = 0; f < kF; ++f) {
-          ap::cp_async16_zfill(dst + 2048 * (u * kF + f), row + 32 * f, valid);
+          ap::cp_async16_zfill(dst + 2048 * (u * kF + f), row + 16 * kTpt * f, valid);
         }
       }
     }
@@ -422,19 +358,29 @@ __device__ __forceinline__ void produce_kv_fp8(const Args& a, const Work& w, int
     auto convert = [&](auto tag) {
       using TC = decltype(tag);
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int j = j0 + 64 * u;
-#pragma unroll 2
+      for (int u = 0; u < kPasses; ++u) {
+#pragma unroll
         for (int f = 0; f < kF; ++f) {
           uint32_t x[4];
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                       : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                       : "r"(src0 + 2048 * (u * kF + f))
-                       : "memory");
+          if constexpr (kSwapHalves) {  // x[2 h], x[2 h + 1]: the 8 bytes of conv_off[h]
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                         : "=r"(x[0]), "=r"(x[1])
+                         : "r"(src0 + swap8 + 2048 * (u * kF + f))
+                         : "memory");
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                         : "=r"(x[2]), "=r"(x[3])
+                         : "r"(src0 + (swap8 ^ 8) + 2048 * (u * kF + f))
+                         : "memory");
+          } else {
+            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                         : "r"(src0 + 2048 * (u * kF + f))
+                         : "memory");
+          }
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {  // chunk c = 2 (part + 2 f) + h of the row
-            const int c = 2 * (part + C::kTpt * f) + h;
-            const uint32_t dst = dst0 + (c / 8) * C::kKvPanel + wg::sw128_offset(j, c % 8);
+          for (int h = 0; h < 2; ++h) {  // chunk 2 (part + kTpt f) + (h ^ swap) of its row
+            const uint32_t dst = dst0 + conv_off[h] + u * 4 * kP * 128 +
+                                 f * (2 * kTpt / 8) * C::kKvPanel;
             asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst),
                          "r"(e4m3x2_to<TC>(x[2 * h])), "r"(e4m3x2_to<TC>(x[2 * h] >> 16)),
                          "r"(e4m3x2_to<TC>(x[2 * h + 1])),
@@ -516,11 +462,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
       produce_kv_fp8<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s,
                               kv_s + S * C::kStageBytes, bars, tid);
     } else {
-      if constexpr (C::kLines) {
-        produce_kv_lines<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
-      } else {
-        produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
-      }
+      produce_kv<T, D, N>(a, w, kvh, lo, hi, ntiles, kv_s, bars, tid);
     }
     return;
   }
@@ -877,8 +819,59 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
         o32[64 * h + 4 * i + tig] = pack2<T>(o[h][4 * i + e] * inv, o[h][4 * i + e + 1] * inv);
     }
   };
-  store_row(pr0, inv0, 0);
-  store_row(pr1, inv1, 2);
+  if constexpr (C::kQSmem && kOStaged) {
+    // O through this warpgroup's Q panels (its last S = Q K^T has been waited for), then
+    // 16-byte stores of whole rows: a warp instruction writes 32 x 16 contiguous bytes of
+    // 512 / (2 D) rows, where the 4-byte stores from the accumulators each wrote 16 bytes
+    // of 8 rows (+1.5 % at prefill 4 x 4096, +5 % at head_dim 256: PERFORMANCE.md).
+    const int r0 = wwarp * 16 + g0;  // this thread's rows pr0, pr1 within the warpgroup
+#pragma unroll
+    for (int h = 0; h < OH; ++h) {
+#pragma unroll
+      for (int i = 0; i < OW / 4; ++i) {
+        const int chunk = h * (OW / 4) + i;  // 16-byte chunk (8 columns) of the row
+        const uint32_t at = q_s + (chunk / 8) * 64 * 128 + 4 * tig;
+        const uint32_t x0 = pack2<T>(o[h][4 * i] * inv0, o[h][4 * i + 1] * inv0);
+        const uint32_t x1 = pack2<T>(o[h][4 * i + 2] * inv1, o[h][4 * i + 3] * inv1);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + wg::sw128_offset(r0, chunk % 8)),
+                     "r"(x0)
+                     : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + wg::sw128_offset(r0 + 8, chunk % 8)),
+                     "r"(x1)
+                     : "memory");
+      }
+    }
+    ap::named_barrier_sync(1 + cw, 128);
+    // Thread ct copies chunk ch of rows ct / kCpr + kRows k (the Q staging's mapping); the
+    // packed row's (query row, head) advanced by kRows without a division per row.
+    constexpr int kCpr = D / 8, kRows = 128 / kCpr;
+    const int ct = tid - 128 * wgi, ch = ct % kCpr;
+    const int step_rows = kRows / a.G, step_heads = kRows % a.G;
+    int pr = wr0 + ct / kCpr;
+    int64_t row = static_cast<int64_t>(w.start) + pr / a.G;
+    int head = pr % a.G;
+#pragma unroll
+    for (int r = ct / kCpr; r < 64; r += kRows) {
+      if (pr < tr.r_end) {
+        uint4 v;
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(q_s + (ch / 8) * 64 * 128 + wg::sw128_offset(r, ch % 8))
+                     : "memory");
+        *reinterpret_cast<uint4*>(out + (row * a.Hq + kvh * a.G + head) * D + ch * 8) = v;
+      }
+      pr += kRows;
+      row += step_rows;
+      head += step_heads;
+      if (head >= a.G) {
+        head -= a.G;
+        ++row;
+      }
+    }
+  } else {
+    store_row(pr0, inv0, 0);
+    store_row(pr1, inv1, 2);
+  }
 #else
   (void)a;  // not built for sm_90a: never launched (wgmma_kernel_usable is false)
 #endif
