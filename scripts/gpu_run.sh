@@ -195,7 +195,8 @@ if [ "$mode" = profile ]; then
   # in processes alternating between them, twice (A B A B), over RAGGED_AB_CONFIGS with
   # RAGGED_AB_VARIANTS (environment variants, default one), FA3 alongside as the control
   # (ragged_ab.txt); then, if RAGGED_AB_TESTS is a pytest -k expression, those ragged GPU
-  # tests on the last build under XLA_KERNELS_RAGGED_WGMMA=require (ragged_ab_tests.txt).
+  # tests on the last build under XLA_KERNELS_RAGGED_WGMMA=require (ragged_ab_tests.txt;
+  # RAGGED_AB_TESTS_TIMEOUT seconds, default 240: the whole file takes ~6 minutes).
   # 2026-11-26's ping-pong runs: RAGGED_AB_BUILDS="A:;B:-DXK_RAGGED_PINGPONG=1;C:
   # -DXK_RAGGED_PINGPONG=1 -DXK_RAGGED_CONSUMER_REGS=240" (then: A without ping-pong)
   # RAGGED_AB_VARIANTS="t64:XLA_KERNELS_RAGGED_WGMMA_TILE=64;t128:XLA_KERNELS_RAGGED_WGMMA_TILE=128".
@@ -249,7 +250,8 @@ as op; load_kernel(op, 'cuda')" &
           done
         done 2>&1 | tee "$out/ragged_ab.txt"
         if [ -n "${RAGGED_AB_TESTS:-}" ]; then
-          NVCC_APPEND_FLAGS="${ab_builds[-1]#*:}" XLA_KERNELS_RAGGED_WGMMA=require timeout 240 \
+          NVCC_APPEND_FLAGS="${ab_builds[-1]#*:}" XLA_KERNELS_RAGGED_WGMMA=require \
+            timeout "${RAGGED_AB_TESTS_TIMEOUT:-240}" \
             python3 -m pytest -q -m gpu tests/gpu/test_ragged_paged_attention_gpu.py \
             -k "$RAGGED_AB_TESTS" 2>&1 | tail -15 | tee "$out/ragged_ab_tests.txt"
         fi ;;
