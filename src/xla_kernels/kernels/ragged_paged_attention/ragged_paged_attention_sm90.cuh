@@ -180,7 +180,7 @@ struct StageBarriers {
 
 // The producer warpgroup (ptid 0..127): tiles 0 .. ntiles - 1 of K and V into the stages,
 // 8 threads per token, so that a warp's cp.async reads 4 whole 128-byte lines (with 2
-// threads per token it read 16 rows of 32 bytes, one sector per L2 request: 7-12 % slower
+// threads per token it read 16 rows of 32 bytes, one sector per L2 request: 7-15 % slower
 // prefill, PERFORMANCE.md). In pass u < N / 16, lanes 8 q .. 8 q + 7 of warp pw copy token
 // j = 16 u + 4 pw + q of the tile, chunk `part` = lane % 8 of each 64-column panel (SW128
 // puts chunk c of row j at 16 (c ^ (j % 8)); j % 8 does not depend on u, so the
