@@ -196,7 +196,7 @@ if [ "$mode" = profile ]; then
   # RAGGED_AB_VARIANTS (environment variants, default one), FA3 alongside as the control
   # (ragged_ab.txt); then, if RAGGED_AB_TESTS is a pytest -k expression, those ragged GPU
   # tests on the last build under XLA_KERNELS_RAGGED_WGMMA=require (ragged_ab_tests.txt;
-  # RAGGED_AB_TESTS_TIMEOUT seconds, default 240: the whole file takes ~6 minutes).
+  # RAGGED_AB_TESTS_TIMEOUT seconds, default 240: the whole file takes ~8.5 minutes).
   # 2026-11-26's ping-pong runs: RAGGED_AB_BUILDS="A:;B:-DXK_RAGGED_PINGPONG=1;C:
   # -DXK_RAGGED_PINGPONG=1 -DXK_RAGGED_CONSUMER_REGS=240" (then: A without ping-pong)
   # RAGGED_AB_VARIANTS="t64:XLA_KERNELS_RAGGED_WGMMA_TILE=64;t128:XLA_KERNELS_RAGGED_WGMMA_TILE=128".
