@@ -163,6 +163,29 @@ __device__ __forceinline__ int tile_block(const Args& a, int s, int t0, int lo, 
   return blk >= 0 && blk < a.num_blocks ? blk : -1;
 }
 
+// Shared memory by its 32-bit shared-window address (the addresses the stages, Q panels and
+// raw ring are kept as): 4-byte stores, 8- and 16-byte loads, 16-byte stores.
+__device__ __forceinline__ void sts32(uint32_t addr, uint32_t x) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(x) : "memory");
+}
+__device__ __forceinline__ void lds64(uint32_t addr, uint32_t& x0, uint32_t& x1) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(x0), "=r"(x1) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void sts128(uint32_t addr, uint32_t x0, uint32_t x1, uint32_t x2,
+                                       uint32_t x3) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x0), "r"(x1),
+               "r"(x2), "r"(x3)
+               : "memory");
+}
+
 // 2^x with ex2.approx.ftz: exp2f without its subnormal fix-up (a result below 2^-126 becomes
 // 0; softmax weights are taken relative to the row maximum, so nothing of weight is lost).
 __device__ __forceinline__ float fast_exp2(float x) {
@@ -363,29 +386,21 @@ __device__ __forceinline__ void produce_kv_fp8(const Args& a, const Work& w, int
         for (int f = 0; f < kF; ++f) {
           uint32_t x[4];
           if constexpr (kSwapHalves) {  // x[2 h], x[2 h + 1]: the 8 bytes of conv_off[h]
-            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
-                         : "=r"(x[0]), "=r"(x[1])
-                         : "r"(src0 + swap8 + 2048 * (u * kF + f))
-                         : "memory");
-            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
-                         : "=r"(x[2]), "=r"(x[3])
-                         : "r"(src0 + (swap8 ^ 8) + 2048 * (u * kF + f))
-                         : "memory");
+            lds64(src0 + swap8 + 2048 * (u * kF + f), x[0], x[1]);
+            lds64(src0 + (swap8 ^ 8) + 2048 * (u * kF + f), x[2], x[3]);
           } else {
-            asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                         : "r"(src0 + 2048 * (u * kF + f))
-                         : "memory");
+            const uint4 v = lds128(src0 + 2048 * (u * kF + f));
+            x[0] = v.x;
+            x[1] = v.y;
+            x[2] = v.z;
+            x[3] = v.w;
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {  // chunk 2 (part + kTpt f) + (h ^ swap) of its row
             const uint32_t dst = dst0 + conv_off[h] + u * 4 * kP * 128 +
                                  f * (2 * kTpt / 8) * C::kKvPanel;
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst),
-                         "r"(e4m3x2_to<TC>(x[2 * h])), "r"(e4m3x2_to<TC>(x[2 * h] >> 16)),
-                         "r"(e4m3x2_to<TC>(x[2 * h + 1])),
-                         "r"(e4m3x2_to<TC>(x[2 * h + 1] >> 16))
-                         : "memory");
+            sts128(dst, e4m3x2_to<TC>(x[2 * h]), e4m3x2_to<TC>(x[2 * h] >> 16),
+                   e4m3x2_to<TC>(x[2 * h + 1]), e4m3x2_to<TC>(x[2 * h + 1] >> 16));
           }
         }
       }
@@ -831,14 +846,10 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
       for (int i = 0; i < OW / 4; ++i) {
         const int chunk = h * (OW / 4) + i;  // 16-byte chunk (8 columns) of the row
         const uint32_t at = q_s + (chunk / 8) * 64 * 128 + 4 * tig;
-        const uint32_t x0 = pack2<T>(o[h][4 * i] * inv0, o[h][4 * i + 1] * inv0);
-        const uint32_t x1 = pack2<T>(o[h][4 * i + 2] * inv1, o[h][4 * i + 3] * inv1);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + wg::sw128_offset(r0, chunk % 8)),
-                     "r"(x0)
-                     : "memory");
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at + wg::sw128_offset(r0 + 8, chunk % 8)),
-                     "r"(x1)
-                     : "memory");
+        sts32(at + wg::sw128_offset(r0, chunk % 8),
+              pack2<T>(o[h][4 * i] * inv0, o[h][4 * i + 1] * inv0));
+        sts32(at + wg::sw128_offset(r0 + 8, chunk % 8),
+              pack2<T>(o[h][4 * i + 2] * inv1, o[h][4 * i + 3] * inv1));
       }
     }
     ap::named_barrier_sync(1 + cw, 128);
@@ -853,12 +864,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
 #pragma unroll
     for (int r = ct / kCpr; r < 64; r += kRows) {
       if (pr < tr.r_end) {
-        uint4 v;
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "r"(q_s + (ch / 8) * 64 * 128 + wg::sw128_offset(r, ch % 8))
-                     : "memory");
-        *reinterpret_cast<uint4*>(out + (row * a.Hq + kvh * a.G + head) * D + ch * 8) = v;
+        *reinterpret_cast<uint4*>(out + (row * a.Hq + kvh * a.G + head) * D + ch * 8) =
+            lds128(q_s + (ch / 8) * 64 * 128 + wg::sw128_offset(r, ch % 8));
       }
       pr += kRows;
       row += step_rows;
