@@ -179,7 +179,9 @@ if [ "$mode" = profile ]; then
   # 2026-11-26), benchmarks/decode_ab.py, CUPTI end to end, alternating processes;
   # fp8_ncu: ncu --set full of one launch each of ours bf16, cuDNN and ours fp8
   # (decode_trace.py --ncu) at PROFILE_DECODE_CONFIGS (default 32x4096), once per stage
-  # count; ragged_ncu: ours (wgmma) vs FA3 at PROFILE_RAGGED_CONFIG (default chunked 8x512
+  # count; decode_ncu (only when named): the same three launches on the default build at
+  # PROFILE_DECODE_CONFIGS (default 128x8192 32x8192/32 32x2048: where cuDNN was ahead,
+  # and the fp8 / bf16 ratio's weakest point); ragged_ncu: ours (wgmma) vs FA3 at PROFILE_RAGGED_CONFIG (default chunked 8x512
   # of 8192); bt_ahead (only when named): the decode kernels' block ids 2 tiles ahead
   # (default) vs 1 (-DXK_DECODE_BT_AHEAD=1, the loop before 2026-11-26), bf16 and fp8, d 64,
   # 128 and 256 (non-fp8 caches at d 64 keep 1 in both builds since 341d59c), decode_ab.py
@@ -271,6 +273,9 @@ as op; load_kernel(op, 'cuda')" &
                    "decode_fp8_stages$stages" python3 benchmarks/decode_trace.py --ncu \
                    --out "$out/ncu_trace" --configs ${PROFILE_DECODE_CONFIGS:-32x4096}
                done ;;
+      decode_ncu) ncu_run decode python3 benchmarks/decode_trace.py --ncu \
+                    --out "$out/ncu_trace" \
+                    --configs ${PROFILE_DECODE_CONFIGS:-128x8192 32x8192/32 32x2048} ;;
       ragged_ncu) ncu_run ragged python3 benchmarks/profile_ragged.py --variants ours,fa3 \
                     --configs "${PROFILE_RAGGED_CONFIG:-chunked 8x512 of 8192}" ;;
       *) echo "unknown profile step $name"; status=1 ;;
