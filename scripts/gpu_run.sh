@@ -182,9 +182,10 @@ if [ "$mode" = profile ]; then
   # count; decode_ncu (only when named): the same three launches on the default build at
   # PROFILE_DECODE_CONFIGS (default 128x8192 32x8192/32 32x2048: where cuDNN was ahead,
   # and the fp8 / bf16 ratio's weakest point); ragged_ncu: ours (wgmma) vs FA3 at
-  # PROFILE_RAGGED_CONFIG (default chunked 8x512 of 8192); bt_ahead (only when named): the decode kernels' block ids 2 tiles ahead
-  # (default) vs 1 (-DXK_DECODE_BT_AHEAD=1, the loop before 2026-11-26), bf16 and fp8, d 64,
-  # 128 and 256 (non-fp8 caches at d 64 keep 1 in both builds since 341d59c), decode_ab.py
+  # PROFILE_RAGGED_CONFIG (default chunked 8x512 of 8192); bt_ahead (only when named): the
+  # decode kernels' block ids 2 tiles ahead (default) vs 1 (-DXK_DECODE_BT_AHEAD=1, the loop
+  # before 2026-11-26), bf16 and fp8, d 64, 128 and 256 (non-fp8 caches at d 64 keep 1 in
+  # both builds since 341d59c), decode_ab.py
   # as above; fp8_d256 (only when named): fp8 warp tiles of 16
   # tokens at head_dim 256 (default) vs 32 (-DXK_DECODE_FP8_D256_TOKENS=32), the same way;
   # l2_reuse (only when named): decode_trace.py with a new page order per call (default) and

@@ -94,6 +94,7 @@ constexpr bool kOStaged = XK_RAGGED_O_STAGED != 0;
 #ifndef XK_RAGGED_HEAVY_FIRST
 #define XK_RAGGED_HEAVY_FIRST 1
 #endif
+constexpr bool kHeavyFirst = XK_RAGGED_HEAVY_FIRST != 0;
 constexpr uint32_t kSm90TurnBarrier = 3;  // + consumer index (1 + consumer index stages Q)
 
 template <int D, int N, bool kFp8 = false>
@@ -184,6 +185,12 @@ __device__ __forceinline__ void sts128(uint32_t addr, uint32_t x0, uint32_t x1, 
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(x0), "r"(x1),
                "r"(x2), "r"(x3)
                : "memory");
+}
+
+// Byte address of 16-byte chunk ch (8 columns) of row r < 64 in a warpgroup's Q panels at
+// q_s (SW128, 64 columns per panel): where Q is staged and O is gathered for its stores.
+__device__ __forceinline__ uint32_t q_panel_chunk(uint32_t q_s, int r, int ch) {
+  return q_s + (ch / 8) * 64 * 128 + wg::sw128_offset(r, ch % 8);
 }
 
 // 2^x with ex2.approx.ftz: exp2f without its subnormal fix-up (a result below 2^-126 becomes
@@ -460,7 +467,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   __syncthreads();
   Work w = work;
   if (w.s < 0) return;  // uniform over the CTA
-  if constexpr (XK_RAGGED_HEAVY_FIRST != 0) {
+  if constexpr (kHeavyFirst) {
     const int seq_tiles = static_cast<int>(
         (static_cast<int64_t>(w.q_len) * a.G + kSm90Rows - 1) / kSm90Rows);
     w.tile = seq_tiles - 1 - w.tile;
@@ -520,7 +527,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
 #pragma unroll
     for (int r = ct / kCpr; r < 64; r += kRows) {
       const bool valid = wr0 + r < tr.r_end;
-      ap::cp_async16_zfill(q_s + (ch / 8) * 64 * 128 + wg::sw128_offset(r, ch % 8),
+      ap::cp_async16_zfill(q_panel_chunk(q_s, r, ch),
                            valid ? qg + out_offset(a, w, kvh, wr0 + r, D) + ch * 8 : qg,
                            valid);
     }
@@ -845,6 +852,8 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
 #pragma unroll
       for (int i = 0; i < OW / 4; ++i) {
         const int chunk = h * (OW / 4) + i;  // 16-byte chunk (8 columns) of the row
+        // q_panel_chunk's address, 4 tig added before the swizzle (written through the
+        // helper, ptxas schedules these stores differently from the measured build).
         const uint32_t at = q_s + (chunk / 8) * 64 * 128 + 4 * tig;
         sts32(at + wg::sw128_offset(r0, chunk % 8),
               pack2<T>(o[h][4 * i] * inv0, o[h][4 * i + 1] * inv0));
@@ -865,7 +874,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
     for (int r = ct / kCpr; r < 64; r += kRows) {
       if (pr < tr.r_end) {
         *reinterpret_cast<uint4*>(out + (row * a.Hq + kvh * a.G + head) * D + ch * 8) =
-            lds128(q_s + (ch / 8) * 64 * 128 + wg::sw128_offset(r, ch % 8));
+            lds128(q_panel_chunk(q_s, r, ch));
       }
       pr += kRows;
       row += step_rows;
