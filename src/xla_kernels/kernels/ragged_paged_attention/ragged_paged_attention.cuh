@@ -176,6 +176,12 @@ struct Work {
 
 __device__ __forceinline__ int clampi(int x, int lo, int hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
+// Row tiles of a sequence of q_len query tokens: its q_len * G packed rows, tile_rows per
+// tile.
+__device__ __forceinline__ int row_tiles(const Args& a, int q_len, int tile_rows) {
+  return static_cast<int>((static_cast<int64_t>(q_len) * a.G + tile_rows - 1) / tile_rows);
+}
+
 // Warp 0 of a CTA: the (sequence, tile) of tile number b, with tile_rows packed rows per
 // tile. Walks the sequences 32 at a time: lane l takes sequence base + l; warp prefix max of
 // the clamped row ends (SeqView's running maximum) and prefix sum of the tile counts.
@@ -199,9 +205,7 @@ __device__ __forceinline__ void find_work(const Args& a, int b, int tile_rows, W
     int start = __shfl_up_sync(kFull, end, 1);
     if (lane == 0) start = carry_end;
     const int q_len = end - start;
-    const int tiles =
-        s < n ? static_cast<int>((static_cast<int64_t>(q_len) * a.G + tile_rows - 1) / tile_rows)
-              : 0;
+    const int tiles = s < n ? row_tiles(a, q_len, tile_rows) : 0;
     int incl = tiles;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {

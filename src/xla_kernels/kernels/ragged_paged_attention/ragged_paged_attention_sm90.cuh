@@ -467,11 +467,7 @@ __global__ void __launch_bounds__(kSm90Threads, 1) ragged_wgmma_kernel(const Arg
   __syncthreads();
   Work w = work;
   if (w.s < 0) return;  // uniform over the CTA
-  if constexpr (kHeavyFirst) {
-    const int seq_tiles = static_cast<int>(
-        (static_cast<int64_t>(w.q_len) * a.G + kSm90Rows - 1) / kSm90Rows);
-    w.tile = seq_tiles - 1 - w.tile;
-  }
+  if constexpr (kHeavyFirst) w.tile = row_tiles(a, w.q_len, kSm90Rows) - 1 - w.tile;
 
   const TileRows tr = tile_rows(a, w, kSm90Rows);
   int lo, hi;
