@@ -264,7 +264,7 @@ def test_op_under_jit_and_torch_eager(rng):
 
 
 def test_limits_come_from_the_header():
-    assert HEAD_DIMS == (64, 128, 256) and BLOCK_SIZES == (16, 32, 64)
+    assert HEAD_DIMS == (64, 128, 256) and BLOCK_SIZES == (16, 32, 64, 128, 256)
     assert LIMITS["kKvTile"] == 32 and LIMITS["kWarps"] == 4
 
 

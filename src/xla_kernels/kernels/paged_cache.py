@@ -5,6 +5,12 @@
 block_size, head_dim] (torch_xla / JAX Pallas). Shared by ``paged_attention``,
 ``ragged_paged_attention`` and ``reshape_and_cache`` and their references.
 
+The **fused** cache (tpu-inference's, read by ``ragged_paged_attention_fused`` and written by
+``reshape_and_cache_fused``) is one array [num_blocks, block_size, 2 * num_kv_heads,
+head_dim] holding head ``h``'s key at index ``2h`` and its value at ``2h + 1`` of the third
+axis: :func:`split_fused` and :func:`join_fused` convert it to and from the two vLLM-layout
+caches (the references use them; the kernels read it in place).
+
 Example:
     >>> cache_dims((64, 16, 2, 128), "vllm")
     (64, 16, 2, 128)
@@ -49,6 +55,50 @@ def cache_factors(layout: str) -> str:
         'k b t d'
     """
     return "b t k d" if layout == "vllm" else "k b t d"
+
+
+def fused_cache_dims(shape: Sequence[int], arg: str = "kv_cache") -> tuple[int, int, int, int]:
+    """(num_blocks, block_size, num_kv_heads, head_dim) of a fused cache shape; raises
+    :class:`~xla_kernels.Invalid` naming ``arg`` when the shape is not one.
+
+    Example:
+        >>> fused_cache_dims((64, 16, 4, 128))
+        (64, 16, 2, 128)
+    """
+    if len(shape) != 4 or shape[2] % 2:
+        raise Invalid(arg, f"expected [num_blocks, block_size, 2 * num_kv_heads, head_dim], "
+                      f"got shape {tuple(shape)}",
+                      "pass one cache holding each kv head's key and value at indices 2h and "
+                      "2h + 1 of the third axis (reshape tpu-inference's packed 5-D cache to "
+                      "4-D first)")
+    return shape[0], shape[1], shape[2] // 2, shape[3]
+
+
+def split_fused(kv_cache: Any) -> tuple[Any, Any]:
+    """The (key_cache, value_cache) pair, ``layout="vllm"``, a fused cache holds (NumPy or
+    JAX arrays; a copy).
+
+    Example:
+        >>> kv = np.arange(2 * 1 * 4 * 1).reshape(2, 1, 4, 1)
+        >>> [c.ravel().tolist() for c in split_fused(kv)]
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
+    """
+    return kv_cache[:, :, 0::2], kv_cache[:, :, 1::2]
+
+
+def join_fused(key_cache: Any, value_cache: Any) -> np.ndarray:
+    """The fused cache holding two ``layout="vllm"`` caches (NumPy; the inverse of
+    :func:`split_fused`).
+
+    Example:
+        >>> k, v = np.zeros((2, 1, 2, 1)), np.ones((2, 1, 2, 1))
+        >>> join_fused(k, v)[0, 0].ravel().tolist()
+        [0.0, 1.0, 0.0, 1.0]
+    """
+    k, v = np.asarray(key_cache), np.asarray(value_cache)
+    out = np.empty((*k.shape[:2], 2 * k.shape[2], k.shape[3]), k.dtype)
+    out[:, :, 0::2], out[:, :, 1::2] = k, v
+    return out
 
 
 def quantize_fp8(x: Any, scale: float) -> np.ndarray:

@@ -40,8 +40,15 @@ from __future__ import annotations
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor, updated
 
-from ..paged_cache import FP8, LAYOUTS, cache_factors, check_kv_scales, check_layout
-from .reference import reshape_and_cache_numpy, reshape_and_cache_xla
+from ..paged_cache import (
+    FP8,
+    LAYOUTS,
+    cache_factors,
+    check_kv_scales,
+    check_layout,
+    fused_cache_dims,
+)
+from .reference import reshape_and_cache_fused_numpy, reshape_and_cache_numpy, reshape_and_cache_xla
 
 DTYPES = ("bf16", "f16", "f32")
 CACHE_DTYPES = (*DTYPES, FP8)
@@ -109,5 +116,67 @@ reshape_and_cache = Op(
     doc=__doc__ or "",
 )
 
+
+
+def _fused_output_rule(key: Spec, value: Spec, kv_cache: Spec, slot_mapping: Spec, *,
+                       k_scale: float, v_scale: float) -> list[Spec]:
+    if value.dtype != key.dtype:
+        raise Invalid("value", f"dtype {value.dtype} differs from key's {key.dtype}",
+                      "cast key, value and the cache to one dtype")
+    if kv_cache.dtype not in (key.dtype, FP8):
+        raise Invalid("kv_cache", f"dtype {kv_cache.dtype} differs from key's {key.dtype}",
+                      f"cast key, value and the cache to one dtype, or use an {FP8} cache")
+    check_kv_scales(k_scale, v_scale, cache_dtype=kv_cache.dtype)
+    if value.shape != key.shape:
+        raise Invalid("value", f"shape {value.shape} differs from key's {key.shape}",
+                      "pass key and value of one shape")
+    num_tokens, heads, dim = key.shape
+    _, _, cache_heads, cache_dim = fused_cache_dims(kv_cache.shape)
+    if (cache_heads, cache_dim) != (heads, dim):
+        raise Invalid("kv_cache", f"shape {kv_cache.shape} holds {cache_heads} kv heads of "
+                      f"size {cache_dim}, key has {heads} of {dim}",
+                      "pass a cache of [num_blocks, block_size, 2 * num_kv_heads, head_dim]")
+    if slot_mapping.shape != (num_tokens,):
+        raise Invalid("slot_mapping", f"expected shape ({num_tokens},), got "
+                      f"{slot_mapping.shape}", "pass one slot per token")
+    return [updated(kv_cache)]
+
+
+reshape_and_cache_fused = Op(
+    "xla_kernels.reshape_and_cache_fused",
+    inputs=[
+        Tensor("key", dtypes=DTYPES, rank=3, doc="[num_tokens, num_kv_heads, head_dim]"),
+        Tensor("value", dtypes=DTYPES, rank=3, doc="key's shape"),
+        Tensor("kv_cache", dtypes=CACHE_DTYPES, rank=4, in_place=True,
+               doc="[num_blocks, block_size, 2 * num_kv_heads, head_dim]: head h's key at "
+                   "2h, its value at 2h + 1"),
+        Tensor("slot_mapping", dtypes=("i32",), rank=1, doc="[num_tokens] slots"),
+    ],
+    attrs=[Attr("k_scale", float, default=1.0, doc="fp8 caches: stored key = key / k_scale"),
+           Attr("v_scale", float, default=1.0,
+                doc="fp8 caches: stored value = value / v_scale")],
+    outputs=_fused_output_rule,
+    output_names=("kv_cache",),
+    # Along kv heads: p (the key, value pair, size 2) is the minor factor of the third axis, so
+    # a split of it over devices gives each whole pairs.
+    sharding_rule=("n k d, n k d, b t (k p) d, n -> b t (k p) d",
+                   {"p": 2, "need_replication_factors": ("n", "b", "t", "d")}),
+    kernels={"cpu": Kernel(["kv_cache_cpu.cc"], handler="XkReshapeAndCacheFusedCpu"),
+             "cuda": Kernel(["kv_cache.cu"], handler="XkReshapeAndCacheFusedCuda")},
+    doc="""``reshape_and_cache_fused(key, value, kv_cache, slot_mapping, *, k_scale=1.0,
+v_scale=1.0) -> kv_cache``: :func:`reshape_and_cache` for one fused cache
+[num_blocks, block_size, 2 * num_kv_heads, head_dim] (head ``h``'s key at index ``2h`` of
+the third axis, its value at ``2h + 1``: tpu-inference's layout), updated in place.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> kv = jnp.zeros((4, 16, 4, 64), jnp.bfloat16)               # 2 kv heads
+    >>> key = jnp.ones((3, 2, 64), jnp.bfloat16)
+    >>> write = jax.jit(reshape_and_cache_fused, donate_argnums=(2,))
+    >>> kv = write(key, -key, kv, jnp.array([0, 17, -1], jnp.int32))  # doctest: +SKIP
+""",
+)
+
 __all__ = ["CACHE_DTYPES", "DTYPES", "FP8", "LAYOUTS", "reshape_and_cache",
-           "reshape_and_cache_numpy", "reshape_and_cache_xla"]
+           "reshape_and_cache_fused", "reshape_and_cache_fused_numpy", "reshape_and_cache_numpy",
+           "reshape_and_cache_xla"]

@@ -70,13 +70,21 @@ __global__ void QuantizeRowsKernel(Layout l, const int32_t* __restrict__ slots,
 template <typename Src>
 void LaunchQuantize(cudaStream_t stream, dim3 grid, dim3 block, const Layout& l,
                     const int32_t* slots, const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
-                    ffi::AnyBuffer& key_out, ffi::AnyBuffer& value_out, float k_scale,
-                    float v_scale) {
+                    void* key_dst, void* value_dst, float k_scale, float v_scale) {
   QuantizeRowsKernel<Src><<<grid, block, 0, stream>>>(
       l, slots, static_cast<const Src*>(key.untyped_data()),
-      static_cast<const Src*>(value.untyped_data()),
-      static_cast<__nv_fp8_storage_t*>(key_out.untyped_data()),
-      static_cast<__nv_fp8_storage_t*>(value_out.untyped_data()), k_scale, v_scale);
+      static_cast<const Src*>(value.untyped_data()), static_cast<__nv_fp8_storage_t*>(key_dst),
+      static_cast<__nv_fp8_storage_t*>(value_dst), k_scale, v_scale);
+}
+
+template <typename Word>
+void LaunchCopy(cudaStream_t stream, dim3 grid, dim3 block, const Layout& l,
+                const int32_t* slots, const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
+                void* key_dst, void* value_dst, int64_t words_per_row) {
+  CopyRowsKernel<Word><<<grid, block, 0, stream>>>(
+      l, slots, static_cast<const Word*>(key.untyped_data()),
+      static_cast<const Word*>(value.untyped_data()), static_cast<Word*>(key_dst),
+      static_cast<Word*>(value_dst), words_per_row);
 }
 
 ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::AnyBuffer value,
@@ -95,41 +103,35 @@ ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::Any
   const size_t row_bytes = static_cast<size_t>(l.head_dim) * elem;
   const dim3 grid(static_cast<unsigned>(l.num_tokens)), block(128);
   const int32_t* slots = slot_mapping.typed_data();
+  void* key_dst = key_out->untyped_data();
+  void* value_dst = ValueDestination(*value_out, l);
   const bool aligned = ((reinterpret_cast<uintptr_t>(key.untyped_data()) |
                          reinterpret_cast<uintptr_t>(value.untyped_data()) |
-                         reinterpret_cast<uintptr_t>(key_out->untyped_data()) |
-                         reinterpret_cast<uintptr_t>(value_out->untyped_data())) % 16) == 0;
+                         reinterpret_cast<uintptr_t>(key_dst) |
+                         reinterpret_cast<uintptr_t>(value_dst)) % 16) == 0;
   if (l.quantize) {
     switch (key.element_type()) {
       case ffi::DataType::BF16:
-        LaunchQuantize<__nv_bfloat16>(stream, grid, block, l, slots, key, value, *key_out,
-                                      *value_out, k_scale, v_scale);
+        LaunchQuantize<__nv_bfloat16>(stream, grid, block, l, slots, key, value, key_dst,
+                                      value_dst, k_scale, v_scale);
         break;
       case ffi::DataType::F16:
-        LaunchQuantize<__half>(stream, grid, block, l, slots, key, value, *key_out, *value_out,
+        LaunchQuantize<__half>(stream, grid, block, l, slots, key, value, key_dst, value_dst,
                                k_scale, v_scale);
         break;
       default:
-        LaunchQuantize<float>(stream, grid, block, l, slots, key, value, *key_out, *value_out,
+        LaunchQuantize<float>(stream, grid, block, l, slots, key, value, key_dst, value_dst,
                               k_scale, v_scale);
     }
   } else if (row_bytes % 16 == 0 && aligned) {
-    CopyRowsKernel<uint4><<<grid, block, 0, stream>>>(
-        l, slots, static_cast<const uint4*>(key.untyped_data()),
-        static_cast<const uint4*>(value.untyped_data()), static_cast<uint4*>(key_out->untyped_data()),
-        static_cast<uint4*>(value_out->untyped_data()), static_cast<int64_t>(row_bytes / 16));
+    LaunchCopy<uint4>(stream, grid, block, l, slots, key, value, key_dst, value_dst,
+                      static_cast<int64_t>(row_bytes / 16));
   } else if (elem == 4) {
-    CopyRowsKernel<uint32_t><<<grid, block, 0, stream>>>(
-        l, slots, static_cast<const uint32_t*>(key.untyped_data()),
-        static_cast<const uint32_t*>(value.untyped_data()),
-        static_cast<uint32_t*>(key_out->untyped_data()),
-        static_cast<uint32_t*>(value_out->untyped_data()), l.head_dim);
+    LaunchCopy<uint32_t>(stream, grid, block, l, slots, key, value, key_dst, value_dst,
+                         l.head_dim);
   } else {
-    CopyRowsKernel<uint16_t><<<grid, block, 0, stream>>>(
-        l, slots, static_cast<const uint16_t*>(key.untyped_data()),
-        static_cast<const uint16_t*>(value.untyped_data()),
-        static_cast<uint16_t*>(key_out->untyped_data()),
-        static_cast<uint16_t*>(value_out->untyped_data()), l.head_dim);
+    LaunchCopy<uint16_t>(stream, grid, block, l, slots, key, value, key_dst, value_dst,
+                         l.head_dim);
   }
   const cudaError_t launch = cudaGetLastError();
   if (launch != cudaSuccess)
@@ -138,10 +140,24 @@ ffi::Error ReshapeAndCacheCuda(cudaStream_t stream, ffi::AnyBuffer key, ffi::Any
   return ffi::Error::Success();
 }
 
+ffi::Error ReshapeAndCacheFusedCuda(cudaStream_t stream, ffi::AnyBuffer key,
+                                    ffi::AnyBuffer value, ffi::AnyBuffer kv_cache,
+                                    ffi::Buffer<ffi::S32> slot_mapping,
+                                    ffi::Result<ffi::AnyBuffer> kv_out, float k_scale,
+                                    float v_scale) {
+  return ReshapeAndCacheCuda(stream, key, value, kv_cache, kv_cache, slot_mapping, kv_out, kv_out,
+                             "fused", k_scale, v_scale);
+}
+
 }  // namespace
 }  // namespace xla_kernels::kv_cache
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XkReshapeAndCacheCuda, xla_kernels::kv_cache::ReshapeAndCacheCuda,
                               xla_kernels::kv_cache::BindOperands(
+                                  ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkReshapeAndCacheFusedCuda,
+                              xla_kernels::kv_cache::ReshapeAndCacheFusedCuda,
+                              xla_kernels::kv_cache::BindFusedOperands(
                                   ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
                               {ffi::Traits::kCmdBufferCompatible});

@@ -63,7 +63,7 @@ ffi::Error ReshapeAndCacheCpu(ffi::AnyBuffer key, ffi::AnyBuffer value, ffi::Any
   if (l.quantize) {
     const int32_t* slots = slot_mapping.typed_data();
     Quantize(key.element_type(), l, slots, key.untyped_data(), key_out->untyped_data(), k_scale);
-    Quantize(key.element_type(), l, slots, value.untyped_data(), value_out->untyped_data(),
+    Quantize(key.element_type(), l, slots, value.untyped_data(), ValueDestination(*value_out, l),
              v_scale);
     return ffi::Error::Success();
   }
@@ -72,8 +72,16 @@ ffi::Error ReshapeAndCacheCpu(ffi::AnyBuffer key, ffi::AnyBuffer value, ffi::Any
   CopyRows(l, slots, static_cast<const char*>(key.untyped_data()),
            static_cast<char*>(key_out->untyped_data()), elem);
   CopyRows(l, slots, static_cast<const char*>(value.untyped_data()),
-           static_cast<char*>(value_out->untyped_data()), elem);
+           static_cast<char*>(ValueDestination(*value_out, l)), elem);
   return ffi::Error::Success();
+}
+
+ffi::Error ReshapeAndCacheFusedCpu(ffi::AnyBuffer key, ffi::AnyBuffer value,
+                                   ffi::AnyBuffer kv_cache, ffi::Buffer<ffi::S32> slot_mapping,
+                                   ffi::Result<ffi::AnyBuffer> kv_out, float k_scale,
+                                   float v_scale) {
+  return ReshapeAndCacheCpu(key, value, kv_cache, kv_cache, slot_mapping, kv_out, kv_out,
+                            "fused", k_scale, v_scale);
 }
 
 }  // namespace
@@ -81,3 +89,6 @@ ffi::Error ReshapeAndCacheCpu(ffi::AnyBuffer key, ffi::AnyBuffer value, ffi::Any
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XkReshapeAndCacheCpu, xla_kernels::kv_cache::ReshapeAndCacheCpu,
                               xla_kernels::kv_cache::BindOperands(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkReshapeAndCacheFusedCpu,
+                              xla_kernels::kv_cache::ReshapeAndCacheFusedCpu,
+                              xla_kernels::kv_cache::BindFusedOperands(ffi::Ffi::Bind()));

@@ -19,16 +19,18 @@ namespace xla_kernels::kv_cache {
 namespace ffi = xla::ffi;
 
 // Where token t's row of head h goes: element offset of slot `slot` (= block * block_size +
-// offset) and head h in a cache, for either layout. Rows of head_dim elements are contiguous.
+// offset) and head h in a cache, for any layout. Rows of head_dim elements are contiguous.
 struct Layout {
   int64_t num_tokens, num_kv_heads, head_dim, num_blocks, block_size;
-  bool pallas;  // [kv_heads, blocks, block_size, d] instead of vLLM's [blocks, block_size, kv_heads, d]
+  int64_t stride_slot, stride_head;  // elements
+  // Elements from the key cache's first element to the value cache's: 0 where they are
+  // separate arrays, head_dim in the fused layout (one array, keys and values interleaved).
+  int64_t value_offset;
   bool quantize;  // fp8 caches: rows are quantized on write, not copied
 
   XK_HOST_DEVICE int64_t capacity() const { return num_blocks * block_size; }
   XK_HOST_DEVICE int64_t RowOffset(int64_t slot, int64_t h) const {
-    return pallas ? ((h * num_blocks) * block_size + slot) * head_dim
-                  : (slot * num_kv_heads + h) * head_dim;
+    return slot * stride_slot + h * stride_head;
   }
 };
 
@@ -36,6 +38,10 @@ inline ffi::Error Bad(const std::string& arg, const std::string& problem, const 
   return InvalidArgument("xla_kernels.reshape_and_cache", arg, problem, fix);
 }
 
+// Layouts: "vllm" [num_blocks, block_size, num_kv_heads, head_dim], "pallas" [num_kv_heads,
+// num_blocks, block_size, head_dim], "fused" [num_blocks, block_size, 2 * num_kv_heads,
+// head_dim] with head h's key at index 2h and its value at 2h + 1 (tpu-inference's layout; the
+// fused handler passes its one cache as both).
 inline ffi::Error Decode(const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
                          const ffi::AnyBuffer& key_cache, const ffi::AnyBuffer& value_cache,
                          const ffi::Buffer<ffi::S32>& slot_mapping, const ffi::AnyBuffer& key_out,
@@ -43,9 +49,15 @@ inline ffi::Error Decode(const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
                          float k_scale, float v_scale, Layout* l) {
   const auto kd = key.dimensions();
   const auto cd = key_cache.dimensions();
-  if (layout != "vllm" && layout != "pallas")
+  if (layout != "vllm" && layout != "pallas" && layout != "fused")
     return Bad("layout", "unknown layout '" + std::string(layout) + "'",
                "use \"vllm\" or \"pallas\"");
+  const bool pallas = layout == "pallas", fused = layout == "fused";
+  const std::string cache_arg = fused ? "kv_cache" : "key_cache";
+  if (fused && key_cache.untyped_data() != value_cache.untyped_data())
+    return Bad("layout", "\"fused\" is the layout of one kv_cache array",
+               "call reshape_and_cache_fused with the kv_cache, or pass separate caches in "
+               "layout \"vllm\" or \"pallas\"");
   if (kd.size() != 3 || cd.size() != 4)
     return Bad("key", "expected key [num_tokens, num_kv_heads, head_dim] and a rank-4 cache",
                "pass arrays of those ranks");
@@ -66,15 +78,19 @@ inline ffi::Error Decode(const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
       return Bad(name, "scales apply to f8e4m3fn caches only", "pass 1.0, or fp8 caches");
   }
   l->quantize = fp8;
-  l->pallas = layout == "pallas";
   l->num_tokens = kd[0];
   l->num_kv_heads = kd[1];
   l->head_dim = kd[2];
-  l->num_blocks = l->pallas ? cd[1] : cd[0];
-  l->block_size = l->pallas ? cd[2] : cd[1];
-  const int64_t cache_heads = l->pallas ? cd[0] : cd[2];
-  if (cache_heads != l->num_kv_heads || cd[3] != l->head_dim)
-    return Bad("key_cache", "its heads or head_dim differ from key's", "check the layout");
+  l->num_blocks = pallas ? cd[1] : cd[0];
+  l->block_size = pallas ? cd[2] : cd[1];
+  const int64_t rows = fused ? 2 : 1;  // head rows per kv head and slot
+  const int64_t cache_rows = pallas ? cd[0] : cd[2];
+  if (cache_rows != rows * l->num_kv_heads || cd[3] != l->head_dim)
+    return Bad(cache_arg, "its heads or head_dim differ from key's", "check the layout");
+  const int64_t d = l->head_dim;
+  l->stride_slot = pallas ? d : rows * l->num_kv_heads * d;
+  l->stride_head = pallas ? l->num_blocks * l->block_size * d : rows * d;
+  l->value_offset = fused ? d : 0;
   if (value.element_count() != key.element_count() ||
       value_cache.element_count() != key_cache.element_count() ||
       key_out.element_count() != key_cache.element_count() ||
@@ -90,6 +106,13 @@ inline size_t ElementSize(ffi::DataType dt) {
   return dt == ffi::DataType::F32 ? 4 : 2;  // f32, or bf16/f16: a copy needs only the width
 }
 
+// Where the value rows go: the value cache's first element, head_dim elements past the keys'
+// in the fused layout.
+inline void* ValueDestination(ffi::AnyBuffer& value_out, const Layout& l) {
+  const size_t elem = l.quantize ? 1 : ElementSize(value_out.element_type());
+  return static_cast<char*>(value_out.untyped_data()) + l.value_offset * elem;
+}
+
 // The handler's operands: the caches come in as operands and leave as the results that
 // alias them (XLA passes one buffer for both).
 template <typename Binding>
@@ -102,6 +125,18 @@ auto BindOperands(Binding binding) {
       .template Ret<ffi::AnyBuffer>()            // key_cache, updated
       .template Ret<ffi::AnyBuffer>()            // value_cache, updated
       .template Attr<std::string_view>("layout")
+      .template Attr<float>("k_scale")
+      .template Attr<float>("v_scale");
+}
+
+// reshape_and_cache_fused's: one kv_cache in, updated in place, and no layout attribute.
+template <typename Binding>
+auto BindFusedOperands(Binding binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // key
+      .template Arg<ffi::AnyBuffer>()            // value
+      .template Arg<ffi::AnyBuffer>()            // kv_cache
+      .template Arg<ffi::Buffer<ffi::S32>>()     // slot_mapping
+      .template Ret<ffi::AnyBuffer>()            // kv_cache, updated
       .template Attr<float>("k_scale")
       .template Attr<float>("v_scale");
 }

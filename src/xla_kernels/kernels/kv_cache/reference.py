@@ -3,7 +3,9 @@
 * :func:`reshape_and_cache_xla`: plain jax.numpy (a scatter), the fallback for platforms
   without a kernel. Under ``jax.jit(..., donate_argnums=...)`` XLA updates the donated
   caches in place.
-* :func:`reshape_and_cache_numpy`: NumPy, written as a loop over tokens, for tests.
+* :func:`reshape_and_cache_numpy`: NumPy, written as a loop over tokens, for tests;
+  :func:`reshape_and_cache_fused_numpy` the same for one fused cache (``2h`` keys,
+  ``2h + 1`` values on the third axis).
 
 Token ``t`` goes to slot ``slot_mapping[t]`` (``block * block_size + offset``); a slot below 0
 (padding) or at or beyond ``num_blocks * block_size`` is skipped. Into fp8 (``f8e4m3fn``)
@@ -53,6 +55,33 @@ def reshape_and_cache_numpy(key: Any, value: Any, key_cache: Any, value_cache: A
                 else:
                     cache[h, block, offset] = rows[t, h]
     return caches[0], caches[1]
+
+
+def reshape_and_cache_fused_numpy(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
+                                  k_scale: float = 1.0, v_scale: float = 1.0) -> np.ndarray:
+    """A copy of a fused cache [num_blocks, block_size, 2 * num_kv_heads, head_dim] with each
+    token's key rows written at heads ``2h`` and value rows at ``2h + 1`` (NumPy, a loop).
+
+    Example:
+        >>> key = np.ones((1, 1, 2), np.float32)
+        >>> kv = reshape_and_cache_fused_numpy(key, 2 * key, np.zeros((1, 2, 2, 2), np.float32),
+        ...                                    np.array([1], np.int32))
+        >>> kv[0, 1].tolist()
+        [[1.0, 1.0], [2.0, 2.0]]
+    """
+    cache = np.array(kv_cache, copy=True)
+    keys, values = np.asarray(key), np.asarray(value)
+    if cache.dtype == dtypes.to_numpy(FP8):
+        keys, values = quantize_fp8(keys, k_scale), quantize_fp8(values, v_scale)
+    num_blocks, block_size = cache.shape[:2]
+    for t, slot in enumerate(np.asarray(slot_mapping).tolist()):
+        if not 0 <= slot < num_blocks * block_size:
+            continue
+        block, offset = divmod(slot, block_size)
+        for h in range(keys.shape[1]):
+            cache[block, offset, 2 * h] = keys[t, h]
+            cache[block, offset, 2 * h + 1] = values[t, h]
+    return cache
 
 
 def reshape_and_cache_xla(key: Any, value: Any, key_cache: Any, value_cache: Any,

@@ -15,7 +15,7 @@ blocks scattered over a shared cache and are found through a block table::
   slot ``t % block_size`` of physical block ``block_tables[s, t // block_size]``.
 * ``seq_lens`` int32 [num_seqs]: ragged context lengths.
 * dtypes bf16, f16, f32 (query, caches and output share one); head_dim 64, 128, 256;
-  block_size 16, 32, 64; any GQA/MQA ratio (num_q_heads % num_kv_heads == 0).
+  block_size 16, 32, 64, 128, 256; any GQA/MQA ratio (num_q_heads % num_kv_heads == 0).
 * fp8 KV cache (vLLM's ``kv_cache_dtype="fp8"``): both caches ``f8e4m3fn`` with bf16 or f16
   queries (and output); the keys and values are the stored values times the per-tensor
   ``k_scale`` / ``v_scale`` (finite, > 0; they must stay 1.0 for other caches). The kernels

@@ -1644,8 +1644,8 @@ inline std::string launch_paged_attention(cudaStream_t stream, const Params& p) 
   if (p.num_seqs == 0 || p.num_q_heads == 0) return "";
   if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0)
     return "paged_attention: num_q_heads must be a multiple of num_kv_heads";
-  if (p.block_size != 16 && p.block_size != 32 && p.block_size != 64)
-    return "paged_attention: block_size must be 16, 32 or 64";
+  if (!IsSupportedBlockSize(p.block_size))
+    return "paged_attention: block_size must be 16, 32, 64, 128 or 256";
   const int64_t capacity = p.max_blocks_per_seq * p.block_size;
   if (capacity >= (int64_t{1} << 30) || p.num_blocks > INT_MAX || p.num_seqs > INT_MAX ||
       p.num_q_heads > INT_MAX)
@@ -1662,7 +1662,7 @@ inline std::string launch_paged_attention(cudaStream_t stream, const Params& p) 
   a.Hq = static_cast<int>(p.num_q_heads);
   a.Hkv = static_cast<int>(p.num_kv_heads);
   a.G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
-  a.log2_bs = p.block_size == 16 ? 4 : (p.block_size == 32 ? 5 : 6);
+  a.log2_bs = Log2BlockSize(p.block_size);
   a.num_blocks = static_cast<int>(p.num_blocks);
   a.max_blocks = static_cast<int>(p.max_blocks_per_seq);
   a.window = p.sliding_window <= 0 ? 0

@@ -88,7 +88,7 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& query, const ffi::AnyB
                "pass caches with the query's head_dim");
   if (!IsSupportedBlockSize(s.block_size))
     return Bad("key_cache", "block_size " + std::to_string(s.block_size) + " is not supported",
-               "use block_size 16, 32 or 64 (check the layout attribute)");
+               "use block_size 16, 32, 64, 128 or 256 (check the layout attribute)");
   if (s.num_kv_heads <= 0 || s.num_q_heads % s.num_kv_heads != 0)
     return Bad("key_cache", "num_q_heads " + std::to_string(s.num_q_heads) +
                                 " is not a multiple of num_kv_heads " +

@@ -9,7 +9,7 @@
 namespace xla_kernels::paged_attention {
 
 constexpr int64_t kHeadDims[] = {64, 128, 256};
-constexpr int64_t kBlockSizes[] = {16, 32, 64};
+constexpr int64_t kBlockSizes[] = {16, 32, 64, 128, 256};
 
 // Flash-decoding partitions.
 constexpr int64_t kPartMin = 64;       // fewest tokens per partition (before rounding to the tile)
@@ -43,6 +43,14 @@ inline bool IsSupportedHeadDim(int64_t d) {
 inline bool IsSupportedBlockSize(int64_t b) {
   for (int64_t x : kBlockSizes) if (x == b) return true;
   return false;
+}
+
+// log2 of a supported block size (a power of two): the kernels split a token position into
+// block and slot with a shift and a mask.
+inline int Log2BlockSize(int64_t b) {
+  int l = 0;
+  while ((int64_t{1} << l) < b) ++l;
+  return l;
 }
 
 }  // namespace xla_kernels::paged_attention

@@ -23,7 +23,7 @@ already in the cache); the rows of all sequences are concatenated and padded::
   ``sliding_window > 0``, only ``t > p - sliding_window``. ``scale`` multiplies q.k;
   ``softcap > 0`` gives ``softcap * tanh(logit / softcap)`` after the scale.
 * dtypes bf16, f16, f32 (queries, caches and output share one); head_dim 64, 128, 256;
-  block_size 16, 32, 64; any GQA/MQA ratio (num_q_heads % num_kv_heads == 0).
+  block_size 16, 32, 64, 128, 256; any GQA/MQA ratio (num_q_heads % num_kv_heads == 0).
 * fp8 KV cache (vLLM's ``kv_cache_dtype="fp8"``), as in ``paged_attention``: both caches
   ``f8e4m3fn`` with bf16 or f16 queries (and output); the keys and values are the stored
   values times the per-tensor ``k_scale`` / ``v_scale`` (finite, > 0; they must stay 1.0
@@ -74,6 +74,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from xla_kernels.attrs import Attr
 from xla_kernels.kernel_kit import read_constants
@@ -87,6 +90,8 @@ from ..paged_cache import (
     cache_factors,
     check_attention_caches,
     check_kv_scales,
+    fused_cache_dims,
+    split_fused,
 )
 from .reference import (
     ragged_paged_attention_numpy_f64,
@@ -217,6 +222,94 @@ ragged_paged_attention = Op(
 )
 
 
+def _fused_output_rule(queries: Spec, kv_cache: Spec, kv_lens: Spec, block_tables: Spec,
+                       cu_q_lens: Spec, num_seqs: Spec, *, scale: float, softcap: float,
+                       sliding_window: int, k_scale: float, v_scale: float) -> list[Spec]:
+    """Validate a call on the fused cache as the two caches it holds; returns [out,
+    workspace]."""
+    num_blocks, block_size, heads, dim = fused_cache_dims(kv_cache.shape)
+    caches = Spec((num_blocks, block_size, heads, dim), kv_cache.dtype)
+    try:
+        return _output_rule(queries, caches, caches, kv_lens, block_tables, cu_q_lens, num_seqs,
+                            scale=scale, softcap=softcap, sliding_window=sliding_window,
+                            layout="vllm", k_scale=k_scale, v_scale=v_scale)
+    except Invalid as e:
+        if e.arg not in ("key_cache", "value_cache"):
+            raise
+        raise Invalid("kv_cache", f"{e.problem} (read as [num_blocks, block_size, "
+                      "2 * num_kv_heads, head_dim])", e.fix) from None
+
+
+def _fused_sharding_rule(plan: CallPlan) -> tuple[str, dict]:
+    """As :func:`_sharding_rule`, the cache's third axis (k p) holding whole (key, value)
+    pairs per device."""
+    queries, kv_cache = plan.inputs[0], plan.inputs[1]
+    heads = fused_cache_dims(kv_cache.shape)[2]
+    return ("n (k g) d, b t (k p) d, s, s m, c, o -> n (k g) d",
+            {"k": heads, "g": queries.shape[1] // heads, "p": 2,
+             "need_replication_factors": ("n", "d", "b", "t", "s", "m", "c", "o")})
+
+
+ragged_paged_attention_fused = Op(
+    "xla_kernels.ragged_paged_attention_fused",
+    inputs=[
+        Tensor("queries", dtypes=DTYPES, rank=3, doc="[num_tokens, num_q_heads, head_dim]"),
+        Tensor("kv_cache", dtypes=CACHE_DTYPES, rank=4,
+               doc="[num_blocks, block_size, 2 * num_kv_heads, head_dim]: head h's key at "
+                   "2h, its value at 2h + 1"),
+        Tensor("kv_lens", dtypes=("i32",), rank=1, doc="[max_seqs] context lengths"),
+        Tensor("block_tables", dtypes=("i32",), rank=2, doc="[max_seqs, max_blocks_per_seq]"),
+        Tensor("cu_q_lens", dtypes=("i32",), rank=1, doc="[max_seqs + 1] row offsets"),
+        Tensor("num_seqs", dtypes=("i32",), rank=1, doc="[1] sequences in use"),
+    ],
+    attrs=[
+        Attr("scale", float, doc="multiplies q.k"),
+        Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
+        Attr("sliding_window", int, default=0,
+             doc="> 0: a row at position p attends only t > p - sliding_window"),
+        Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
+        Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
+    ],
+    outputs=_fused_output_rule,
+    output_names=("out",),
+    sharding_rule=_fused_sharding_rule,
+    kernels={
+        "cpu": Kernel(["ragged_paged_attention_cpu.cc"],
+                      handler="XkRaggedPagedAttentionFusedCpu"),
+        "cuda": Kernel(["ragged_paged_attention.cu"], handler="XkRaggedPagedAttentionFusedCuda",
+                       arch_specific=True),
+    },
+    doc="""``ragged_paged_attention_fused(queries, kv_cache, kv_lens, block_tables, cu_q_lens,
+num_seqs, *, scale, softcap=0.0, sliding_window=0, k_scale=1.0, v_scale=1.0) -> out``:
+:func:`ragged_paged_attention` over one fused cache [num_blocks, block_size,
+2 * num_kv_heads, head_dim] (head ``h``'s key at index ``2h`` of the third axis, its value
+at ``2h + 1``: tpu-inference's layout; its packed 5-D cache reshapes to this for free). The
+kernels read the keys and values where they lie: no copy. Same semantics, limits and
+kernels as :func:`ragged_paged_attention`; write new tokens with
+:func:`xla_kernels.kernels.kv_cache.reshape_and_cache_fused`.
+
+Example:
+    >>> import jax, jax.numpy as jnp
+    >>> q = jnp.ones((8, 8, 128), jnp.bfloat16)                    # 8 token rows, 8 q heads
+    >>> kv = jnp.ones((64, 16, 4, 128), jnp.bfloat16)              # 2 kv heads, fused
+    >>> i32 = lambda x: jnp.array(x, jnp.int32)
+    >>> kv_lens, cu = i32([50, 7, 0]), i32([0, 6, 7, 7])
+    >>> bt = jnp.arange(12, dtype=jnp.int32).reshape(3, 4)
+    >>> f = jax.jit(lambda *a: ragged_paged_attention_fused(*a, scale=128 ** -0.5))
+    >>> f(q, kv, kv_lens, bt, cu, i32([2])).shape                  # doctest: +SKIP
+    (8, 8, 128)
+""",
+)
+
+
+def ragged_paged_attention_fused_numpy_f64(queries: Any, kv_cache: Any, *args: Any,
+                                           **kwargs: Any) -> Any:
+    """The float64 oracle of :data:`ragged_paged_attention_fused`: the vLLM-layout oracle on
+    the two caches the fused one holds."""
+    return ragged_paged_attention_numpy_f64(queries, *split_fused(np.asarray(kv_cache)), *args,
+                                            **kwargs)
+
+
 def sanitize_cases(platform: str = "gpu") -> None:
     """Small kernel runs for compute-sanitizer (see :func:`.testing.sanitize_cases`)."""
     from .testing import sanitize_cases as run
@@ -227,7 +320,8 @@ def sanitize_cases(platform: str = "gpu") -> None:
 __all__ = [
     "BLOCK_SIZES", "CACHE_DTYPES", "DTYPES", "FP8", "FP8_QUERY_DTYPES", "HEAD_DIMS", "LAYOUTS",
     "LIMITS", "decode_workspace_size",
-    "ragged_paged_attention",
-    "ragged_paged_attention_numpy_f64", "ragged_paged_attention_xla", "sanitize_cases",
+    "ragged_paged_attention", "ragged_paged_attention_fused",
+    "ragged_paged_attention_fused_numpy_f64", "ragged_paged_attention_numpy_f64",
+    "ragged_paged_attention_xla", "sanitize_cases",
     "sequence_bounds",
 ]

@@ -53,7 +53,7 @@ ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
   p.v_scale = v_scale;
   p.queries = queries.untyped_data();
   p.key_cache = key_cache.untyped_data();
-  p.value_cache = value_cache.untyped_data();
+  p.value_cache = ValueCacheData(value_cache, s);
   p.kv_lens = kv_lens.typed_data();
   p.block_tables = block_tables.typed_data();
   p.cu_q_lens = cu_q_lens.typed_data();
@@ -80,6 +80,20 @@ ffi::Error RaggedPagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer queries,
   return ffi::Error::Success();
 }
 
+ffi::Error RaggedPagedAttentionFusedCuda(cudaStream_t stream, ffi::AnyBuffer queries,
+                                         ffi::AnyBuffer kv_cache, ffi::Buffer<ffi::S32> kv_lens,
+                                         ffi::Buffer<ffi::S32> block_tables,
+                                         ffi::Buffer<ffi::S32> cu_q_lens,
+                                         ffi::Buffer<ffi::S32> num_seqs,
+                                         ffi::Result<ffi::AnyBuffer> out,
+                                         ffi::Result<ffi::Buffer<ffi::F32>> workspace,
+                                         float scale, float softcap, int64_t sliding_window,
+                                         float k_scale, float v_scale) {
+  return RaggedPagedAttentionCuda(stream, queries, kv_cache, kv_cache, kv_lens, block_tables,
+                                  cu_q_lens, num_seqs, out, workspace, scale, softcap,
+                                  sliding_window, "fused", k_scale, v_scale);
+}
+
 }  // namespace
 }  // namespace xla_kernels::ragged_paged_attention
 
@@ -87,5 +101,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     XkRaggedPagedAttentionCuda,
     xla_kernels::ragged_paged_attention::RaggedPagedAttentionCuda,
     xla_kernels::ragged_paged_attention::BindOperands(
+        ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
+    {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    XkRaggedPagedAttentionFusedCuda,
+    xla_kernels::ragged_paged_attention::RaggedPagedAttentionFusedCuda,
+    xla_kernels::ragged_paged_attention::BindFusedOperands(
         ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>()),
     {ffi::Traits::kCmdBufferCompatible});

@@ -1089,7 +1089,7 @@ inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Para
   if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0)
     return "ragged_paged_attention: num_q_heads must be a multiple of num_kv_heads";
   if (!IsSupportedBlockSize(p.block_size))
-    return "ragged_paged_attention: block_size must be 16, 32 or 64";
+    return "ragged_paged_attention: block_size must be 16, 32, 64, 128 or 256";
   const int64_t capacity = p.max_blocks_per_seq * p.block_size;
   if (capacity > kMaxCapacity || p.num_tokens * p.num_q_heads > kMaxPackedRows ||
       p.num_blocks > INT_MAX || p.max_seqs < 1 || p.max_seqs >= INT_MAX)
@@ -1110,7 +1110,7 @@ inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Para
   a.max_seqs = static_cast<int>(p.max_seqs);
   a.num_blocks = static_cast<int>(p.num_blocks);
   a.max_blocks = static_cast<int>(p.max_blocks_per_seq);
-  a.log2_bs = p.block_size == 16 ? 4 : (p.block_size == 32 ? 5 : 6);
+  a.log2_bs = Log2BlockSize(p.block_size);
   a.capacity = static_cast<int>(capacity);
   a.window = p.sliding_window <= 0 ? 0
              : (p.sliding_window >= INT_MAX / 2 ? INT_MAX / 2 : static_cast<int>(p.sliding_window));

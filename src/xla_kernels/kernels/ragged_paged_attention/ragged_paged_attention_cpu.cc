@@ -142,7 +142,7 @@ ffi::Error RaggedPagedAttentionCpu(ffi::AnyBuffer queries, ffi::AnyBuffer key_ca
   if (s.num_tokens == 0 || s.num_q_heads == 0) return ffi::Error::Success();
   const void* q = queries.untyped_data();
   const void* k = key_cache.untyped_data();
-  const void* v = value_cache.untyped_data();
+  const void* v = ValueCacheData(value_cache, s);
   const int32_t* kl = kv_lens.typed_data();
   const int32_t* bt = block_tables.typed_data();
   const int32_t* cu = cu_q_lens.typed_data();
@@ -179,9 +179,27 @@ ffi::Error RaggedPagedAttentionCpu(ffi::AnyBuffer queries, ffi::AnyBuffer key_ca
   return ffi::Error::Success();
 }
 
+ffi::Error RaggedPagedAttentionFusedCpu(ffi::AnyBuffer queries, ffi::AnyBuffer kv_cache,
+                                        ffi::Buffer<ffi::S32> kv_lens,
+                                        ffi::Buffer<ffi::S32> block_tables,
+                                        ffi::Buffer<ffi::S32> cu_q_lens,
+                                        ffi::Buffer<ffi::S32> num_seqs,
+                                        ffi::Result<ffi::AnyBuffer> out,
+                                        ffi::Result<ffi::Buffer<ffi::F32>> workspace, float scale,
+                                        float softcap, int64_t sliding_window, float k_scale,
+                                        float v_scale) {
+  return RaggedPagedAttentionCpu(queries, kv_cache, kv_cache, kv_lens, block_tables, cu_q_lens,
+                                 num_seqs, out, workspace, scale, softcap, sliding_window,
+                                 "fused", k_scale, v_scale);
+}
+
 }  // namespace
 }  // namespace xla_kernels::ragged_paged_attention
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XkRaggedPagedAttentionCpu,
                               xla_kernels::ragged_paged_attention::RaggedPagedAttentionCpu,
                               xla_kernels::ragged_paged_attention::BindOperands(ffi::Ffi::Bind()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    XkRaggedPagedAttentionFusedCpu,
+    xla_kernels::ragged_paged_attention::RaggedPagedAttentionFusedCpu,
+    xla_kernels::ragged_paged_attention::BindFusedOperands(ffi::Ffi::Bind()));

@@ -27,8 +27,22 @@ struct Shape {
   int64_t num_tokens, num_q_heads, num_kv_heads, head_dim;
   int64_t num_blocks, block_size, max_seqs, max_blocks_per_seq;
   int64_t stride_block, stride_slot, stride_head;
-  bool pallas;  // layout "pallas" ([kv_heads, blocks, block_size, d]) instead of "vllm"
+  // Elements from the key cache's first element to the value cache's: 0 where keys and values
+  // are separate arrays; head_dim in the fused layout, where one array holds both.
+  int64_t value_offset;
 };
+
+// Element size of a cache dtype (bf16/f16/f32, or fp8).
+inline int64_t CacheElementBytes(ffi::DataType ct) {
+  return ct == ffi::DataType::F32 ? 4 : ct == ffi::DataType::F8E4M3FN ? 1 : 2;
+}
+
+// The value cache's first element: value_cache's own, or, in the fused layout (where
+// key_cache and value_cache are the one kv_cache), head_dim elements past the keys'.
+inline const void* ValueCacheData(const ffi::AnyBuffer& value_cache, const Shape& s) {
+  return static_cast<const char*>(value_cache.untyped_data()) +
+         s.value_offset * CacheElementBytes(s.cache_dtype);
+}
 
 inline ffi::Error Bad(const std::string& arg, const std::string& problem, const std::string& fix) {
   return InvalidArgument("xla_kernels.ragged_paged_attention", arg, problem, fix);
@@ -59,17 +73,31 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
                                            k_scale, v_scale);
       e.failure())
     return e;
-  if (layout != "vllm" && layout != "pallas")
+  if (layout != "vllm" && layout != "pallas" && layout != "fused")
     return Bad("layout", "unknown layout '" + std::string(layout) + "'",
                "use \"vllm\" ([num_blocks, block_size, num_kv_heads, head_dim]) or \"pallas\" "
                "([num_kv_heads, num_blocks, block_size, head_dim])");
+  // The fused layout's one array [num_blocks, block_size, 2 * num_kv_heads, head_dim] holds
+  // head h's key at index 2h and its value at 2h + 1 of the third axis (tpu-inference's
+  // layout); the handler passes it as both caches.
+  const bool fused = layout == "fused";
+  const std::string cache_arg = fused ? "kv_cache" : "key_cache";
   if (qd.size() != 3)
     return Bad("queries", "expected shape [num_tokens, num_q_heads, head_dim], got " +
                               DimsText(qd),
                "pass the batch's query tokens, concatenated");
   if (kd.size() != 4)
-    return Bad("key_cache", "expected a rank-4 cache, got shape " + DimsText(kd),
+    return Bad(cache_arg, "expected a rank-4 cache, got shape " + DimsText(kd),
                "pass the paged cache in the declared layout");
+  if (fused && key_cache.untyped_data() != value_cache.untyped_data())
+    return Bad("layout", "\"fused\" is the layout of one kv_cache array",
+               "call ragged_paged_attention_fused with the kv_cache, or pass separate caches "
+               "in layout \"vllm\" or \"pallas\"");
+  if (fused && kd[2] % 2 != 0)
+    return Bad(cache_arg, "its third axis has " + std::to_string(kd[2]) +
+                              " entries; the fused layout needs 2 * num_kv_heads",
+               "pass [num_blocks, block_size, 2 * num_kv_heads, head_dim], keys and values "
+               "interleaved per head");
   if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != kd[3])
     return Bad("value_cache", "shape " + DimsText(vd) + " differs from key_cache's " +
                                   DimsText(kd),
@@ -78,25 +106,24 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   Shape s{};
   s.dtype = dt;
   s.cache_dtype = ct;
-  s.pallas = pallas;
   s.num_tokens = qd[0];
   s.num_q_heads = qd[1];
   s.head_dim = qd[2];
-  s.num_kv_heads = pallas ? kd[0] : kd[2];
+  s.num_kv_heads = pallas ? kd[0] : fused ? kd[2] / 2 : kd[2];
   s.num_blocks = pallas ? kd[1] : kd[0];
   s.block_size = pallas ? kd[2] : kd[1];
   if (!IsSupportedHeadDim(s.head_dim))
     return Bad("queries", "head_dim " + std::to_string(s.head_dim) + " is not supported",
                "use head_dim 64, 128 or 256");
   if (kd[3] != s.head_dim)
-    return Bad("key_cache", "head_dim " + std::to_string(kd[3]) + " differs from the queries' " +
+    return Bad(cache_arg, "head_dim " + std::to_string(kd[3]) + " differs from the queries' " +
                                 std::to_string(s.head_dim),
                "pass caches with the queries' head_dim");
   if (!IsSupportedBlockSize(s.block_size))
-    return Bad("key_cache", "block_size " + std::to_string(s.block_size) + " is not supported",
-               "use block_size 16, 32 or 64 (check the layout attribute)");
+    return Bad(cache_arg, "block_size " + std::to_string(s.block_size) + " is not supported",
+               "use block_size 16, 32, 64, 128 or 256 (check the layout attribute)");
   if (s.num_kv_heads <= 0 || s.num_q_heads % s.num_kv_heads != 0)
-    return Bad("key_cache", "num_q_heads " + std::to_string(s.num_q_heads) +
+    return Bad(cache_arg, "num_q_heads " + std::to_string(s.num_q_heads) +
                                 " is not a multiple of num_kv_heads " +
                                 std::to_string(s.num_kv_heads),
                "use a kv head count that divides the query head count");
@@ -133,27 +160,25 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
     return Bad("block_tables", "max_blocks_per_seq * block_size is above 2^30 tokens",
                "pass a smaller block table");
   const int64_t d = s.head_dim;
+  s.value_offset = fused ? d : 0;
   if (pallas) {
     s.stride_slot = d;
     s.stride_block = s.block_size * d;
     s.stride_head = s.num_blocks * s.block_size * d;
   } else {
-    s.stride_head = d;
-    s.stride_slot = s.num_kv_heads * d;
-    s.stride_block = s.block_size * s.num_kv_heads * d;
+    const int64_t rows = fused ? 2 : 1;  // head rows per kv head and slot
+    s.stride_head = rows * d;
+    s.stride_slot = s.num_kv_heads * rows * d;
+    s.stride_block = s.block_size * s.num_kv_heads * rows * d;
   }
   *shape = s;
   return ffi::Error::Success();
 }
 
-// The operands, results and attributes both handlers bind, in order; the CUDA handler
-// passes a binding that already holds its stream.
+// The operands after the caches, the results and the attributes up to `layout`, in order.
 template <typename Binding>
-auto BindOperands(Binding binding) {
-  return std::move(binding).template Arg<ffi::AnyBuffer>()  // queries
-      .template Arg<ffi::AnyBuffer>()                    // key_cache
-      .template Arg<ffi::AnyBuffer>()                    // value_cache
-      .template Arg<ffi::Buffer<ffi::S32>>()             // kv_lens
+auto BindAfterCaches(Binding binding) {
+  return std::move(binding).template Arg<ffi::Buffer<ffi::S32>>()  // kv_lens
       .template Arg<ffi::Buffer<ffi::S32>>()             // block_tables
       .template Arg<ffi::Buffer<ffi::S32>>()             // cu_q_lens
       .template Arg<ffi::Buffer<ffi::S32>>()             // num_seqs
@@ -161,8 +186,26 @@ auto BindOperands(Binding binding) {
       .template Ret<ffi::Buffer<ffi::F32>>()             // workspace (the CUDA decode path)
       .template Attr<float>("scale")
       .template Attr<float>("softcap")
-      .template Attr<int64_t>("sliding_window")
+      .template Attr<int64_t>("sliding_window");
+}
+
+// ragged_paged_attention's operands, results and attributes, in order; the CUDA handler
+// passes a binding that already holds its stream.
+template <typename Binding>
+auto BindOperands(Binding binding) {
+  return BindAfterCaches(std::move(binding).template Arg<ffi::AnyBuffer>()  // queries
+                             .template Arg<ffi::AnyBuffer>()     // key_cache
+                             .template Arg<ffi::AnyBuffer>())    // value_cache
       .template Attr<std::string_view>("layout")
+      .template Attr<float>("k_scale")
+      .template Attr<float>("v_scale");
+}
+
+// ragged_paged_attention_fused's: one kv_cache, and no layout attribute (it is "fused").
+template <typename Binding>
+auto BindFusedOperands(Binding binding) {
+  return BindAfterCaches(std::move(binding).template Arg<ffi::AnyBuffer>()  // queries
+                             .template Arg<ffi::AnyBuffer>())    // kv_cache
       .template Attr<float>("k_scale")
       .template Attr<float>("v_scale");
 }

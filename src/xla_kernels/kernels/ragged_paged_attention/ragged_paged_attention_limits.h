@@ -8,7 +8,7 @@
 namespace xla_kernels::ragged_paged_attention {
 
 constexpr int64_t kHeadDims[] = {64, 128, 256};
-constexpr int64_t kBlockSizes[] = {16, 32, 64};
+constexpr int64_t kBlockSizes[] = {16, 32, 64, 128, 256};
 
 // CUDA tiling. A CTA serves one kv head and a tile of "packed rows" of one sequence: packed
 // row r is (query row r / G, q head r % G of the kv head's group), G = num_q_heads /
@@ -31,6 +31,14 @@ inline bool IsSupportedHeadDim(int64_t d) {
 inline bool IsSupportedBlockSize(int64_t b) {
   for (int64_t x : kBlockSizes) if (x == b) return true;
   return false;
+}
+
+// log2 of a supported block size (a power of two): the kernels split a token position into
+// block and slot with a shift and a mask.
+inline int Log2BlockSize(int64_t b) {
+  int l = 0;
+  while ((int64_t{1} << l) < b) ++l;
+  return l;
 }
 
 // Packed rows per CTA for a dtype path.
