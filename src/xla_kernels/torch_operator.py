@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from xla_kernels import dtypes
-from xla_kernels.errors import RegistrationError
+from xla_kernels.errors import OpInputError, RegistrationError
 from xla_kernels.op import Op, Spec
 
 if TYPE_CHECKING:
@@ -241,8 +241,9 @@ def define(op: Op, *, namespace: str | None = None, num_outputs: int | None = No
         if op.has_side_effect:  # torch.compile must neither drop nor reorder its calls
             torch.library._register_effectful_op(operator.packet.default,
                                                  torch.library.EffectType.ORDERED)
-        if not any(t.in_place for t in op.inputs):  # torch: only functional ops take one
-            _register_autograd(record, operator)
+        _register_autograd(record, operator)
+        if any(t.in_place for t in op.inputs):
+            _register_version_bump(op, operator)
         record.torch_operators[qualname] = operator
         record.guard(lambda new: _schema_guard(operator, new))
     from xla_kernels.frontends.torch import install_eager
@@ -255,7 +256,8 @@ def _register_autograd(record: Any, operator: TorchOperator) -> None:
     """The operator's Autograd kernel: a gate that goes straight to the backend kernel
     when no input needs a gradient, and otherwise runs the op under an autograd.Function
     whose backward is the op's declared one; without one, a gradient through the op
-    raises (never a silent None). Follows the record's current op.
+    raises (never a silent None). An op that updates inputs in place refuses inputs that
+    need a gradient (see :func:`_in_place_gradient_error`). Follows the record's current op.
 
     The gate is C++ where the native torch kernels build (a Python autograd kernel costs
     several microseconds per call, needed or not), Python otherwise.
@@ -268,6 +270,9 @@ def _register_autograd(record: Any, operator: TorchOperator) -> None:
     returns_nothing = operator.schema.endswith("-> ()")
 
     def differentiable(*tensors: torch.Tensor, **attrs: Any) -> Any:
+        op = record.op
+        if any(t.in_place for t in op.inputs):
+            raise _in_place_gradient_error(op, tensors)
         if returns_nothing:  # nothing to differentiate
             with torch.no_grad():
                 return overload(*tensors, **attrs)
@@ -287,6 +292,55 @@ def _register_autograd(record: Any, operator: TorchOperator) -> None:
     namespace, name = operator.qualname.split("::")
     library = torch.library.Library(namespace, "IMPL")
     library.impl(name, gate, "Autograd", with_keyset=True)
+    _libraries.append(library)
+
+
+def _in_place_gradient_error(op: Op, tensors: tuple) -> OpInputError:
+    """Why ``op``, which updates inputs in place, cannot run on ``tensors`` with grad mode
+    on: one of them requires grad. An autograd.Function cannot record an update of its
+    inputs (torch would keep differentiating the old values) and the update carries no
+    gradient from the other inputs into the updated ones: either way a later backward
+    would be silently wrong."""
+    updated = [t.name for t in op.inputs if t.in_place]
+    names = " and ".join(f"'{n}'" for n in updated)
+    for spec, tensor in zip(op.inputs, tensors, strict=False):
+        if not getattr(tensor, "requires_grad", False):
+            continue
+        if spec.in_place:
+            return OpInputError(op.name, spec.name, "requires grad and is updated in place, "
+                                "which autograd cannot record", "update it under "
+                                f"torch.no_grad(), or pass {spec.name}.detach()")
+        return OpInputError(op.name, spec.name, f"requires grad, but the op updates {names} "
+                            "in place, which autograd cannot differentiate",
+                            f"pass {spec.name}.detach(), or call the op under torch.no_grad()")
+    return OpInputError(op.name, None, "an input requires grad, but the op updates "
+                        f"{names} in place, which autograd cannot differentiate",
+                        "call the op under torch.no_grad()")
+
+
+def _register_version_bump(op: Op, operator: TorchOperator) -> None:
+    """The operator's ADInplaceOrView kernel: bump the version counter of every input
+    the op updates in place, as torch's own in-place ops do, so that autograd refuses a
+    backward that needs their old values (a tensor saved for backward, or a view of
+    one). C++ where the native torch kernels build, Python otherwise."""
+    import torch
+
+    from xla_kernels.frontends import torch_native
+
+    if torch_native.install_version_bump(operator.qualname):
+        return
+    overload = operator.packet.default
+    updated = [i for i, t in enumerate(op.inputs) if t.in_place]
+
+    def bump(keys: Any, *tensors: torch.Tensor, **attrs: Any) -> Any:
+        torch.autograd.graph.increment_version([tensors[i] for i in updated])
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            return overload.redispatch(keys & torch._C._after_ADInplaceOrView_keyset,
+                                       *tensors, **attrs)
+
+    namespace, name = operator.qualname.split("::")
+    library = torch.library.Library(namespace, "IMPL")
+    library.impl(name, bump, "ADInplaceOrView", with_keyset=True)
     _libraries.append(library)
 
 
