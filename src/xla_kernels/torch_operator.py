@@ -33,16 +33,22 @@ from xla_kernels.op import Op, Spec
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TorchOperator", "attrs_for_torch", "attrs_from_torch", "define", "qualified_name",
+__all__ = ["USER_NAMESPACE", "TorchOperator", "attrs_for_torch", "attrs_from_torch", "define", "qualified_name",
            "schema"]
+
+
+#: The torch namespace of ops whose name has no ``.`` (e.g. ``"rms_norm"``): never
+#: ``xla_kernels``, where this package's own ops (``"xla_kernels.rms_norm"``) live.
+USER_NAMESPACE = "xk_user"
 
 
 def qualified_name(op: Op, *, namespace: str | None = None) -> str:
     """``"namespace::name"`` of the torch operator derived from ``op``.
 
     The namespace is the part of ``op.name`` before the last ``.``, with ``.`` turned
-    into ``_`` (``"xla_kernels"`` when the name has no ``.``), unless ``namespace`` is
-    given; any other character not allowed in an identifier becomes ``_``.
+    into ``_`` (:data:`USER_NAMESPACE` when the name has no ``.``), unless ``namespace``
+    is given; any other character not allowed in an ASCII identifier becomes ``_``
+    (``"my_lib.scale-fwd"`` becomes ``my_lib::scale_fwd``).
 
     Example:
         >>> from xla_kernels.kernels.simple_add import simple_add
@@ -50,13 +56,14 @@ def qualified_name(op: Op, *, namespace: str | None = None) -> str:
         'mine::simple_add'
     """
     head, _, tail = op.name.rpartition(".")
-    ns = namespace if namespace is not None else (head or "xla_kernels")
+    ns = namespace if namespace is not None else (head or USER_NAMESPACE)
     ns, tail = _identifier(ns.replace(".", "_")), _identifier(tail)
     return f"{ns}::{tail}"
 
 
 def _identifier(text: str) -> str:
-    out = "".join(c if c.isalnum() or c == "_" else "_" for c in text) or "_"
+    """``text`` as an identifier torch's schema parser takes (ASCII only)."""
+    out = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in text) or "_"
     return f"_{out}" if out[0].isdigit() else out
 
 
@@ -363,6 +370,7 @@ def _differentiable_function() -> Any:
             output = overload(*tensors, **attrs)  # grad mode is off: the gate's fast path
             outputs = output if isinstance(output, tuple) else (output,)
             ctx.record, ctx.attrs, ctx.num_inputs = record, attrs, len(tensors)
+            ctx.namespace = overload.namespace
             ctx.save_for_backward(*tensors, *outputs)
             ctx.mark_non_differentiable(*(o for o in outputs
                                           if not (o.is_floating_point() or o.is_complex())))
@@ -373,15 +381,16 @@ def _differentiable_function() -> Any:
             saved = ctx.saved_tensors
             inputs, outputs = saved[:ctx.num_inputs], saved[ctx.num_inputs:]
             return (None, None, None, *_backward(ctx.record.op, inputs, ctx.attrs, outputs,
-                                                 grads))
+                                                 grads, namespace=ctx.namespace))
 
     _function = Differentiable
     return _function
 
 
 def _backward(op: Op, inputs: tuple, torch_attrs: dict[str, Any], outputs: tuple,
-              grads: tuple) -> tuple:
-    """The input gradients of one call, from the op's declared backward."""
+              grads: tuple, *, namespace: str) -> tuple:
+    """The input gradients of one call, from the op's declared backward, whose torch
+    operator lives in the forward's ``namespace`` (the one ``torch_op`` was given)."""
     if op.vjp is None:
         raise RuntimeError(f"{op.name}: cannot be differentiated: the op declares no "
                            "backward. Fix: declare vjp=xk.Vjp(...) on the op, compute the "
@@ -389,7 +398,7 @@ def _backward(op: Op, inputs: tuple, torch_attrs: dict[str, Any], outputs: tuple
     # Every attribute, defaults filled in, as the forward kernel saw them.
     attrs = op.bind(inputs, attrs_from_torch(op, torch_attrs)).attrs
     args, backward_attrs = op.vjp.backward_call(op, inputs, outputs, grads, attrs)
-    packet = define(op.vjp.backward).packet
+    packet = define(op.vjp.backward, namespace=namespace).packet
     result = packet(*args, **attrs_for_torch(op.vjp.backward, backward_attrs))
     return tuple(op.vjp.input_grads(op, result))
 
