@@ -33,8 +33,8 @@ from xla_kernels.op import Op, Spec
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["USER_NAMESPACE", "TorchOperator", "attrs_for_torch", "attrs_from_torch", "define", "qualified_name",
-           "schema"]
+__all__ = ["USER_NAMESPACE", "TorchOperator", "attrs_for_torch", "attrs_from_torch", "define",
+           "qualified_name", "schema"]
 
 
 #: The torch namespace of ops whose name has no ``.`` (e.g. ``"rms_norm"``): never
