@@ -23,7 +23,7 @@ def test_kernel_sources_resolve_against_the_declaring_file():
         __file__).parent / "nowhere.cc"
 
 
-@pytest.mark.parametrize("name", ["has space", "", "1abc-"])
+@pytest.mark.parametrize("name", ["has space", "", "tab\there", "new\nline", None])
 def test_bad_op_name_is_rejected(name):
     with pytest.raises(xk.OpDeclarationError, match="valid custom-call target"):
         xk.Op(name, inputs=[xk.Tensor("x", ("f32",))], outputs=xk.like, kernels=CPU)

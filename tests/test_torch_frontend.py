@@ -96,7 +96,7 @@ def test_namespace_and_name_derive_from_the_op_name():
     colons = xk.Op("ns.v1:add", inputs=[xk.Tensor("x", ("f32",))],
                    outputs=lambda x: x, kernels={"cpu": xk.Kernel(["k.cc"], "K")})
     assert qualified_name(nested) == "my_lib_sub::add"
-    assert qualified_name(bare) == "xla_kernels::lonely"
+    assert qualified_name(bare) == "xk_user::lonely"
     assert qualified_name(colons) == "ns::v1_add"
 
 

@@ -135,6 +135,19 @@ def test_registration_is_idempotent_and_reaches_new_environments(env):
         assert torch.ops.xla_kernels.simple_add(a, a).to("cpu").tolist() == [2.0, 4.0]
 
 
+def test_register_torchax_lowers_the_operator_torch_op_defined_in_a_namespace(env):
+    op = xk.Op("xk_tests.torchax_spaced_add", inputs=simple_add.inputs,
+               outputs=simple_add.output_rule, kernels=simple_add.kernels)
+    spaced = torch_op(op, namespace="xk_tests_torchax_spaced")
+    register_torchax(op)
+    with env:
+        a = torch.tensor([1.0, 2.0], device="jax")
+        out = spaced(a, a)
+        assert isinstance(out, torchax.tensor.Tensor)
+        assert out.to("cpu").tolist() == [2.0, 4.0]
+    assert not hasattr(torch.ops.xk_tests, "torchax_spaced_add")  # no second operator
+
+
 def test_jax_impl_converts_torch_style_attributes(on_cpu):
     impl = jax_impl(torch_attrs)
     ints, _, _ = impl(jnp.ones(2), i32=3, blob=[9], list_f=None, s="a")

@@ -43,7 +43,9 @@ if TYPE_CHECKING:
 
 PLATFORMS = _platforms.NAMES
 VMAP_METHODS = ("sequential", "broadcast_all", "expand_dims")
-_TARGET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")
+# XLA takes any string as a custom-call target ("foo-fwd" in JAX's own FFI examples); an op's
+# name is also typed on command lines and quoted in messages, so it has no whitespace.
+_TARGET_NAME = re.compile(r"^[^\s\x00-\x1f\x7f]+$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -477,7 +479,10 @@ class Op:
     """One custom op, declared once and usable from every frontend.
 
     Args:
-        name: the op's name and its ``custom_call_target`` in HLO, e.g. ``"my_lib.add"``.
+        name: the op's name and its ``custom_call_target`` in HLO, e.g. ``"my_lib.add"``:
+            any target XLA takes that has no whitespace (``"my_lib.add-fwd"`` too; the
+            torch operator's name is derived from it, see
+            :func:`xla_kernels.torch_operator.qualified_name`).
         inputs: the array inputs, in order.
         outputs: the shape rule: called with one :class:`Spec` per input (positionally)
             and the attributes (as keywords); returns a Spec or a sequence of Specs.
@@ -537,9 +542,10 @@ class Op:
         doc: str = "",
         extra_attrs: bool = False,
     ):
-        if not _TARGET_NAME.match(name):
+        if not isinstance(name, str) or not _TARGET_NAME.match(name):
             raise OpDeclarationError(name, "the op name must be a valid custom-call target",
-                                     "use letters, digits, '_', '.' and ':' only")
+                                     "use letters, digits and punctuation, without whitespace "
+                                     "or control characters")
         self.name = name
         self.inputs = tuple(inputs)
         self.attrs = tuple(attrs)

@@ -27,22 +27,28 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from xla_kernels import dtypes
-from xla_kernels.errors import RegistrationError
+from xla_kernels.errors import OpInputError, RegistrationError
 from xla_kernels.op import Op, Spec
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["TorchOperator", "attrs_for_torch", "attrs_from_torch", "define", "qualified_name",
-           "schema"]
+__all__ = ["USER_NAMESPACE", "TorchOperator", "attrs_for_torch", "attrs_from_torch", "define",
+           "qualified_name", "schema"]
+
+
+#: The torch namespace of ops whose name has no ``.`` (e.g. ``"rms_norm"``): never
+#: ``xla_kernels``, where this package's own ops (``"xla_kernels.rms_norm"``) live.
+USER_NAMESPACE = "xk_user"
 
 
 def qualified_name(op: Op, *, namespace: str | None = None) -> str:
     """``"namespace::name"`` of the torch operator derived from ``op``.
 
     The namespace is the part of ``op.name`` before the last ``.``, with ``.`` turned
-    into ``_`` (``"xla_kernels"`` when the name has no ``.``), unless ``namespace`` is
-    given; any other character not allowed in an identifier becomes ``_``.
+    into ``_`` (:data:`USER_NAMESPACE` when the name has no ``.``), unless ``namespace``
+    is given; any other character not allowed in an ASCII identifier becomes ``_``
+    (``"my_lib.scale-fwd"`` becomes ``my_lib::scale_fwd``).
 
     Example:
         >>> from xla_kernels.kernels.simple_add import simple_add
@@ -50,13 +56,14 @@ def qualified_name(op: Op, *, namespace: str | None = None) -> str:
         'mine::simple_add'
     """
     head, _, tail = op.name.rpartition(".")
-    ns = namespace if namespace is not None else (head or "xla_kernels")
+    ns = namespace if namespace is not None else (head or USER_NAMESPACE)
     ns, tail = _identifier(ns.replace(".", "_")), _identifier(tail)
     return f"{ns}::{tail}"
 
 
 def _identifier(text: str) -> str:
-    out = "".join(c if c.isalnum() or c == "_" else "_" for c in text) or "_"
+    """``text`` as an identifier torch's schema parser takes (ASCII only)."""
+    out = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in text) or "_"
     return f"_{out}" if out[0].isdigit() else out
 
 
@@ -241,8 +248,9 @@ def define(op: Op, *, namespace: str | None = None, num_outputs: int | None = No
         if op.has_side_effect:  # torch.compile must neither drop nor reorder its calls
             torch.library._register_effectful_op(operator.packet.default,
                                                  torch.library.EffectType.ORDERED)
-        if not any(t.in_place for t in op.inputs):  # torch: only functional ops take one
-            _register_autograd(record, operator)
+        _register_autograd(record, operator)
+        if any(t.in_place for t in op.inputs):
+            _register_version_bump(op, operator)
         record.torch_operators[qualname] = operator
         record.guard(lambda new: _schema_guard(operator, new))
     from xla_kernels.frontends.torch import install_eager
@@ -255,7 +263,8 @@ def _register_autograd(record: Any, operator: TorchOperator) -> None:
     """The operator's Autograd kernel: a gate that goes straight to the backend kernel
     when no input needs a gradient, and otherwise runs the op under an autograd.Function
     whose backward is the op's declared one; without one, a gradient through the op
-    raises (never a silent None). Follows the record's current op.
+    raises (never a silent None). An op that updates inputs in place refuses inputs that
+    need a gradient (see :func:`_in_place_gradient_error`). Follows the record's current op.
 
     The gate is C++ where the native torch kernels build (a Python autograd kernel costs
     several microseconds per call, needed or not), Python otherwise.
@@ -268,6 +277,9 @@ def _register_autograd(record: Any, operator: TorchOperator) -> None:
     returns_nothing = operator.schema.endswith("-> ()")
 
     def differentiable(*tensors: torch.Tensor, **attrs: Any) -> Any:
+        op = record.op
+        if any(t.in_place for t in op.inputs):
+            raise _in_place_gradient_error(op, tensors)
         if returns_nothing:  # nothing to differentiate
             with torch.no_grad():
                 return overload(*tensors, **attrs)
@@ -290,6 +302,55 @@ def _register_autograd(record: Any, operator: TorchOperator) -> None:
     _libraries.append(library)
 
 
+def _in_place_gradient_error(op: Op, tensors: tuple) -> OpInputError:
+    """Why ``op``, which updates inputs in place, cannot run on ``tensors`` with grad mode
+    on: one of them requires grad. An autograd.Function cannot record an update of its
+    inputs (torch would keep differentiating the old values) and the update carries no
+    gradient from the other inputs into the updated ones: either way a later backward
+    would be silently wrong."""
+    updated = [t.name for t in op.inputs if t.in_place]
+    names = " and ".join(f"'{n}'" for n in updated)
+    for spec, tensor in zip(op.inputs, tensors, strict=False):
+        if not getattr(tensor, "requires_grad", False):
+            continue
+        if spec.in_place:
+            return OpInputError(op.name, spec.name, "requires grad and is updated in place, "
+                                "which autograd cannot record", "update it under "
+                                f"torch.no_grad(), or pass {spec.name}.detach()")
+        return OpInputError(op.name, spec.name, f"requires grad, but the op updates {names} "
+                            "in place, which autograd cannot differentiate",
+                            f"pass {spec.name}.detach(), or call the op under torch.no_grad()")
+    return OpInputError(op.name, None, "an input requires grad, but the op updates "
+                        f"{names} in place, which autograd cannot differentiate",
+                        "call the op under torch.no_grad()")
+
+
+def _register_version_bump(op: Op, operator: TorchOperator) -> None:
+    """The operator's ADInplaceOrView kernel: bump the version counter of every input
+    the op updates in place, as torch's own in-place ops do, so that autograd refuses a
+    backward that needs their old values (a tensor saved for backward, or a view of
+    one). C++ where the native torch kernels build, Python otherwise."""
+    import torch
+
+    from xla_kernels.frontends import torch_native
+
+    if torch_native.install_version_bump(operator.qualname):
+        return
+    overload = operator.packet.default
+    updated = [i for i, t in enumerate(op.inputs) if t.in_place]
+
+    def bump(keys: Any, *tensors: torch.Tensor, **attrs: Any) -> Any:
+        torch.autograd.graph.increment_version([tensors[i] for i in updated])
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            return overload.redispatch(keys & torch._C._after_ADInplaceOrView_keyset,
+                                       *tensors, **attrs)
+
+    namespace, name = operator.qualname.split("::")
+    library = torch.library.Library(namespace, "IMPL")
+    library.impl(name, bump, "ADInplaceOrView", with_keyset=True)
+    _libraries.append(library)
+
+
 _libraries: list[Any] = []  # torch.library.Library objects must stay alive
 _function: Any = None
 
@@ -309,6 +370,7 @@ def _differentiable_function() -> Any:
             output = overload(*tensors, **attrs)  # grad mode is off: the gate's fast path
             outputs = output if isinstance(output, tuple) else (output,)
             ctx.record, ctx.attrs, ctx.num_inputs = record, attrs, len(tensors)
+            ctx.namespace = overload.namespace
             ctx.save_for_backward(*tensors, *outputs)
             ctx.mark_non_differentiable(*(o for o in outputs
                                           if not (o.is_floating_point() or o.is_complex())))
@@ -319,15 +381,16 @@ def _differentiable_function() -> Any:
             saved = ctx.saved_tensors
             inputs, outputs = saved[:ctx.num_inputs], saved[ctx.num_inputs:]
             return (None, None, None, *_backward(ctx.record.op, inputs, ctx.attrs, outputs,
-                                                 grads))
+                                                 grads, namespace=ctx.namespace))
 
     _function = Differentiable
     return _function
 
 
 def _backward(op: Op, inputs: tuple, torch_attrs: dict[str, Any], outputs: tuple,
-              grads: tuple) -> tuple:
-    """The input gradients of one call, from the op's declared backward."""
+              grads: tuple, *, namespace: str) -> tuple:
+    """The input gradients of one call, from the op's declared backward, whose torch
+    operator lives in the forward's ``namespace`` (the one ``torch_op`` was given)."""
     if op.vjp is None:
         raise RuntimeError(f"{op.name}: cannot be differentiated: the op declares no "
                            "backward. Fix: declare vjp=xk.Vjp(...) on the op, compute the "
@@ -335,7 +398,7 @@ def _backward(op: Op, inputs: tuple, torch_attrs: dict[str, Any], outputs: tuple
     # Every attribute, defaults filled in, as the forward kernel saw them.
     attrs = op.bind(inputs, attrs_from_torch(op, torch_attrs)).attrs
     args, backward_attrs = op.vjp.backward_call(op, inputs, outputs, grads, attrs)
-    packet = define(op.vjp.backward).packet
+    packet = define(op.vjp.backward, namespace=namespace).packet
     result = packet(*args, **attrs_for_torch(op.vjp.backward, backward_attrs))
     return tuple(op.vjp.input_grads(op, result))
 

@@ -626,6 +626,26 @@ class AutogradGate final : public c10::OperatorKernel {
   PyObject* differentiable_;
 };
 
+// ---------------------------------------------------------------- in-place updates
+
+class VersionBump final : public c10::OperatorKernel {
+ public:
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+    const auto& arguments = op.schema().arguments();
+    auto args = torch::jit::last(*stack, arguments.size());
+    for (size_t i = 0; i < arguments.size(); ++i) {
+      const c10::AliasInfo* alias = arguments[i].alias_info();
+      if (alias == nullptr || !alias->isWrite() || !args[i].isTensor()) continue;
+      // Inference tensors have no version counter (torch's increment_version skips them).
+      const at::Tensor& t = args[i].toTensor();
+      if (!t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+    }
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+};
+
 // Registrations live as long as the process: torch::Library objects and the
 // kernels they own are never destroyed (deregistering during interpreter
 // shutdown races torch's own static destructors).
@@ -697,6 +717,23 @@ int32_t xk_native_install_autograd(const char* qualname, PyObject* differentiabl
                                    c10::DispatchKey::Autograd, __FILE__, __LINE__);
     lib->impl(q.substr(sep + 2).c_str(), torch::CppFunction::makeFromBoxedFunctor(
                                              std::make_unique<AutogradGate>(differentiable)));
+    return 0;
+  } catch (const std::exception& e) {
+    return Fail(e.what(), err, err_len);
+  }
+}
+
+// Registers the ADInplaceOrView kernel of `qualname` ("ns::name"): VersionBump above.
+// Returns 0, or 1 with a message in err.
+int32_t xk_native_install_version_bump(const char* qualname, char* err, int64_t err_len) {
+  try {
+    std::string q(qualname);
+    size_t sep = q.find("::");
+    if (sep == std::string::npos) return Fail("qualname must be 'ns::name': " + q, err, err_len);
+    auto* lib = new torch::Library(torch::Library::IMPL, q.substr(0, sep),
+                                   c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
+    lib->impl(q.substr(sep + 2).c_str(),
+              torch::CppFunction::makeFromBoxedFunctor(std::make_unique<VersionBump>()));
     return 0;
   } catch (const std::exception& e) {
     return Fail(e.what(), err, err_len);

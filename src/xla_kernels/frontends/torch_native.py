@@ -48,7 +48,7 @@ from xla_kernels.runtime import eager
 from xla_kernels.runtime.eager import KernelError, kernel_error
 
 __all__ = ["NativePlan", "available", "clear_plans", "install", "install_autograd",
-           "native_status"]
+           "install_version_bump", "native_status"]
 
 _SOURCE = Path(__file__).with_name("torch_native.cc")
 _EAGER_SOURCE = Path(eager.__file__).with_name("eager_ffi.cc")
@@ -209,6 +209,9 @@ def _load() -> ctypes.PyDLL | None:
             lib.xk_native_install_autograd.argtypes = [ctypes.c_char_p, ctypes.py_object,
                                                        ctypes.c_char_p, ctypes.c_int64]
             lib.xk_native_install_autograd.restype = ctypes.c_int32
+            lib.xk_native_install_version_bump.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                                           ctypes.c_int64]
+            lib.xk_native_install_version_bump.restype = ctypes.c_int32
             lib.xk_native_clear.argtypes = [ctypes.c_char_p]
             lib.xk_native_clear.restype = ctypes.c_int32
             _keep.append(_make_kernel_error)
@@ -307,6 +310,29 @@ def install_autograd(qualname: str, differentiable: Callable[..., Any]) -> bool:
                        f"{err.value.decode('utf-8', 'replace')}")
             return False
         _keep.append(differentiable)
+    return True
+
+
+def install_version_bump(qualname: str) -> bool:
+    """Register the ADInplaceOrView kernel of ``qualname``, an operator that updates
+    inputs in place: it bumps their version counters before the backend kernel runs, so
+    that autograd refuses a backward that needs their old values. Returns False, with
+    the reason in :func:`native_status`, when the native path is unavailable.
+
+    Example:
+        >>> install_version_bump("xla_kernels::reshape_and_cache")       # doctest: +SKIP
+        True
+    """
+    global _status
+    if not available():
+        return False
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    with _lock:
+        assert _lib is not None
+        if _lib.xk_native_install_version_bump(qualname.encode(), err, _ERR_LEN):
+            _status = (f"unavailable: registering the version bump of {qualname} failed: "
+                       f"{err.value.decode('utf-8', 'replace')}")
+            return False
     return True
 
 

@@ -43,7 +43,7 @@ import torch
 
 from xla_kernels.errors import RegistrationError
 from xla_kernels.op import Op
-from xla_kernels.torch_operator import attrs_from_torch, define
+from xla_kernels.torch_operator import attrs_from_torch, define, qualified_name
 
 __all__ = ["import_torchax", "in_place_impl", "jax_impl", "register_torchax"]
 
@@ -203,7 +203,7 @@ def in_place_impl(op: Op) -> Callable[..., Any]:
 
 
 def _named(impl: Callable[..., Any], op: Op) -> Callable[..., Any]:
-    impl.__name__ = impl.__qualname__ = f"{op.name.rpartition('.')[2]}_torchax"
+    impl.__name__ = impl.__qualname__ = f"{qualified_name(op).partition('::')[2]}_torchax"
     impl.__doc__ = op.doc
     return impl
 
@@ -226,7 +226,8 @@ def _overload(target: Any) -> Any:
 
 
 def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> None:
-    """Lower ``torch_target`` (default: ``torch_op(op)``) to ``op`` on torchax tensors.
+    """Lower ``torch_target`` (default: the op's own torch operator) to ``op`` on torchax
+    tensors.
 
     Idempotent. The lowering goes into torchax's global op table (used by every
     ``torchax.tensor.Environment`` created afterwards) and into the environments that
@@ -235,8 +236,8 @@ def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> No
     Args:
         op: the declared op whose custom-call the operator becomes.
         torch_target: an existing torch operator with the same tensor arguments and
-            attributes, e.g. one made with ``torch.library.custom_op``; by default the
-            op's own operator (:func:`xla_kernels.torch_operator.define`).
+            attributes, e.g. one made with ``torch.library.custom_op``; by default every
+            operator ``torch_op(op, namespace=...)`` defined, or ``torch_op(op)`` if none.
         env: a ``torchax.tensor.Environment`` to register in as well.
 
     Example:
@@ -247,8 +248,18 @@ def register_torchax(op: Op, *, torch_target: Any = None, env: Any = None) -> No
     torchax = import_torchax()
     from torchax.ops import ops_registry
 
-    target = define(op).packet if torch_target is None else torch_target
-    overload = _overload(target)
+    record = op.record
+    if torch_target is not None:
+        targets = [torch_target]
+    else:  # every operator torch_op made for the op, in whichever namespace
+        targets = [o.packet for o in list(record.torch_operators.values())] or [
+            define(op).packet]
+    for target in targets:
+        _register(torchax, ops_registry, op, _overload(target), env)
+
+
+def _register(torchax: ModuleType, ops_registry: Any, op: Op, overload: Any, env: Any) -> None:
+    """Lower ``overload`` to ``op`` in torchax's op table and in its live environments."""
     record = op.record
     with _lock:
         if overload not in record.torchax_overloads:
