@@ -48,8 +48,10 @@ def main() -> None:
         w = jnp.asarray(rng.standard_normal(shape[-1]), dtype)
         jax.block_until_ready(jax.grad(lambda x, w: rms_norm(x, w).sum(), (0, 1))(x, w))
     from xla_kernels.kernels.ragged_paged_attention import sanitize_cases as ragged_cases
+    from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_fused_cases
 
     ragged_cases()
+    sanitize_fused_cases()
     print("sanitize run finished")
 
 

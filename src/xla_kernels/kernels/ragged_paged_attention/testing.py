@@ -253,4 +253,56 @@ def sanitize_cases(platform: str = "gpu") -> None:
         assert err <= TOLERANCES[dtype], ("long prefill", dtype, cache_dtype, d, layout, err)
 
 
-__all__ = ["ARGS", "TOLERANCES", "make_inputs", "mix", "rel_error", "sanitize_cases"]
+def sanitize_fused_cases(platform: str = "gpu") -> None:
+    """Small runs on the fused K/V cache and on 128- and 256-token blocks, for
+    compute-sanitizer: the fused write (bf16, fp8) and attention on every kernel path
+    (decode path, mixed, a long prefill; bf16, f16 fp8, f32). Raises AssertionError if a
+    result is off.
+
+    Example:
+        >>> sanitize_fused_cases("cpu")                             # doctest: +SKIP
+    """
+    import jax
+
+    from xla_kernels.kernels.kv_cache import (
+        reshape_and_cache_fused,
+        reshape_and_cache_fused_numpy,
+    )
+    from xla_kernels.kernels.paged_cache import join_fused
+
+    from . import ragged_paged_attention_fused, ragged_paged_attention_numpy_f64
+
+    device = jax.devices(platform)[0]
+    rng = np.random.default_rng(8765)
+    for dtype, cache_dtype in (("bf16", None), ("f32", FP8)):
+        key = rng.standard_normal((9, 2, 128)).astype(dtypes.to_numpy(dtype))
+        kv = np.zeros((4, 16, 4, 128), dtypes.to_numpy(cache_dtype or dtype))
+        slots = np.array([0, 63, -1, 64, 5, 17, 30, 31, 2], np.int32)
+        scales = dict(k_scale=0.05, v_scale=0.5) if cache_dtype else {}
+        got = reshape_and_cache_fused(*(jax.device_put(a, device) for a in (key, -key, kv,
+                                                                             slots)), **scales)
+        want = reshape_and_cache_fused_numpy(key, -key, kv, slots, **scales)
+        assert np.array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8)), dtype
+    cases = [("bf16", None, 16, [1, 1, 0, 1], [37, 700, 9, 1], 4),     # decode path
+             ("f16", FP8, 128, [1, 1, 0, 1], [37, 700, 9, 1], 4),
+             ("bf16", None, 128, [1, 70, 3, 0], [37, 200, 3, 9], 80),
+             ("f32", None, 256, [1, 70, 3, 0], [37, 600, 3, 9], 80),
+             ("bf16", None, 256, [300, 5], [1100, 500], 320),            # wgmma prefill
+             ("bf16", FP8, 128, [300, 5], [1100, 500], 320)]
+    for dtype, cache_dtype, block, q_lens, kv_lens, rows in cases:
+        scales = (0.05, 0.02) if cache_dtype else (1.0, 1.0)
+        x = make_inputs(rng, q_lens=q_lens, kv_lens=kv_lens, num_tokens=rows, num_q_heads=8,
+                        num_kv_heads=2, head_dim=128, block_size=block, dtype=dtype,
+                        max_seqs=len(q_lens) + 1, cache_dtype=cache_dtype, kv_scales=scales)
+        fused = join_fused(x["key_cache"], x["value_cache"])
+        base = dict(scale=0.1, k_scale=scales[0], v_scale=scales[1])
+        out = ragged_paged_attention_fused(
+            *(jax.device_put(a, device) for a in (x["queries"], fused,
+                                                   *(x[k] for k in ARGS[3:]))), **base)
+        ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **base)
+        err = rel_error(out, ref)
+        assert err <= TOLERANCES[dtype], ("fused", dtype, cache_dtype, block, q_lens, err)
+
+
+__all__ = ["ARGS", "TOLERANCES", "make_inputs", "mix", "rel_error", "sanitize_cases",
+           "sanitize_fused_cases"]
