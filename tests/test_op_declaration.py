@@ -140,6 +140,48 @@ def test_output_rule_must_return_specs():
         op.bind([xk.Spec((3,), "f32")], {})
 
 
+def _returning(name: str, shape: tuple, **kw) -> xk.Op:
+    return xk.Op(name, inputs=[xk.Tensor("x", ("f32",))],
+                 outputs=lambda x: xk.Spec(shape, "f32"), kernels=CPU, **kw)
+
+
+def test_a_negative_output_size_names_op_output_and_fix():
+    op = _returning("t.negative", (4, -1), output_names=("out",))
+    with pytest.raises(xk.OpDeclarationError) as e:
+        op.bind([xk.Spec((3,), "f32")], {})
+    assert str(e.value) == (
+        "t.negative: output 'out': the shape rule returned shape (4, -1), whose dimension 1 "
+        "is -1, a negative size. Fix: check in the shape rule the inputs and attributes this "
+        "size is computed from, and raise xk.Invalid(argument, problem, fix) for values that "
+        "make it negative.")
+
+
+def test_a_negative_output_size_under_jit_is_the_declaration_error_not_mlirs():
+    import jax
+    import jax.numpy as jnp
+
+    op = _returning("t.negative_jit", (-2,))
+    with pytest.raises(xk.OpDeclarationError, match=r"t.negative_jit: output 0: .* is -2, a "
+                                                     "negative size"):
+        jax.jit(op)(jnp.ones(3))
+
+
+@pytest.mark.parametrize("dim", [2.5, np.float32(2.0), "3", True])
+def test_a_non_int_output_size_is_refused_not_truncated(dim):
+    op = _returning("t.non_int", (2, dim))
+    with pytest.raises(xk.OpDeclarationError) as e:
+        op.bind([xk.Spec((3,), "f32")], {})
+    assert str(e.value) == (
+        f"t.non_int: output 0: the shape rule returned shape (2, {dim!r}), whose dimension 1 "
+        f"is {dim!r} ({type(dim).__name__}), not an int. Fix: return int sizes from the shape "
+        "rule (// rather than /).")
+
+
+def test_a_zero_output_size_is_an_empty_array():
+    op = _returning("t.empty", (0, 4))
+    assert op.bind([xk.Spec((3,), "f32")], {}).outputs == (xk.Spec((0, 4), "f32"),)
+
+
 def test_workspace_outputs_are_hidden_from_callers():
     op = xk.Op("t.ws", inputs=[xk.Tensor("x", ("f32",))],
                outputs=lambda x: [xk.like(x), xk.Spec((8,), "f32", workspace=True)],

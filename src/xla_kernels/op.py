@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,7 +69,7 @@ class Spec:
     name: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "shape", tuple(_dim(d) for d in self.shape))
         object.__setattr__(self, "dtype", _dtypes.canonical(self.dtype))
 
     @property
@@ -82,6 +84,44 @@ class Spec:
         for d in self.shape:
             n *= d
         return n
+
+
+def is_symbolic(d: Any) -> bool:
+    """Whether ``d`` is a symbolic dimension of ``jax.export`` (the test JAX itself uses,
+    so that this module does not import JAX).
+
+    Example:
+        >>> is_symbolic(3)
+        False
+    """
+    return getattr(d, "dimension_as_value", None) is not None
+
+
+def _dim(d: Any) -> Any:
+    """A Spec dimension: any integer type becomes an int; a symbolic dimension, a bool or a
+    non-integer stays as it is, for :meth:`Op.bind` to keep or to reject with the op's name
+    (converting would hide a shape rule's mistake, e.g. ``n / 2``, as a wrong size)."""
+    if is_symbolic(d) or isinstance(d, bool):
+        return d
+    try:
+        return operator.index(d)
+    except TypeError:
+        return d
+
+
+def _bad_dim(d: Any) -> tuple[str, str] | None:
+    """(problem, fix) of an output dimension XLA cannot allocate, or None if it is a size
+    (zero included: empty arrays are valid)."""
+    if is_symbolic(d):
+        return None
+    if not isinstance(d, int) or isinstance(d, bool):
+        return (f"is {d!r} ({type(d).__name__}), not an int",
+                "return int sizes from the shape rule (// rather than /)")
+    if d < 0:
+        return (f"is {d}, a negative size", "check in the shape rule the inputs and "
+                "attributes this size is computed from, and raise xk.Invalid(argument, "
+                "problem, fix) for values that make it negative")
+    return None
 
 
 def like(x: Spec, *, dtype: Any = None) -> Spec:
@@ -626,13 +666,47 @@ class Op:
             out = self.output_rule(*specs, **rule_attrs)
         except Invalid as e:
             raise OpInputError(self.name, e.arg, e.problem, e.fix) from None
+        except Exception as e:
+            if _undecidable(e):
+                raise self._undecidable_error(specs, e) from e
+            raise
         outputs = (out,) if isinstance(out, Spec) else (
             tuple(out) if isinstance(out, (list, tuple)) else ())
         if not outputs or not all(isinstance(o, Spec) for o in outputs):
             raise OpDeclarationError(self.name, f"the output rule returned {out!r}",
                                      "return a Spec or a sequence of Specs")
+        self._check_sizes(outputs)
         self._check_updates(specs, outputs)
         return CallPlan(self, specs, values, outputs)
+
+    def _check_sizes(self, outputs: tuple[Spec, ...]) -> None:
+        """Reject an output dimension XLA cannot allocate (MLIR would fail, unnamed)."""
+        for i, o in enumerate(outputs):
+            for axis, d in enumerate(o.shape):
+                bad = _bad_dim(d)
+                if bad is not None:
+                    raise OpDeclarationError(
+                        self.name, f"{self._output_name(outputs, i)}: the shape rule returned "
+                        f"shape {o.shape}, whose dimension {axis} {bad[0]}", bad[1])
+
+    def _output_name(self, outputs: tuple[Spec, ...], i: int) -> str:
+        """How messages name output ``i``: by ``output_names`` when declared."""
+        visible = [j for j, o in enumerate(outputs) if not o.workspace]
+        names = self.output_names
+        if names is not None and i in visible and len(names) == len(visible):
+            return f"output '{names[visible.index(i)]}'"
+        return f"{'workspace ' if outputs[i].workspace else ''}output {i}"
+
+    def _undecidable_error(self, specs: tuple[Spec, ...], error: Exception) -> OpInputError:
+        symbolic = [s for s in specs if any(is_symbolic(d) for d in s.shape)]
+        said = str(error).splitlines()[0]
+        return OpInputError(
+            self.name, symbolic[0].name if symbolic else None,
+            f"the shape rule needs a concrete value of a symbolic dimension (shape "
+            f"{symbolic[0].shape if symbolic else '?'}; JAX said: {said})",
+            "export with concrete sizes for this input, add the bound the rule tests to "
+            "jax.export.symbolic_shape(..., constraints=[...]), or write the rule with "
+            "arithmetic and == on dimensions only")
 
     def _check_updates(self, inputs: tuple[Spec, ...], outputs: tuple[Spec, ...]) -> None:
         by_name = {s.name: s for s in inputs}
@@ -724,6 +798,14 @@ class Op:
 
 
 _call_hook: Callable[[Op, Sequence[Any], Mapping[str, Any]], Any] | None = None
+
+
+def _undecidable(error: Exception) -> bool:
+    """Whether ``error`` is JAX's: a symbolic dimension was compared or made an int."""
+    jax = sys.modules.get("jax")  # symbolic dimensions exist only once JAX is imported
+    errors = getattr(jax, "errors", None)
+    kind = getattr(errors, "InconclusiveDimensionOperation", None)
+    return kind is not None and isinstance(error, kind)
 
 
 def set_call_hook(hook: Callable[[Op, Sequence[Any], Mapping[str, Any]], Any]) -> None:
