@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xla_kernels import dtypes as _dtypes
+from xla_kernels import op_help
 from xla_kernels import platforms as _platforms
 from xla_kernels.attr_types import AttrType, EagerAttr, attr_type_of_value
 from xla_kernels.attrs import Attr, mlir_dict
@@ -516,6 +517,28 @@ class Vjp:
 class Op:
     """One custom op, declared once and usable from every frontend.
 
+    The shape rule (``outputs``) guards the kernel:
+
+    * The library checks before the rule runs: the number of inputs, each input's dtype
+      and rank against its :class:`Tensor` (``dtypes``, ``rank``), each attribute's type
+      (``dict[str, T]`` entries too) and that required attributes are given. Everything
+      else the kernel relies on (sizes that must match between inputs, attribute ranges,
+      divisibility) the rule must check itself, for every input it uses: XLA hands the
+      kernel whatever shapes the rule accepted.
+    * It rejects a call with ``raise Invalid(argument, problem, fix)``; the caller gets an
+      :class:`OpInputError` reading ``<op>: argument '<argument>': <problem>. Fix: <fix>.``
+    * It returns int sizes >= 0 (0 is an empty array); a negative or non-int size is an
+      :class:`OpDeclarationError` naming the output.
+    * Symbolic shapes (``jax.export.symbolic_shape`` through ``xk.export``): the rule gets
+      the symbolic dimensions; arithmetic, ``==`` and ``like``/``Spec`` of them work, and
+      the kernel reads the real sizes from its buffers. ``<``, ``>`` or ``int()`` on one
+      work only under a matching constraint (``symbolic_shape("n", constraints=["n <= 4"])``);
+      otherwise the call raises an :class:`OpInputError` saying so.
+
+    Gradients: an op with a ``vjp`` declares ``output_names`` (the backward's arguments
+    name outputs and their cotangents, ``"d" + name``); a second-order gradient needs the
+    backward op's own ``vjp``.
+
     Args:
         name: the op's name and its ``custom_call_target`` in HLO, e.g. ``"my_lib.add"``.
         inputs: the array inputs, in order.
@@ -542,7 +565,8 @@ class Op:
             options are ``need_replication_factors=(...)``, ``reduction_factors=(...)`` and
             factor sizes. Under plain ``jax.jit`` with sharded inputs the op then runs per
             shard; without a rule XLA gathers its operands.
-        doc: a docstring for the generated functions.
+        doc: what the op computes: ``help(op)`` shows it after the op's signature (and a
+            line per input, attribute and output); the generated functions carry it too.
         extra_attrs: accept keyword attributes beyond ``attrs`` and pass them to the kernel,
             each coerced by the codec of its Python value (``int`` is int64, ``float`` f32,
             see :func:`xla_kernels.attr_types.attr_type_of_value`), for handlers that take
@@ -603,6 +627,9 @@ class Op:
             self._implicit_attrs = frozenset({"opaque"})
         self.attr_types = {a.name: a.codec for a in self.attrs}
         self._check_declaration()
+        # help(op) prints an instance's own __doc__; inspect.signature reads __signature__.
+        self.__doc__ = op_help.docstring(self)
+        self.__signature__ = op_help.signature(self)
         declare(self)
 
     @property
