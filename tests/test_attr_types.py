@@ -4,6 +4,8 @@ is the proof that a type added in one file works in every frontend."""
 
 from __future__ import annotations
 
+import typing
+
 import jax
 import numpy as np
 import pytest
@@ -77,7 +79,10 @@ def test_the_new_type_checks_its_length_with_the_library_message():
     (dict, {"b": "x", "a": 1}, '{a = 1 : i64, b = "x"}'),
     (dict, {"o": {"z": [1.5], "y": np.uint8(7)}, "e": {}},
      "{e = {}, o = {y = 7 : ui8, z = array<f32: 1.500000e+00>}}"),
-    (dict[str, int], {"f": np.float64(0.1)}, "{f = 1.000000e-01 : f64}"),
+    (dict[str, typing.Any], {"f": np.float64(0.1)}, "{f = 1.000000e-01 : f64}"),
+    (dict[str, np.int32], {"n": 3}, "{n = 3 : i32}"),
+    (dict[str, float], {"n": 3}, "{n = 3.000000e+00 : f32}"),
+    (dict[str, dict[str, np.uint8]], {"o": {"y": 7}}, "{o = {y = 7 : ui8}}"),
     (list[np.int8], [-1, 2], "array<i8: -1, 2>"),
     (list[np.uint64], [2 ** 64 - 1], "dense<[18446744073709551615]> : tensor<1xui64>"),
 ])
@@ -122,3 +127,27 @@ def test_a_dict_codec_has_no_torch_schema_type_and_says_why():
     codec = attr_type(dict)
     assert codec.cpp_type == "ffi::Dictionary" and codec.torch_schema_type is None
     assert "a torch schema cannot spell a dictionary" in codec.torch_refusal
+
+
+def test_a_dict_declared_with_an_entry_type_coerces_every_entry_to_it():
+    opts = xk.Attr("opts", dict[str, float]).coerce({"a": 1, "b": np.float64(0.5)}, op="my.op")
+    assert opts == {"a": np.float32(1.0), "b": np.float32(0.5)}
+    assert all(type(v) is np.float32 for v in opts.values())
+
+
+def test_a_dict_entry_of_another_type_names_op_entry_and_fix():
+    attr = xk.Attr("opts", dict[str, int])
+    with pytest.raises(xk.OpTypeError) as e:
+        attr.coerce({"n": 2, "scale": 0.5}, op="my.op")
+    assert str(e.value) == ("my.op: argument 'opts.scale': expected an integer (int), got 0.5 "
+                            "(its dictionary is declared dict[str, int]). Fix: pass int values, "
+                            "or declare dict[str, Any] for entries of mixed types.")
+
+
+def test_a_dict_entry_type_that_is_no_attribute_type_is_refused_at_declaration():
+    with pytest.raises(xk.OpDeclarationError) as e:
+        xk.Attr("opts", dict[str, set])
+    assert str(e.value).startswith(
+        "attribute 'opts' has unsupported type dict[str, set]: its entry type <class 'set'> is "
+        "not an attribute type. Fix: declare dict[str, T] with T one of int, float, bool, str")
+    assert str(e.value).endswith("or dict[str, Any] for entries of mixed types.")

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from toolchain import requires_nvcc
-from xla_kernels.builder import find_cxx
+from xla_kernels.builder import build_library, find_cxx
+from xla_kernels.errors import BuildError
 
 SRC_ROOT = Path(__file__).resolve().parents[1] / "src"
 TESTS = Path(__file__).resolve().parent
@@ -283,6 +284,28 @@ def test_cuda_hit_needs_no_nvcc(tmp_path):
 
 
 # --------------------------------------------------------------------------- read-only, moved
+
+
+def test_a_cache_path_that_is_a_file_is_named_a_file_with_the_fix(tmp_path, monkeypatch):
+    src = write(tmp_path / "v.cc", VALUE_SRC)
+    cache = write(tmp_path / "cache", "not a folder")
+    monkeypatch.setenv("XLA_KERNELS_CACHE_DIR", str(cache))
+    with pytest.raises(BuildError) as e:
+        build_library("v", [str(src)], platform="cpu", defines={"VALUE": "1"})
+    assert str(e.value) == (
+        f"building 'v' for cpu: the cache folder {cache} is a file, not a folder. Fix: point "
+        "XLA_KERNELS_CACHE_DIR (or cache_dir=) at a folder (it is created if missing), or move "
+        f"the file {cache} away.")
+
+
+def test_a_cache_folder_under_a_file_names_the_file(tmp_path):
+    src = write(tmp_path / "v.cc", VALUE_SRC)
+    blocking = write(tmp_path / "cache", "not a folder")
+    with pytest.raises(BuildError, match=rf"the cache folder {blocking}/sub lies under "
+                                            rf"{blocking}, which is a file, not a folder"):
+        build_library("v", [str(src)], platform="cpu", defines={"VALUE": "1"},
+                      cache_dir=blocking / "sub")
+
 
 
 @requires_read_only_mount

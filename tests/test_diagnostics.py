@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -73,6 +76,28 @@ def test_doctor_lists_the_runtimes(capsys):
     assert "jax" in out and "default backend" in out
     assert "torchax" in out and "torch_xla" in out
     assert "xla_kernels.paged_attention" in out and "xla_kernels.simple_add" in out
+
+
+def _doctor_row(capsys, name: str) -> str:
+    assert cli.main(["doctor"]) == 0
+    return next(line for line in capsys.readouterr().out.splitlines()
+                if line.split() and line.split()[0] == name)
+
+
+def test_doctor_torchax_row_says_what_a_plain_import_does(capsys):
+    plain = subprocess.run([sys.executable, "-c", "import torchax"], capture_output=True)
+    row = _doctor_row(capsys, "torchax")
+    assert ("a plain `import torchax` fails" in row) == (plain.returncode != 0), row
+
+
+def test_doctor_names_the_fix_when_only_the_workaround_imports_torchax(capsys, monkeypatch):
+    monkeypatch.setattr(cli, "plain_torchax_import", lambda: (
+        False, "AttributeError: The underlying op of 'aten.prod' has no overload name "
+               "'dim_Dimname'"))
+    row = _doctor_row(capsys, "torchax")
+    assert "but a plain `import torchax` fails with torch " in row
+    assert "no overload name 'dim_Dimname'" in row
+    assert "Fix: install torch<2.13" in row and "import_torchax()" in row
 
 
 def test_undeclared_target_fix_gives_the_import_and_the_register_step():

@@ -134,6 +134,47 @@ def test_export_accepts_a_jitted_function_and_keyword_arguments():
     np.testing.assert_array_equal(exported.call(x, b=x), 4 * np.arange(3.0))
 
 
+def _symbolic(spec: str) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(jax.export.symbolic_shape(spec), jnp.float32)
+
+
+def test_export_with_symbolic_shapes_runs_at_every_size():
+    n = _symbolic("n")
+    program = xk.deserialize(xk.serialize(xk.export(_add, n, n, platforms=["cpu"])))
+    for size in (3, 7):
+        x = jnp.arange(size, dtype=jnp.float32)
+        np.testing.assert_array_equal(program.call(x, x), 2 * np.arange(size))
+
+
+def _at_most_4(x: xk.Spec) -> xk.Spec:
+    if x.shape[0] > 4:
+        raise xk.Invalid("x", f"{x.shape[0]} rows, more than 4", "pass at most 4 rows")
+    return xk.like(x)
+
+
+at_most_4 = xk.Op("xk_tests.at_most_4", inputs=[xk.Tensor("x", ("f32",))],
+                  outputs=_at_most_4, kernels=simple_add.kernels)
+
+
+def test_a_shape_rule_comparing_a_symbolic_dimension_names_op_argument_and_fix():
+    with pytest.raises(xk.OpInputError) as e:
+        xk.export(at_most_4, _symbolic("n"))
+    message = str(e.value)
+    assert message.startswith(
+        "xk_tests.at_most_4: argument 'x': the shape rule needs a concrete value of a "
+        "symbolic dimension (shape (n,); JAX said: Symbolic dimension comparison 'n' > '4' ")
+    assert message.endswith(
+        "Fix: export with concrete sizes for this input, add the bound the rule tests to "
+        "jax.export.symbolic_shape(..., constraints=[...]), or write the rule with arithmetic "
+        "and == on dimensions only.")
+
+
+def test_a_symbolic_dimension_with_the_rules_bound_as_a_constraint_exports():
+    n = jax.ShapeDtypeStruct(jax.export.symbolic_shape("n", constraints=["n <= 4"]),
+                             jnp.float32)
+    assert xk.export(at_most_4, n).targets == ("xk_tests.at_most_4",)
+
+
 def test_program_without_ops_round_trips():
     exported = xk.export(jnp.sin, jnp.ones(2))
     assert exported.ops == ()

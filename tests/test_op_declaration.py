@@ -140,6 +140,48 @@ def test_output_rule_must_return_specs():
         op.bind([xk.Spec((3,), "f32")], {})
 
 
+def _returning(name: str, shape: tuple, **kw) -> xk.Op:
+    return xk.Op(name, inputs=[xk.Tensor("x", ("f32",))],
+                 outputs=lambda x: xk.Spec(shape, "f32"), kernels=CPU, **kw)
+
+
+def test_a_negative_output_size_names_op_output_and_fix():
+    op = _returning("t.negative", (4, -1), output_names=("out",))
+    with pytest.raises(xk.OpDeclarationError) as e:
+        op.bind([xk.Spec((3,), "f32")], {})
+    assert str(e.value) == (
+        "t.negative: output 'out': the shape rule returned shape (4, -1), whose dimension 1 "
+        "is -1, a negative size. Fix: check in the shape rule the inputs and attributes this "
+        "size is computed from, and raise xk.Invalid(argument, problem, fix) for values that "
+        "make it negative.")
+
+
+def test_a_negative_output_size_under_jit_is_the_declaration_error_not_mlirs():
+    import jax
+    import jax.numpy as jnp
+
+    op = _returning("t.negative_jit", (-2,))
+    with pytest.raises(xk.OpDeclarationError, match=r"t.negative_jit: output 0: .* is -2, a "
+                                                     "negative size"):
+        jax.jit(op)(jnp.ones(3))
+
+
+@pytest.mark.parametrize("dim", [2.5, np.float32(2.0), "3", True])
+def test_a_non_int_output_size_is_refused_not_truncated(dim):
+    op = _returning("t.non_int", (2, dim))
+    with pytest.raises(xk.OpDeclarationError) as e:
+        op.bind([xk.Spec((3,), "f32")], {})
+    assert str(e.value) == (
+        f"t.non_int: output 0: the shape rule returned shape (2, {dim!r}), whose dimension 1 "
+        f"is {dim!r} ({type(dim).__name__}), not an int. Fix: return int sizes from the shape "
+        "rule (// rather than /).")
+
+
+def test_a_zero_output_size_is_an_empty_array():
+    op = _returning("t.empty", (0, 4))
+    assert op.bind([xk.Spec((3,), "f32")], {}).outputs == (xk.Spec((0, 4), "f32"),)
+
+
 def test_workspace_outputs_are_hidden_from_callers():
     op = xk.Op("t.ws", inputs=[xk.Tensor("x", ("f32",))],
                outputs=lambda x: [xk.like(x), xk.Spec((8,), "f32", workspace=True)],
@@ -162,3 +204,45 @@ def test_a_traced_attribute_says_attributes_are_static():
     with pytest.raises(xk.OpTypeError, match=re.escape(
             "attributes are static, but it got a traced value. Fix: pass a Python value")):
         jax.jit(lambda x, n: ATTR_OP(x, n=n))(np.ones(3, np.float32), 3)
+
+
+def _documented() -> xk.Op:
+    return xk.Op("t.documented", inputs=[xk.Tensor("x", ("f32", "bf16"), rank=2, doc="rows")],
+                 attrs=[xk.Attr("eps", float, default=1e-6, doc="added to the variance"),
+                        xk.Attr("mode", str)],
+                 outputs=lambda x, *, eps, mode: xk.like(x), output_names=("y",),
+                 kernels=CPU, doc="Normalizes each row of x.")
+
+
+def test_help_of_an_op_shows_its_own_doc_and_signature():
+    import pydoc
+
+    text = pydoc.render_doc(_documented(), renderer=pydoc.plaintext)
+    assert "t.documented(x, /, *, eps=1e-06, mode)" in text
+    assert "Normalizes each row of x." in text
+    assert "x: f32, bf16, rank 2  rows" in text
+    assert "eps: float = 1e-06  added to the variance" in text and "mode: str" in text
+    assert "Outputs: y" in text and "Kernels: cpu" in text
+    assert "usable from every frontend" not in text  # not the class docstring
+
+
+def test_an_ops_signature_takes_arrays_by_position_and_attributes_by_keyword():
+    import inspect
+
+    params = inspect.signature(_documented()).parameters
+    assert [(p.name, p.kind.name) for p in params.values()] == [
+        ("x", "POSITIONAL_ONLY"), ("eps", "KEYWORD_ONLY"), ("mode", "KEYWORD_ONLY")]
+    assert params["mode"].default is inspect.Parameter.empty
+
+
+def test_help_of_op_states_the_shape_rule_and_gradient_rules():
+    import pydoc
+
+    words = pydoc.render_doc(xk.Op, renderer=pydoc.plaintext).split()
+    text = " ".join(w for w in words if w != "|")  # pydoc's margin of a class's lines
+    assert "raise Invalid(argument, problem, fix)" in text
+    assert "each input's dtype and rank against its :class:`Tensor`" in text
+    assert "the rule must check itself, for every input it uses" in text
+    assert "Symbolic shapes (``jax.export.symbolic_shape`` through ``xk.export``)" in text
+    assert "an op with a ``vjp`` declares ``output_names``" in text
+    assert "a second-order gradient needs the backward op's own ``vjp``" in text

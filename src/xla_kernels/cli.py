@@ -14,9 +14,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import pkgutil
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -54,22 +56,72 @@ def _runtimes() -> dict[str, str]:
                        f"devices: {', '.join(platforms)}"
     except Exception as e:  # a broken install is exactly what doctor must report
         found["jax"] = f"not usable: {e}"
-    for name, describe in (("torch", _torch), ("torchax", _version), ("torch_xla", _torch_xla)):
-        try:
-            found[name] = describe(_import(name))
-        except ImportError:
-            found[name] = "not installed"
-        except Exception as e:
-            found[name] = f"not usable: {e}"
+    found["torch"] = _describe("torch", _torch)
+    found["torchax"] = _torchax()
+    found["torch_xla"] = _describe("torch_xla", _torch_xla)
     return found
 
 
-def _import(name: str) -> object:
-    if name == "torchax":  # through the frontend, which tolerates torch/torchax skew
+def _describe(name: str, describe: Callable[[Any], str]) -> str:
+    try:
+        return describe(importlib.import_module(name))
+    except ImportError:
+        return "not installed"
+    except Exception as e:
+        return f"not usable: {e}"
+
+
+# Run in a fresh interpreter: this process may already hold torchax, imported through
+# xla-kernels' workaround, and a failed import leaves half-imported modules behind.
+_PLAIN_TORCHAX = """
+import sys
+try:
+    import torchax
+except ModuleNotFoundError as e:
+    if e.name != "torchax":
+        raise
+    sys.exit(3)
+print(torchax.__version__)
+"""
+_NOT_INSTALLED = 3
+
+
+@functools.cache  # the installed packages do not change while doctor runs
+def plain_torchax_import() -> tuple[bool, str]:
+    """What a plain ``import torchax`` does in a new Python process of this interpreter:
+    (True, version) or (False, the error's last line, or ``"not installed"``)."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PLAIN_TORCHAX], capture_output=True,
+                              text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        return False, "timed out after 300 s"
+    if done.returncode == 0:
+        return True, done.stdout.strip() or "installed"
+    if done.returncode == _NOT_INSTALLED:
+        return False, "not installed"
+    lines = done.stderr.strip().splitlines()
+    return False, lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def _torchax() -> str:
+    """Doctor's torchax row: exactly what a plain ``import torchax`` does, and, when it
+    fails, whether xla-kernels' own import (``import_torchax``) works around it."""
+    ok, said = plain_torchax_import()
+    if ok or said == "not installed":
+        return said
+    try:
         from xla_kernels.frontends.torchax import import_torchax
 
-        return import_torchax()
-    return importlib.import_module(name)
+        version = _version(import_torchax())
+    except Exception:
+        return f"not usable: a plain `import torchax` fails ({said})"
+    import torch
+
+    return (f"{version}, but a plain `import torchax` fails with torch {torch.__version__} "
+            f"({said}); only xla-kernels' import works (register_torchax, or "
+            "xla_kernels.frontends.torchax.import_torchax()). Fix: install torch<2.13 "
+            "(torchax <= 0.0.13 names the named-tensor overloads torch 2.13 removed), or "
+            "import torchax through import_torchax() before any plain import")
 
 
 def _version(module: object) -> str:

@@ -39,7 +39,7 @@ class OpInputError(XlaKernelsError, ValueError):
     """A call passed an input or attribute the op does not accept."""
 
     def __init__(self, op: str, arg: str | None, problem: str, fix: str | None = None):
-        self.op, self.arg = op, arg
+        self.op, self.arg, self.problem, self.fix = op, arg, problem, fix
         super().__init__(_compose(op, arg, problem, fix))
 
 

@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import operator
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from xla_kernels import dtypes as _dtypes
+from xla_kernels import op_help
 from xla_kernels import platforms as _platforms
 from xla_kernels.attr_types import AttrType, EagerAttr, attr_type_of_value
 from xla_kernels.attrs import Attr, mlir_dict
@@ -69,7 +72,7 @@ class Spec:
     name: str | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "shape", tuple(_dim(d) for d in self.shape))
         object.__setattr__(self, "dtype", _dtypes.canonical(self.dtype))
 
     @property
@@ -84,6 +87,44 @@ class Spec:
         for d in self.shape:
             n *= d
         return n
+
+
+def is_symbolic(d: Any) -> bool:
+    """Whether ``d`` is a symbolic dimension of ``jax.export`` (the test JAX itself uses,
+    so that this module does not import JAX).
+
+    Example:
+        >>> is_symbolic(3)
+        False
+    """
+    return getattr(d, "dimension_as_value", None) is not None
+
+
+def _dim(d: Any) -> Any:
+    """A Spec dimension: any integer type becomes an int; a symbolic dimension, a bool or a
+    non-integer stays as it is, for :meth:`Op.bind` to keep or to reject with the op's name
+    (converting would hide a shape rule's mistake, e.g. ``n / 2``, as a wrong size)."""
+    if is_symbolic(d) or isinstance(d, bool):
+        return d
+    try:
+        return operator.index(d)
+    except TypeError:
+        return d
+
+
+def _bad_dim(d: Any) -> tuple[str, str] | None:
+    """(problem, fix) of an output dimension XLA cannot allocate, or None if it is a size
+    (zero included: empty arrays are valid)."""
+    if is_symbolic(d):
+        return None
+    if not isinstance(d, int) or isinstance(d, bool):
+        return (f"is {d!r} ({type(d).__name__}), not an int",
+                "return int sizes from the shape rule (// rather than /)")
+    if d < 0:
+        return (f"is {d}, a negative size", "check in the shape rule the inputs and "
+                "attributes this size is computed from, and raise xk.Invalid(argument, "
+                "problem, fix) for values that make it negative")
+    return None
 
 
 def like(x: Spec, *, dtype: Any = None) -> Spec:
@@ -478,6 +519,28 @@ class Vjp:
 class Op:
     """One custom op, declared once and usable from every frontend.
 
+    The shape rule (``outputs``) guards the kernel:
+
+    * The library checks before the rule runs: the number of inputs, each input's dtype
+      and rank against its :class:`Tensor` (``dtypes``, ``rank``), each attribute's type
+      (``dict[str, T]`` entries too) and that required attributes are given. Everything
+      else the kernel relies on (sizes that must match between inputs, attribute ranges,
+      divisibility) the rule must check itself, for every input it uses: XLA hands the
+      kernel whatever shapes the rule accepted.
+    * It rejects a call with ``raise Invalid(argument, problem, fix)``; the caller gets an
+      :class:`OpInputError` reading ``<op>: argument '<argument>': <problem>. Fix: <fix>.``
+    * It returns int sizes >= 0 (0 is an empty array); a negative or non-int size is an
+      :class:`OpDeclarationError` naming the output.
+    * Symbolic shapes (``jax.export.symbolic_shape`` through ``xk.export``): the rule gets
+      the symbolic dimensions; arithmetic, ``==`` and ``like``/``Spec`` of them work, and
+      the kernel reads the real sizes from its buffers. ``<``, ``>`` or ``int()`` on one
+      work only under a matching constraint (``symbolic_shape("n", constraints=["n <= 4"])``);
+      otherwise the call raises an :class:`OpInputError` saying so.
+
+    Gradients: an op with a ``vjp`` declares ``output_names`` (the backward's arguments
+    name outputs and their cotangents, ``"d" + name``); a second-order gradient needs the
+    backward op's own ``vjp``.
+
     Args:
         name: the op's name and its ``custom_call_target`` in HLO, e.g. ``"my_lib.add"``:
             any target XLA takes that has no whitespace (``"my_lib.add-fwd"`` too; the
@@ -507,7 +570,8 @@ class Op:
             options are ``need_replication_factors=(...)``, ``reduction_factors=(...)`` and
             factor sizes. Under plain ``jax.jit`` with sharded inputs the op then runs per
             shard; without a rule XLA gathers its operands.
-        doc: a docstring for the generated functions.
+        doc: what the op computes: ``help(op)`` shows it after the op's signature (and a
+            line per input, attribute and output); the generated functions carry it too.
         extra_attrs: accept keyword attributes beyond ``attrs`` and pass them to the kernel,
             each coerced by the codec of its Python value (``int`` is int64, ``float`` f32,
             see :func:`xla_kernels.attr_types.attr_type_of_value`), for handlers that take
@@ -569,6 +633,9 @@ class Op:
             self._implicit_attrs = frozenset({"opaque"})
         self.attr_types = {a.name: a.codec for a in self.attrs}
         self._check_declaration()
+        # help(op) prints an instance's own __doc__; inspect.signature reads __signature__.
+        self.__doc__ = op_help.docstring(self)
+        self.__signature__ = op_help.signature(self)
         declare(self)
 
     @property
@@ -632,13 +699,47 @@ class Op:
             out = self.output_rule(*specs, **rule_attrs)
         except Invalid as e:
             raise OpInputError(self.name, e.arg, e.problem, e.fix) from None
+        except Exception as e:
+            if _undecidable(e):
+                raise self._undecidable_error(specs, e) from e
+            raise
         outputs = (out,) if isinstance(out, Spec) else (
             tuple(out) if isinstance(out, (list, tuple)) else ())
         if not outputs or not all(isinstance(o, Spec) for o in outputs):
             raise OpDeclarationError(self.name, f"the output rule returned {out!r}",
                                      "return a Spec or a sequence of Specs")
+        self._check_sizes(outputs)
         self._check_updates(specs, outputs)
         return CallPlan(self, specs, values, outputs)
+
+    def _check_sizes(self, outputs: tuple[Spec, ...]) -> None:
+        """Reject an output dimension XLA cannot allocate (MLIR would fail, unnamed)."""
+        for i, o in enumerate(outputs):
+            for axis, d in enumerate(o.shape):
+                bad = _bad_dim(d)
+                if bad is not None:
+                    raise OpDeclarationError(
+                        self.name, f"{self._output_name(outputs, i)}: the shape rule returned "
+                        f"shape {o.shape}, whose dimension {axis} {bad[0]}", bad[1])
+
+    def _output_name(self, outputs: tuple[Spec, ...], i: int) -> str:
+        """How messages name output ``i``: by ``output_names`` when declared."""
+        visible = [j for j, o in enumerate(outputs) if not o.workspace]
+        names = self.output_names
+        if names is not None and i in visible and len(names) == len(visible):
+            return f"output '{names[visible.index(i)]}'"
+        return f"{'workspace ' if outputs[i].workspace else ''}output {i}"
+
+    def _undecidable_error(self, specs: tuple[Spec, ...], error: Exception) -> OpInputError:
+        symbolic = [s for s in specs if any(is_symbolic(d) for d in s.shape)]
+        said = str(error).splitlines()[0]
+        return OpInputError(
+            self.name, symbolic[0].name if symbolic else None,
+            f"the shape rule needs a concrete value of a symbolic dimension (shape "
+            f"{symbolic[0].shape if symbolic else '?'}; JAX said: {said})",
+            "export with concrete sizes for this input, add the bound the rule tests to "
+            "jax.export.symbolic_shape(..., constraints=[...]), or write the rule with "
+            "arithmetic and == on dimensions only")
 
     def _check_updates(self, inputs: tuple[Spec, ...], outputs: tuple[Spec, ...]) -> None:
         by_name = {s.name: s for s in inputs}
@@ -730,6 +831,14 @@ class Op:
 
 
 _call_hook: Callable[[Op, Sequence[Any], Mapping[str, Any]], Any] | None = None
+
+
+def _undecidable(error: Exception) -> bool:
+    """Whether ``error`` is JAX's: a symbolic dimension was compared or made an int."""
+    jax = sys.modules.get("jax")  # symbolic dimensions exist only once JAX is imported
+    errors = getattr(jax, "errors", None)
+    kind = getattr(errors, "InconclusiveDimensionOperation", None)
+    return kind is not None and isinstance(error, kind)
 
 
 def set_call_hook(hook: Callable[[Op, Sequence[Any], Mapping[str, Any]], Any]) -> None:

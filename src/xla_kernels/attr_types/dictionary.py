@@ -8,6 +8,11 @@ handler binds ``.Attr<ffi::Dictionary>("name")`` and reads entries with
 ``dict.get<T>("key")``, where ``T`` is the entry's C++ type (``int64_t``, ``float``,
 ``std::string_view``, ``ffi::Span<const int64_t>``, ``ffi::Dictionary``...).
 
+A declared ``dict[str, T]`` (``T`` any attribute type: ``int``, ``float``, ``np.int32``,
+``list[int]``, ``str``, ``dict[str, U]``...) takes entries of that type only, each coerced
+as a declared ``T`` is (so ``dict[str, float]`` makes every entry an f32 and rejects a
+``str``); ``dict[str, Any]`` and plain ``dict`` take mixed entries as above.
+
 A torch schema cannot spell a dictionary of mixed values, so an op with a ``dict``
 attribute has no torch operator (``torch_op`` says so); JAX, the torch_xla lowering text
 and the eager runtime carry it.
@@ -17,6 +22,10 @@ Example:
     >>> opts = t.coerce({"tag": "x", "n": 3, "inner": {"k": 1.5}}, op="op", name="opts")
     >>> t.mlir_text(opts)
     '{inner = {k = 1.500000e+00 : f32}, n = 3 : i64, tag = "x"}'
+    >>> import numpy as np
+    >>> sizes = DictType.for_declared(dict[str, np.int32])
+    >>> sizes.mlir_text(sizes.coerce({"rows": 4}, op="op", name="sizes"))
+    '{rows = 4 : i32}'
 """
 
 from __future__ import annotations
@@ -30,11 +39,13 @@ from typing import Any
 from xla_kernels.attr_types.base import (
     FFI_DICTIONARY,
     AttrType,
+    AttrTypeRegistry,
     EagerAttr,
     register,
+    register_refusal,
     reject_traced,
 )
-from xla_kernels.errors import OpTypeError
+from xla_kernels.errors import OpDeclarationError, OpTypeError
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENTRY = struct.Struct("@PqiiPq8s")  # one XkAttr of a dictionary block (eager_ffi.h)
@@ -71,9 +82,28 @@ def encode_block(entries: list[tuple[str, EagerAttr]]) -> bytes:
     return b"".join(packed) + b"".join(tail)
 
 
+def _entry_type(declared: Any) -> Any:
+    """``T`` of a declared ``dict[str, T]``; None for ``dict`` and ``dict[str, Any]``
+    (entries of any type), ``NotImplemented`` when the declaration is no ``str``-keyed dict."""
+    if declared is dict:
+        return None
+    args = typing.get_args(declared)
+    if typing.get_origin(declared) is not dict or len(args) != 2 or args[0] is not str:
+        return NotImplemented
+    return None if args[1] is Any else args[1]
+
+
+def _entry_codec(declared: Any) -> AttrType | None:
+    try:
+        return AttrTypeRegistry.lookup(declared, attr="<entry>")
+    except OpDeclarationError:
+        return None
+
+
 @register
 class DictType(AttrType):
-    """A mapping of identifiers to attribute values, nested mappings included."""
+    """A mapping of identifiers to attribute values, nested mappings included; ``entries``
+    is the codec of every value of a declared ``dict[str, T]`` (None: any value)."""
 
     cpp_type = "ffi::Dictionary"
     torch_schema_type = None
@@ -81,25 +111,26 @@ class DictType(AttrType):
                      "through JAX (or torchax/torch_xla), or declare each entry as its own "
                      "typed attribute (xk.Attr(name, int), ...) and read them with "
                      ".Attr<T>(name) in the handler")
-    python_name = "dict"
+
+    def __init__(self, entries: AttrType | None = None):
+        self.entries = entries
+        self.python_name = "dict" if entries is None else f"dict[str, {entries.python_name}]"
 
     @classmethod
     def for_declared(cls, declared: Any) -> DictType | None:
-        if declared is dict:
+        entry = _entry_type(declared)
+        if entry is NotImplemented:
+            return None
+        if entry is None:
             return cls()
-        args = typing.get_args(declared)
-        if typing.get_origin(declared) is dict and args and args[0] is str:
-            return cls()
-        return None
+        codec = _entry_codec(entry)
+        return None if codec is None else cls(codec)
 
     def coerce(self, value: Any, *, op: str, name: str) -> Any:
-        from xla_kernels.attr_types import attr_type_of_value
-
         reject_traced(value, op=op, name=name)
         if not isinstance(value, Mapping):
             raise OpTypeError(op, name, f"expected a dict, got {type(value).__name__}",
-                              "pass a dict of str keys to int, float, bool, str, bytes, "
-                              "lists of numbers, NumPy values or nested dicts")
+                              f"pass a {self._takes()}")
         out = {}
         for key in sorted(value, key=lambda k: str(k).encode()):
             if not isinstance(key, str) or not _KEY.match(key):
@@ -107,27 +138,67 @@ class DictType(AttrType):
                                   "use str keys of letters, digits and '_' (not first digit)")
             item = value[key]
             path = f"{name}.{key}"
-            out[key] = attr_type_of_value(item, op=op, name=path, raw=True).coerce(
-                item, op=op, name=path)
+            if self.entries is None:
+                codec = _value_codec(item, raw=True, op=op, name=path)
+                out[key] = codec.coerce(item, op=op, name=path)
+            else:
+                out[key] = self._coerce_entry(item, op=op, name=path)
         return out
 
-    def mlir_text(self, value: Any) -> str:
-        from xla_kernels.attr_types import attr_type_of_value
+    def _coerce_entry(self, item: Any, *, op: str, name: str) -> Any:
+        """One entry as the declared entry type coerces it; a refusal says what the
+        declaration takes."""
+        assert self.entries is not None
+        try:
+            return self.entries.coerce(item, op=op, name=name)
+        except OpTypeError as e:
+            if isinstance(self.entries, DictType):  # a nested entry's error says it already
+                raise
+            raise OpTypeError(op, e.arg or name, f"{e.problem} (its dictionary is declared "
+                                        f"{self.python_name})",
+                              e.fix or f"pass {self.entries.python_name} values, or declare "
+                                       "dict[str, Any] for entries of mixed types") from None
 
-        return "{" + ", ".join(f"{k} = {attr_type_of_value(v).mlir_text(v)}"
+    def _takes(self) -> str:
+        if self.entries is not None:
+            return f"dict of str keys to {self.entries.python_name} values"
+        return ("dict of str keys to int, float, bool, str, bytes, lists of numbers, NumPy "
+                "values or nested dicts")
+
+    def _codec(self, value: Any) -> AttrType:
+        """The codec of one coerced entry: the declared entry type's, else the value's."""
+        return self.entries or _value_codec(value)
+
+    def mlir_text(self, value: Any) -> str:
+        return "{" + ", ".join(f"{k} = {self._codec(v).mlir_text(v)}"
                                for k, v in value.items()) + "}"
 
     def eager(self, value: Any) -> EagerAttr:
-        from xla_kernels.attr_types import attr_type_of_value
-
-        block = encode_block([(k, attr_type_of_value(v).eager(v)) for k, v in value.items()])
+        block = encode_block([(k, self._codec(v).eager(v)) for k, v in value.items()])
         return EagerAttr(FFI_DICTIONARY, 0, "8s", b"", block, len(value))
 
     def hashable(self, value: Any) -> Any:
-        from xla_kernels.attr_types import attr_type_of_value
-
-        return ("dict", tuple((k, type(attr_type_of_value(v)).__name__,
-                               attr_type_of_value(v).hashable(v)) for k, v in value.items()))
+        return ("dict", tuple((k, type(self._codec(v)).__name__, self._codec(v).hashable(v))
+                              for k, v in value.items()))
 
     def probe(self) -> Any:
         return {}
+
+
+def _value_codec(value: Any, **how: Any) -> AttrType:
+    """The codec of an entry's value (``how``: ``raw``, ``op``, ``name`` of
+    :func:`~xla_kernels.attr_types.attr_type_of_value`)."""
+    from xla_kernels.attr_types import attr_type_of_value  # the package imports this module
+
+    return attr_type_of_value(value, **how)
+
+
+@register_refusal
+def _unsupported_entries(declared: Any) -> str | None:
+    """Why a ``dict[str, T]`` whose ``T`` is no attribute type is refused."""
+    entry = _entry_type(declared)
+    if entry is NotImplemented or entry is None or _entry_codec(entry) is not None:
+        return None
+    return (f"its entry type {entry!r} is not an attribute type; Fix: declare dict[str, T] "
+            f"with T one of {AttrTypeRegistry.supported}, or dict[str, Any] for entries of "
+            "mixed types")

@@ -185,6 +185,23 @@ def _read_only_error(what: str, platform: str, cache: Path, reason: str,
         "only serve libraries that were built into it before.")
 
 
+def _file_in_the_way(cache: Path) -> Path | None:
+    """The cache path itself, or the folder above it, where that exists and is not a folder
+    (mkdir then fails with EEXIST/ENOTDIR, which reads like a permission problem)."""
+    for path in (cache, *cache.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
+def _not_a_folder_error(what: str, platform: str, cache: Path, blocking: Path) -> BuildError:
+    where = "is a file" if blocking == cache else f"lies under {blocking}, which is a file"
+    return BuildError(
+        f"building {what} for {platform}: the cache folder {cache} {where}, not a folder. "
+        "Fix: point XLA_KERNELS_CACHE_DIR (or cache_dir=) at a folder (it is created if "
+        f"missing), or move the file {blocking} away.")
+
+
 def _lock(what: str, platform: str, cache: Path, stem: Path, reason: str) -> FileLock:
     """The entry's file lock; creating it is the first write, so EROFS/EACCES surface here."""
     lock = FileLock(str(stem) + ".lock")
@@ -293,6 +310,9 @@ def build_library(
         return found.path
 
     # A miss: this process has to build, which needs a writable cache and the compilers.
+    blocking = _file_in_the_way(cache)
+    if blocking is not None:
+        raise _not_a_folder_error(what, platform, cache, blocking)
     try:
         cache.mkdir(parents=True, exist_ok=True)
     except OSError as e:
