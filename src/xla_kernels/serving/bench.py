@@ -204,11 +204,27 @@ def _dispatch_ms(runner: Any, prepared: StepBatch, calls: int) -> float:
 
 def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
                   batch: StepBatch, calls: int, mesh: Any = None) -> float:
-    """The step's attention alone, replayed: ``num_layers`` cache writes + paged attentions
-    on ``batch`` in one program (one dispatch, like the step), each layer's queries the
-    previous layer's output so that none is dropped. The layers share one cache pair: the
-    same bytes move as with one pair per layer once the context outgrows the GPU's L2.
-    With a tensor-parallel ``mesh`` the heads are split over it as in the step.
+    """Median ms of :func:`attention_replay`'s program, its caches donated back each call."""
+    jitted, (q, kv, caches, device_batch) = attention_replay(config, engine, attention, batch,
+                                                             mesh)
+    state = {"caches": caches}
+
+    def call() -> Any:
+        out, state["caches"] = jitted(q, kv, state["caches"], device_batch)
+        return out
+
+    return _replay_ms(call, calls)
+
+
+def attention_replay(config: ModelConfig, engine: EngineConfig, attention: str,
+                     batch: StepBatch, mesh: Any = None) -> tuple[Any, tuple[Any, ...]]:
+    """The step's attention alone, as a jitted program and its arguments (queries, new K/V,
+    the caches, which it donates, and the batch on the device): ``num_layers`` cache writes
+    + paged attentions on ``batch`` in one program (one dispatch, like the step), each
+    layer's queries the previous layer's output so that none is dropped. The layers share
+    one cache pair: the same bytes move as with one pair per layer once the context
+    outgrows the GPU's L2. With a tensor-parallel ``mesh`` the heads are split over it as
+    in the step.
 
     Each layer's new K/V are taken from the previous layer's output, as in the model. The
     order this imposes (layer i's attention reads the caches before layer i + 1's write
@@ -236,8 +252,7 @@ def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
     kv = put(jax.random.normal(key, (rows, config.num_kv_heads, config.head_dim),
                                config.dtype), None, AXIS)
     shape = cache_shape(config, engine)
-    state = {"caches": tuple(put(jnp.zeros(shape, config.dtype), None, None, AXIS)
-                             for _ in range(2))}
+    caches = tuple(put(jnp.zeros(shape, config.dtype), None, None, AXIS) for _ in range(2))
     device_batch = put(jax.device_put(batch))
 
     def layers(q: Any, kv: Any, caches: tuple[Any, Any], batch: StepBatch) -> Any:
@@ -249,13 +264,7 @@ def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
             kv = q.reshape(rows, config.num_kv_heads, -1, config.head_dim)[:, :, 0]
         return q, caches
 
-    jitted = jax.jit(layers, donate_argnums=(2,))
-
-    def call() -> Any:
-        out, state["caches"] = jitted(q, kv, state["caches"], device_batch)
-        return out
-
-    return _replay_ms(call, calls)
+    return jax.jit(layers, donate_argnums=(2,)), (q, kv, caches, device_batch)
 
 
 def _reference_check(config: ModelConfig, weights: dict[str, Any],
@@ -494,5 +503,5 @@ def _decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
     return batch
 
 
-__all__ = ["BenchOptions", "Progress", "make_requests", "make_runner", "runtime_env",
-           "serve_bench"]
+__all__ = ["BenchOptions", "Progress", "attention_replay", "make_requests", "make_runner",
+           "runtime_env", "serve_bench"]
