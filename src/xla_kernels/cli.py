@@ -345,34 +345,36 @@ def _serve_bench_parser(sub: Any) -> None:
                           "plain-XLA fallbacks); default xla-kernels")
     srv.add_argument("--platform", default=None,
                      help="cpu or gpu (default: JAX's default backend)")
-    srv.add_argument("--requests", type=int, help="number of requests")
-    srv.add_argument("--prompt-len", type=int, help="mean prompt length (tokens)")
-    srv.add_argument("--new-tokens", type=int, help="most tokens generated per request")
-    srv.add_argument("--arrival-every", type=int,
+    # Whole numbers are parsed by serve_bench, so a bad one gets the same one-line error
+    # (naming the option and the fix) as a bad value of the right type.
+    srv.add_argument("--requests", help="number of requests")
+    srv.add_argument("--prompt-len", help="mean prompt length (tokens)")
+    srv.add_argument("--new-tokens", help="most tokens generated per request")
+    srv.add_argument("--arrival-every",
                      help="request i arrives before step i * N (0: all at once)")
     srv.add_argument("--dtype", help="float32, bfloat16 or float16 (default: the preset's)")
-    srv.add_argument("--check-dtype", default="float32",
+    srv.add_argument("--check-dtype",
                      help="dtype of the token-for-token reference check (default float32; "
                           "a model in another dtype is re-run untimed in it)")
     srv.add_argument("--no-reference", action="store_true",
                      help="skip the dense reference check")
     srv.add_argument("--no-breakdown", action="store_true",
                      help="skip the decode-step replay (device time, attention share)")
-    srv.add_argument("--max-num-seqs", type=int, help="most sequences per step")
-    srv.add_argument("--token-budget", type=int, help="most query rows per step")
-    srv.add_argument("--block-size", type=int, help="tokens per cache block: 16, 32 or 64")
-    srv.add_argument("--num-blocks", type=int,
+    srv.add_argument("--max-num-seqs", help="most sequences per step")
+    srv.add_argument("--token-budget", help="most query rows per step")
+    srv.add_argument("--block-size", help="tokens per cache block: 16, 32 or 64")
+    srv.add_argument("--num-blocks",
                      help="cache blocks per layer (default: all admitted requests fit)")
     srv.add_argument("--shuffle-blocks", action="store_true",
                      help="hand cache blocks out in a random order")
-    srv.add_argument("--seed", type=int, default=0, help="weights and workload seed")
+    srv.add_argument("--seed", default="0", help="weights and workload seed")
     srv.add_argument("--json", dest="json_path", metavar="PATH", help="write the results here")
     srv.add_argument("--plot", dest="plot_path", metavar="PATH",
                      help="step time plot, .svg or .png (default: the JSON path with .svg)")
     srv.add_argument("--profile", dest="profile_dir", metavar="DIR",
                      help="write a jax.profiler trace of the replayed decode step")
     srv.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    srv.add_argument("--tp", type=int, default=1,
+    srv.add_argument("--tp", default="1",
                      help="tensor parallel degree: split the kv heads over the platform's "
                           "first N devices (default 1)")
     srv.add_argument("--async-scheduling", action="store_true",
@@ -424,14 +426,11 @@ def serve_bench(args: argparse.Namespace) -> int:
 
     options = BenchOptions(
         preset=args.preset, frontend=args.frontend, attention=args.attention,
-        platform=args.platform, requests=args.requests, prompt_len=args.prompt_len,
-        new_tokens=args.new_tokens, arrival_every=args.arrival_every, dtype=args.dtype,
-        check_dtype=args.check_dtype, seed=args.seed, block_size=args.block_size,
-        num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
-        token_budget=args.token_budget, shuffle_blocks=args.shuffle_blocks,
-        reference=not args.no_reference, breakdown=not args.no_breakdown,
-        progress=not args.no_progress, json_path=args.json_path, plot_path=args.plot_path,
-        profile_dir=args.profile_dir, tp=args.tp, async_scheduling=args.async_scheduling)
+        platform=args.platform, dtype=args.dtype, check_dtype=args.check_dtype,
+        shuffle_blocks=args.shuffle_blocks, reference=not args.no_reference,
+        breakdown=not args.no_breakdown, progress=not args.no_progress,
+        json_path=args.json_path, plot_path=args.plot_path, profile_dir=args.profile_dir,
+        async_scheduling=args.async_scheduling, **_whole_numbers(args))
     result = run(options)
     config = result["config"]
     rows = [("config", f"{config['preset']} {config['dtype']}, {config['frontend']}, "
@@ -460,6 +459,19 @@ def serve_bench(args: argparse.Namespace) -> int:
         rows.append(("json", args.json_path))
     _print_table("serve-bench:", rows)
     return 0
+
+
+SERVE_BENCH_WHOLE_NUMBERS = ("requests", "prompt_len", "new_tokens", "arrival_every", "seed",
+                             "block_size", "num_blocks", "max_num_seqs", "token_budget", "tp")
+
+
+def _whole_numbers(args: argparse.Namespace) -> dict[str, int | None]:
+    """serve-bench's whole-number options, parsed; a bad one is a one-line error naming it."""
+    from xla_kernels.serving.options import parse_whole
+
+    return {name: None if getattr(args, name) is None
+            else parse_whole("--" + name.replace("_", "-"), getattr(args, name))
+            for name in SERVE_BENCH_WHOLE_NUMBERS}
 
 
 def _divergence_line(divergence: dict[str, Any]) -> str:

@@ -64,37 +64,8 @@ from xla_kernels.serving.config import (
     preset_entry,
 )
 from xla_kernels.serving.engine import Engine, Request, StepRecord
+from xla_kernels.serving.options import BenchOptions, check_memory, check_options, workload_of
 from xla_kernels.serving.tp import check_tp
-
-
-@dataclasses.dataclass
-class BenchOptions:
-    """serve-bench's options; ``None`` takes the preset's default."""
-
-    preset: str = "tiny"
-    frontend: str = "jax"
-    attention: str = "xla-kernels"
-    platform: str | None = None          # None: JAX's default backend
-    requests: int | None = None
-    prompt_len: int | None = None
-    new_tokens: int | None = None
-    dtype: str | None = None
-    check_dtype: str = "float32"         # the equality check's dtype (see the module doc)
-    seed: int = 0
-    block_size: int | None = None
-    num_blocks: int | None = None        # None: every admitted request fits at once
-    max_num_seqs: int | None = None
-    token_budget: int | None = None
-    arrival_every: int | None = None
-    shuffle_blocks: bool = False
-    reference: bool = True
-    breakdown: bool = True
-    progress: bool = True
-    json_path: str | None = None
-    plot_path: str | None = None         # None: next to the JSON, .svg
-    profile_dir: str | None = None
-    tp: int = 1                          # tensor parallel degree (kv heads split)
-    async_scheduling: bool = False       # one step in flight (see the engine's module doc)
 
 
 def make_requests(workload: Workload, vocab_size: int, seed: int) -> list[Request]:
@@ -233,11 +204,34 @@ def _dispatch_ms(runner: Any, prepared: StepBatch, calls: int) -> float:
 
 def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
                   batch: StepBatch, calls: int, mesh: Any = None) -> float:
-    """The step's attention alone, replayed: ``num_layers`` cache writes + paged attentions
-    on ``batch`` in one program (one dispatch, like the step), each layer's queries the
-    previous layer's output so that none is dropped. The layers share one cache pair: the
-    same bytes move as with one pair per layer once the context outgrows the GPU's L2.
-    With a tensor-parallel ``mesh`` the heads are split over it as in the step."""
+    """Median ms of :func:`attention_replay`'s program, its caches donated back each call."""
+    jitted, (q, kv, caches, device_batch) = attention_replay(config, engine, attention, batch,
+                                                             mesh)
+    state = {"caches": caches}
+
+    def call() -> Any:
+        out, state["caches"] = jitted(q, kv, state["caches"], device_batch)
+        return out
+
+    return _replay_ms(call, calls)
+
+
+def attention_replay(config: ModelConfig, engine: EngineConfig, attention: str,
+                     batch: StepBatch, mesh: Any = None) -> tuple[Any, tuple[Any, ...]]:
+    """The step's attention alone, as a jitted program and its arguments (queries, new K/V,
+    the caches, which it donates, and the batch on the device): ``num_layers`` cache writes
+    + paged attentions on ``batch`` in one program (one dispatch, like the step), each
+    layer's queries the previous layer's output so that none is dropped. The layers share
+    one cache pair: the same bytes move as with one pair per layer once the context
+    outgrows the GPU's L2. With a tensor-parallel ``mesh`` the heads are split over it as
+    in the step.
+
+    Each layer's new K/V are taken from the previous layer's output, as in the model. The
+    order this imposes (layer i's attention reads the caches before layer i + 1's write
+    updates them in place) is what lets XLA update the shared, donated caches in place:
+    with a K/V independent of the attention, the next write may run before the read, and
+    XLA copies the whole caches for every write (a time that grows with ``num_blocks``,
+    not with the context attended)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -258,23 +252,19 @@ def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
     kv = put(jax.random.normal(key, (rows, config.num_kv_heads, config.head_dim),
                                config.dtype), None, AXIS)
     shape = cache_shape(config, engine)
-    state = {"caches": tuple(put(jnp.zeros(shape, config.dtype), None, None, AXIS)
-                             for _ in range(2))}
+    caches = tuple(put(jnp.zeros(shape, config.dtype), None, None, AXIS) for _ in range(2))
     device_batch = put(jax.device_put(batch))
 
     def layers(q: Any, kv: Any, caches: tuple[Any, Any], batch: StepBatch) -> Any:
         for _ in range(config.num_layers):
             caches = write_kv(attention, kv, kv, *caches, batch.slot_mapping)
             q = paged_attention(attention, q, *caches, batch, scale=config.head_dim ** -0.5)
+            # The next write waits for this attention. Each kv head takes the first q head
+            # of its group, which tensor parallelism keeps on the same device.
+            kv = q.reshape(rows, config.num_kv_heads, -1, config.head_dim)[:, :, 0]
         return q, caches
 
-    jitted = jax.jit(layers, donate_argnums=(2,))
-
-    def call() -> Any:
-        out, state["caches"] = jitted(q, kv, state["caches"], device_batch)
-        return out
-
-    return _replay_ms(call, calls)
+    return jax.jit(layers, donate_argnums=(2,)), (q, kv, caches, device_batch)
 
 
 def _reference_check(config: ModelConfig, weights: dict[str, Any],
@@ -296,29 +286,15 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
     check_choice("--frontend", options.frontend, FRONTENDS)
     check_choice("--attention", options.attention, ATTENTIONS)
     model = entry.model.with_dtype(options.dtype) if options.dtype else entry.model
-    check_dtype = check_choice("--check-dtype", options.check_dtype, DTYPES)
+    check_dtype = check_choice("--check-dtype", options.check_dtype or "float32", DTYPES)
+    check_options(options, entry)
     devices = _devices(options.platform)
     device = devices[0]
     check_tp(model, options.tp, devices)
-    workload = dataclasses.replace(
-        entry.workload,
-        **{k: v for k, v in (("requests", options.requests),
-                             ("prompt_len", options.prompt_len),
-                             ("new_tokens", options.new_tokens),
-                             ("arrival_every", options.arrival_every)) if v is not None})
-    if workload.requests < 1:
-        raise ServingConfigError("--requests must be >= 1. Fix: pass --requests 1 or more.")
+    workload = workload_of(options, entry)
     requests = make_requests(workload, model.vocab_size, options.seed)
-    block_size = options.block_size or entry.block_size
-    max_num_seqs = options.max_num_seqs or entry.max_num_seqs
-    max_model_len = max(len(r.prompt) + r.max_new_tokens for r in requests)
-    blocks_per_request = max(r.blocks_needed(block_size) for r in requests)
-    engine_config = EngineConfig(
-        block_size=block_size,
-        num_blocks=options.num_blocks or min(max_num_seqs, len(requests)) * blocks_per_request,
-        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-        token_budget=options.token_budget or entry.token_budget,
-        min_bucket=min(16, options.token_budget or entry.token_budget))
+    engine_config = _engine_config(options, entry, requests)
+    check_memory(model, engine_config, options.tp, device)
 
     from xla_kernels.serving.weights import init_weights
 
@@ -328,7 +304,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
                              options.attention, options.tp, devices)
         start = time.perf_counter()
         for bucket in engine_config.buckets():
-            batch = empty_batch(bucket, max_num_seqs, engine_config.max_blocks_per_seq)
+            batch = empty_batch(bucket, engine_config.max_num_seqs,
+                                engine_config.max_blocks_per_seq)
             tokens = runner.launch(runner.prepare(batch))
             if options.async_scheduling:     # compiles the bucket's token feed too
                 tokens = runner.launch(runner.feed(runner.prepare(batch), [], [], tokens))
@@ -408,6 +385,27 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         if options.json_path:
             Path(options.json_path).write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _given(value: int | None, default: int) -> int:
+    """An option's value, or the default when it was not given (0 is a value, not unset)."""
+    return default if value is None else value
+
+
+def _engine_config(options: BenchOptions, entry: Any, requests: list[Request]) -> EngineConfig:
+    """The engine's limits: the options given, else the preset's; by default enough cache
+    blocks for every request admitted at once."""
+    block_size = _given(options.block_size, entry.block_size)
+    max_num_seqs = _given(options.max_num_seqs, entry.max_num_seqs)
+    token_budget = _given(options.token_budget, entry.token_budget)
+    blocks_per_request = max(r.blocks_needed(block_size) for r in requests)
+    return EngineConfig(
+        block_size=block_size,
+        num_blocks=_given(options.num_blocks,
+                          min(max_num_seqs, len(requests)) * blocks_per_request),
+        max_num_seqs=max_num_seqs,
+        max_model_len=max(len(r.prompt) + r.max_new_tokens for r in requests),
+        token_budget=token_budget, min_bucket=min(16, token_budget))
 
 
 def _metrics(engine: Engine, outputs: dict[int, list[int]], wall_s: float) -> dict[str, Any]:
@@ -505,5 +503,5 @@ def _decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
     return batch
 
 
-__all__ = ["BenchOptions", "Progress", "make_requests", "make_runner", "runtime_env",
-           "serve_bench"]
+__all__ = ["BenchOptions", "Progress", "attention_replay", "make_requests", "make_runner",
+           "runtime_env", "serve_bench"]

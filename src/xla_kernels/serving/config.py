@@ -62,6 +62,9 @@ class ModelConfig:
     """A Llama-style decoder: RMSNorm, rotary embeddings, GQA attention, SwiGLU MLP.
 
     ``dtype`` is the dtype of the weights, activations and KV cache (a NumPy name).
+    ``max_context`` is the longest sequence (prompt + output) the model is run at: rotary
+    embeddings have no hard limit, so this bounds a run (its steps and its cache) instead;
+    32768 is the longest context the kernels are benchmarked at.
     """
 
     name: str
@@ -75,6 +78,7 @@ class ModelConfig:
     dtype: str = "bfloat16"
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
+    max_context: int = 32768
 
     def __post_init__(self) -> None:
         if self.num_q_heads % self.num_kv_heads:

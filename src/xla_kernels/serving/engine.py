@@ -204,6 +204,14 @@ class Engine:
             request.hold_blocks(blocks)
             self.running.append(self.waiting.popleft())
 
+    def _next_arrival(self) -> int:
+        """The step after an idle one: nothing runs until the next request arrives, so
+        the idle steps up to its arrival are skipped at once rather than one at a time
+        (arrivals far apart would otherwise spin for hours)."""
+        if self.running or not self.waiting:
+            return self.steps + 1
+        return max(self.steps + 1, self.waiting[0].arrival)
+
     def _schedule(self) -> list[tuple[Request, int]]:
         """(request, query rows) for this step: decodes first, then prefill chunks."""
         budget = self.config.token_budget
@@ -263,7 +271,7 @@ class Engine:
         self._admit()
         chosen = self._schedule()
         if not chosen:
-            self.steps += 1
+            self.steps = self._next_arrival()
             return None
         return (chosen, *self._batch(chosen))
 

@@ -31,16 +31,38 @@ PANELS = (("num_seqs", "sequences in the step (batch size)"),
 def write_step_plot(steps: Sequence[dict[str, Any]], path: str | Path, *, title: str) -> None:
     """Plot ``steps`` (dicts with num_seqs, context_tokens, ms, kind) to ``path``."""
     path = Path(path)
+    check_plot_path(path)
     if path.suffix == ".png":
         _png(steps, path, title)
-    elif path.suffix == ".svg":
-        path.write_text(_svg(steps, title))
     else:
+        path.write_text(_svg(steps, title))
+
+
+def check_plot_path(path: str | Path) -> None:
+    """Refuse a plot path :func:`write_step_plot` cannot write: checked before a run, so
+    that a bad ``--plot`` does not fail after it.
+
+    Example:
+        >>> try:
+        ...     check_plot_path("steps.pdf")
+        ... except ServingConfigError as e:
+        ...     print(e)                                  # doctest: +NORMALIZE_WHITESPACE
+        --plot steps.pdf: unknown format '.pdf'. Fix: end the path in .svg (no dependency)
+        or .png (needs matplotlib).
+    """
+    path = Path(path)
+    if path.suffix not in (".png", ".svg"):
         raise ServingConfigError(f"--plot {path}: unknown format {path.suffix!r}. Fix: end "
                                  "the path in .svg (no dependency) or .png (needs matplotlib).")
+    if path.is_dir():
+        raise ServingConfigError(f"--plot {path}: is a directory. Fix: pass a file path "
+                                 "ending in .svg or .png.")
+    if path.suffix == ".png":
+        _pyplot(path)
 
 
-def _png(steps: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+def _pyplot(path: Path) -> Any:
+    """matplotlib's pyplot (headless), or the error naming ``--plot``'s fix."""
     try:
         import matplotlib
 
@@ -49,6 +71,11 @@ def _png(steps: Sequence[dict[str, Any]], path: Path, title: str) -> None:
     except ImportError as e:
         raise ServingConfigError(f"--plot {path}: a .png needs matplotlib ({e}). Fix: pip "
                                  "install matplotlib, or pass a .svg path.") from e
+    return plt
+
+
+def _png(steps: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    plt = _pyplot(path)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, (key, label) in zip(axes, PANELS, strict=True):
         for kind, colour in COLOURS.items():
@@ -112,4 +139,4 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-__all__ = ["write_step_plot"]
+__all__ = ["check_plot_path", "write_step_plot"]

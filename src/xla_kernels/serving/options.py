@@ -1,0 +1,255 @@
+"""serve-bench's options and their checks: a bad value is refused before anything is built
+or compiled, in one line that names the option and the fix.
+
+:func:`check_options` takes what needs no device (ranges, lengths against the model's
+context, limits against the workload, paths, conflicting options); :func:`check_memory`
+takes the caches against the device's memory once the device is known.
+
+Example:
+    >>> from xla_kernels.serving.config import preset_entry
+    >>> try:
+    ...     check_options(BenchOptions(new_tokens=0), preset_entry("tiny"))
+    ... except ServingConfigError as e:
+    ...     print(e)
+    --new-tokens 0: must be 1 or more. Fix: pass --new-tokens 1 or more.
+    >>> try:
+    ...     check_options(BenchOptions(new_tokens=10**6), preset_entry("tiny"))
+    ... except ServingConfigError as e:
+    ...     print(e)                                      # doctest: +NORMALIZE_WHITESPACE
+    --new-tokens 1000000: the model's context is 32768 tokens (prompt + output). Fix: pass
+    --new-tokens 32767 or less.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from xla_kernels.serving.config import (
+    EngineConfig,
+    ModelConfig,
+    Preset,
+    ServingConfigError,
+    Workload,
+)
+
+MAX_SEED = 2**32 - 1
+"""The largest seed: 32 bits, which NumPy's generator and ``jax.random.key`` both take."""
+
+MAX_REQUESTS = 100_000
+"""Requests one run takes: the presets send 8 or 64; every prompt is held in memory, and a
+run of more would take hours even on the tiny preset."""
+
+BLOCK_SIZES = (16, 32, 64)
+"""Tokens per cache block that the kernels take."""
+
+ITEMSIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Bytes per cache element of each model dtype."""
+
+
+@dataclasses.dataclass
+class BenchOptions:
+    """serve-bench's options; ``None`` takes the preset's default."""
+
+    preset: str = "tiny"
+    frontend: str = "jax"
+    attention: str = "xla-kernels"
+    platform: str | None = None          # None: JAX's default backend
+    requests: int | None = None
+    prompt_len: int | None = None
+    new_tokens: int | None = None
+    dtype: str | None = None
+    check_dtype: str | None = None       # the equality check's dtype; None: float32
+    seed: int = 0
+    block_size: int | None = None
+    num_blocks: int | None = None        # None: every admitted request fits at once
+    max_num_seqs: int | None = None
+    token_budget: int | None = None
+    arrival_every: int | None = None
+    shuffle_blocks: bool = False
+    reference: bool = True
+    breakdown: bool = True
+    progress: bool = True
+    json_path: str | None = None
+    plot_path: str | None = None         # None: next to the JSON, .svg
+    profile_dir: str | None = None
+    tp: int = 1                          # tensor parallel degree (kv heads split)
+    async_scheduling: bool = False       # one step in flight (see the engine's module doc)
+
+
+def parse_whole(option: str, text: str) -> int:
+    """``text`` as an int, else a :class:`ServingConfigError` naming ``option``.
+
+    Example:
+        >>> parse_whole("--requests", "8")
+        8
+        >>> try:
+        ...     parse_whole("--requests", "8.5")
+        ... except ServingConfigError as e:
+        ...     print(e)
+        --requests '8.5': not a whole number. Fix: pass --requests as digits, e.g. --requests 8.
+    """
+    try:
+        return int(text)
+    except ValueError:
+        raise ServingConfigError(f"{option} {text!r}: not a whole number. Fix: pass {option} "
+                                 f"as digits, e.g. {option} 8.") from None
+
+
+def workload_of(options: BenchOptions, entry: Preset) -> Workload:
+    """The preset's workload with the options that were given."""
+    given = (("requests", options.requests), ("prompt_len", options.prompt_len),
+             ("new_tokens", options.new_tokens), ("arrival_every", options.arrival_every))
+    return dataclasses.replace(entry.workload, **{k: v for k, v in given if v is not None})
+
+
+def longest_prompt(workload: Workload) -> int:
+    """The longest prompt :func:`~xla_kernels.serving.bench.make_requests` may draw.
+
+    Example:
+        >>> longest_prompt(Workload(8, prompt_len=24, new_tokens=12, prompt_spread=0.75))
+        42
+    """
+    lo = max(1, round(workload.prompt_len * (1 - workload.prompt_spread)))
+    return max(lo, round(workload.prompt_len * (1 + workload.prompt_spread)))
+
+
+def check_options(options: BenchOptions, entry: Preset) -> None:
+    """Refuse what is wrong with ``options`` on preset ``entry`` before any device work."""
+    _check_ranges(options)
+    workload = workload_of(options, entry)
+    _check_context(options, workload, entry.model)
+    _check_engine(options, workload, entry)
+    _check_paths(options)
+    _check_conflicts(options)
+
+
+def _check_at_least(option: str, value: int | None, low: int) -> None:
+    if value is not None and value < low:
+        raise ServingConfigError(f"{option} {value}: must be {low} or more. Fix: pass "
+                                 f"{option} {low} or more.")
+
+
+def _check_ranges(options: BenchOptions) -> None:
+    for option, value, low in (("--requests", options.requests, 1),
+                               ("--prompt-len", options.prompt_len, 1),
+                               ("--new-tokens", options.new_tokens, 1),
+                               ("--arrival-every", options.arrival_every, 0),
+                               ("--max-num-seqs", options.max_num_seqs, 1),
+                               ("--token-budget", options.token_budget, 1),
+                               ("--num-blocks", options.num_blocks, 1),
+                               ("--seed", options.seed, 0)):
+        _check_at_least(option, value, low)
+    if options.requests is not None and options.requests > MAX_REQUESTS:
+        raise ServingConfigError(
+            f"--requests {options.requests}: more than {MAX_REQUESTS} would run for hours and "
+            f"hold every prompt in memory. Fix: pass --requests {MAX_REQUESTS} or less.")
+    if options.seed > MAX_SEED:
+        raise ServingConfigError(f"--seed {options.seed}: must be {MAX_SEED} or less (a 32-bit "
+                                 f"seed). Fix: pass --seed 0 to {MAX_SEED}.")
+    if options.block_size is not None and options.block_size not in BLOCK_SIZES:
+        raise ServingConfigError(f"--block-size {options.block_size}: the kernels take 16, 32 "
+                                 "or 64 tokens per block. Fix: pass --block-size 16, 32 or 64.")
+
+
+def _check_context(options: BenchOptions, workload: Workload, model: ModelConfig) -> None:
+    """The longest request (prompt + new tokens) must fit the model's context."""
+    context = model.max_context
+    if workload.new_tokens >= context:
+        raise ServingConfigError(
+            f"--new-tokens {workload.new_tokens}: the model's context is {context} tokens "
+            f"(prompt + output). Fix: pass --new-tokens {context - 1} or less.")
+    longest = longest_prompt(workload) + workload.new_tokens
+    if longest <= context:
+        return
+    fits = int((context - workload.new_tokens) / (1 + workload.prompt_spread)) + 1
+    while longest_prompt(dataclasses.replace(workload, prompt_len=fits)) \
+            + workload.new_tokens > context:
+        fits -= 1
+    raise ServingConfigError(
+        f"--prompt-len {workload.prompt_len}: prompts of up to "
+        f"{longest - workload.new_tokens} tokens + {workload.new_tokens} new tokens exceed the "
+        f"model's context of {context} tokens. Fix: pass --prompt-len {fits} or less, or "
+        "fewer --new-tokens.")
+
+
+def _check_engine(options: BenchOptions, workload: Workload, entry: Preset) -> None:
+    """Limits the workload can use: more sequences than requests, or more rows than all
+    sequences' tokens, only pad every step (and --max-num-seqs 10**9 would not fit memory);
+    fewer blocks than the longest request needs could never run it."""
+    if options.max_num_seqs is not None and options.max_num_seqs > workload.requests:
+        raise ServingConfigError(
+            f"--max-num-seqs {options.max_num_seqs}: more than the {workload.requests} "
+            f"requests, so never filled. Fix: pass --max-num-seqs {workload.requests} or less.")
+    max_num_seqs = entry.max_num_seqs if options.max_num_seqs is None else options.max_num_seqs
+    longest = longest_prompt(workload) + workload.new_tokens
+    rows = min(max_num_seqs, workload.requests) * longest
+    if options.token_budget is not None and options.token_budget > max(rows, max_num_seqs):
+        raise ServingConfigError(
+            f"--token-budget {options.token_budget}: a step never has more than {rows} rows "
+            f"here ({min(max_num_seqs, workload.requests)} sequences of up to {longest} "
+            f"tokens). Fix: pass --token-budget {max(rows, max_num_seqs)} or less.")
+    block_size = entry.block_size if options.block_size is None else options.block_size
+    needed = -(-longest // block_size)
+    if options.num_blocks is not None and options.num_blocks < needed:
+        raise ServingConfigError(
+            f"--num-blocks {options.num_blocks}: the longest request ({longest} tokens) needs "
+            f"{needed} blocks of {block_size}. Fix: pass --num-blocks {needed} or more, or "
+            "leave it unset (every admitted request fits).")
+
+
+def _check_paths(options: BenchOptions) -> None:
+    """Output paths, checked before the run rather than after it."""
+    if options.json_path is not None and Path(options.json_path).is_dir():
+        raise ServingConfigError(f"--json {options.json_path}: is a directory. Fix: pass a "
+                                 "file path, e.g. --json out.json.")
+    if options.plot_path is not None:
+        from xla_kernels.serving.plot import check_plot_path
+
+        check_plot_path(options.plot_path)
+    if options.profile_dir is not None and Path(options.profile_dir).is_file():
+        raise ServingConfigError(f"--profile {options.profile_dir}: is a file. Fix: pass a "
+                                 "directory (it is created if missing).")
+
+
+def _check_conflicts(options: BenchOptions) -> None:
+    if options.profile_dir is not None and not options.breakdown:
+        raise ServingConfigError("--profile traces the breakdown's replay, which "
+                                 "--no-breakdown skips. Fix: drop one of them.")
+    if options.check_dtype is not None and not options.reference:
+        raise ServingConfigError("--check-dtype sets the reference check's dtype, which "
+                                 "--no-reference skips. Fix: drop one of them.")
+
+
+def memory_bytes(device: Any) -> int | None:
+    """Memory of ``device``: a GPU's allocator limit, the host's RAM for the CPU; ``None``
+    when unknown."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    if getattr(device, "platform", None) == "cpu" and hasattr(os, "sysconf"):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def check_memory(model: ModelConfig, engine: EngineConfig, tp: int, device: Any) -> None:
+    """Refuse caches larger than one device's memory (each of ``tp`` devices holds
+    ``1 / tp`` of them), rather than fail in the allocator or swap for hours."""
+    available = memory_bytes(device)
+    if available is None:
+        return
+    per_block = (2 * model.num_layers * engine.block_size * model.num_kv_heads
+                 * model.head_dim * ITEMSIZES[model.dtype]) // tp
+    if engine.num_blocks * per_block <= available:
+        return
+    raise ServingConfigError(
+        f"--num-blocks {engine.num_blocks}: the caches take "
+        f"{engine.num_blocks * per_block / 2**30:.1f} GiB, more than the "
+        f"{available / 2**30:.1f} GiB of the {device.platform} device. Fix: pass --num-blocks "
+        f"{available // per_block} or less, or leave it unset.")
+
+
+__all__ = ["BLOCK_SIZES", "MAX_REQUESTS", "MAX_SEED", "BenchOptions", "check_memory",
+           "check_options", "longest_prompt", "memory_bytes", "parse_whole", "workload_of"]
