@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices 
                                 "devices: run through tests/test_sharding_mixed.py)")
 
 MESHES = [(1,), (2,), (4,), (2, 2), (8,), (2, 4), (4, 2)]
-EXAMPLES = 8
+EXAMPLES = 12
 
 # A user op declared as the README's examples are: elementwise, any shape.
 user_add = xk.Op(

@@ -86,7 +86,8 @@ CASES = {
 def _run(script: str, env: dict[str, str] | None = None, timeout: int = 300
          ) -> subprocess.CompletedProcess:
     return subprocess.run(script, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": SRC, **(env or {})})
+                          env={**os.environ, "PYTHONPATH": SRC, "JAX_PLATFORMS": "cpu",
+                               **(env or {})})
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -185,3 +186,11 @@ def test_caches_updated_in_place_keep_their_results_sharding():
     axes = factor_axes(rule, [(None, None, "x"), (None, None, "y")], {"x": 2, "y": 2})
     caches = [term_spec(d, (6, 16, 4, 64), axes) for d in rule.inputs[2:4] + rule.outputs]
     assert [tuple(s) for s in caches] == [(None, None, "x", None)] * 4
+
+
+def test_a_compound_factor_that_cannot_span_its_dimension_names_the_array():
+    with pytest.raises(OpDeclarationError) as e:
+        _bind("(k g) d, k d -> (k g) d", [("q", (8, 4)), ("c", (3, 4))], [("out", (8, 4))])
+    assert str(e.value) == (
+        "xk_tests.op: argument 'q': compound factor (k g) cannot span a dimension of 8: its "
+        "known factors make 3. Fix: give factor sizes whose product is the dimension.")

@@ -74,24 +74,32 @@ class _Binder:
         self.op, self.text = op, text
         self.sizes: dict[str, tuple[int, str]] = {}  # factor -> (size, where it was seen)
         self.ellipses: dict[str, tuple[int, str]] = {}  # group -> (rank, where)
+        self.checked: list[tuple[tuple[Dim, ...], tuple[int, ...], str]] = []
 
     def fail(self, where: str, problem: str, fix: str) -> OpDeclarationError:
         return OpDeclarationError(self.op, f"{where}: {problem}", fix)
 
-    def terms(self, side: str, arrays: Sequence[tuple[str, tuple[int, ...]]], kind: str,
-              label: str) -> list[tuple[Dim | str, ...]]:
+    def side(self, side: str, arrays: Sequence[tuple[str, tuple[int, ...]]], kind: str,
+             label: str) -> tuple[tuple[Dim, ...], ...]:
+        """One side's terms, each checked against its ``(name, shape)`` array and with
+        ``...`` expanded; plain factors' sizes recorded."""
         terms = [t.strip() for t in side.split(",")]
         if len(terms) != len(arrays):
-            missing = f"{label} '{arrays[len(terms)][0]}'" if len(terms) < len(arrays) else None
             problem = (f"its sharding rule {self.text!r} has {_count(len(terms), kind + ' term')}"
                        f" for {_count(len(arrays), kind)} "
                        f"({', '.join(n for n, _ in arrays) or 'none'})")
             fix = f"give one term per {kind}, in order"
-            if missing:
-                raise self.fail(missing, problem, fix)
+            if len(terms) < len(arrays):
+                raise self.fail(f"{label} '{arrays[len(terms)][0]}'", problem, fix)
             raise OpDeclarationError(self.op, problem, fix)
-        return [self.parse(t, f"{label} '{name}'") for t, (name, _) in zip(terms, arrays,
-                                                                           strict=True)]
+        bound = []
+        for term, (name, shape) in zip(terms, arrays, strict=True):
+            where, shape = f"{label} '{name}'", tuple(shape)
+            dims = self.expand(self.parse(term, where), shape, where, term)
+            self.record_sizes(dims, shape, where)
+            self.checked.append((dims, shape, where))
+            bound.append(dims)
+        return tuple(bound)
 
     def parse(self, term: str, where: str) -> tuple[Dim | str, ...]:
         """A term's dimensions; a leading ``...`` stays a string (its group)."""
@@ -149,27 +157,26 @@ class _Binder:
             if size > known:
                 self.sizes[dim[0]] = (size, where)
 
-    def compound_sizes(self, terms: Sequence[tuple[tuple[Dim, ...], tuple[int, ...], str]],
-                       given: Mapping[str, int]) -> None:
+    def compound_sizes(self, given: Mapping[str, int]) -> None:
         """Sizes of factors seen only in compound dimensions: given, or the one unknown of
         a compound inferred from its dimension's length."""
         for factor, size in given.items():
             self.sizes.setdefault(factor, (size, "the rule's options"))
-        pending = [(dim, size, where) for dims, shape, where in terms
+        pending = [(dim, size, where) for dims, shape, where in self.checked
                    for dim, size in zip(dims, shape, strict=True) if len(dim) > 1]
         while pending:
             left = []
             for dim, size, where in pending:
                 unknown = [f for f in dim if f not in self.sizes]
                 known = math.prod(self.sizes[f][0] for f in dim if f in self.sizes)
-                if len(unknown) == 1 and known and size % known == 0:
-                    self.sizes[unknown[0]] = (size // known, where)
-                elif not unknown and known != size:
-                    raise self.fail(where, f"compound factor ({' '.join(dim)}) has size "
-                                    f"{known}, the dimension {size}",
+                if len(unknown) > 1:
+                    left.append((dim, size, where))
+                elif (size % known if unknown else size != known):
+                    raise self.fail(where, f"compound factor ({' '.join(dim)}) cannot span a "
+                                    f"dimension of {size}: its known factors make {known}",
                                     "give factor sizes whose product is the dimension")
                 elif unknown:
-                    left.append((dim, size, where))
+                    self.sizes[unknown[0]] = (size // known, where)
             if len(left) == len(pending):
                 dim, _, where = left[0]
                 raise self.fail(where, f"the sizes of compound factor ({' '.join(dim)}) are "
@@ -199,28 +206,16 @@ def bind_rule(op: str, text: str, options: Mapping[str, Any],
         raise OpDeclarationError(op, f"its sharding rule {text!r} has no single '->'",
                                  "write 'inputs -> outputs', e.g. '..., ... -> ...'")
     left, right = text.split("->")
-    sides = [(binder.terms(left, inputs, "input", "argument"), inputs),
-             (binder.terms(right, outputs, "output", "result"), outputs)]
-    bound: list[list[tuple[Dim, ...]]] = [[], []]
-    checked = []
-    for side, (terms, arrays) in enumerate(sides):
-        label = "argument" if side == 0 else "result"
-        raw = (left if side == 0 else right).split(",")
-        for dims, (name, shape), term in zip(terms, arrays, raw, strict=True):
-            where = f"{label} '{name}'"
-            expanded = binder.expand(dims, tuple(shape), where, term.strip())
-            binder.record_sizes(expanded, tuple(shape), where)
-            bound[side].append(expanded)
-            checked.append((expanded, tuple(shape), where))
-    given = {k: int(v) for k, v in options.items() if not k.endswith("_factors")}
-    binder.compound_sizes(checked, given)
+    ins = binder.side(left, inputs, "input", "argument")
+    outs = binder.side(right, outputs, "output", "result")
+    binder.compound_sizes({k: int(v) for k, v in options.items() if not k.endswith("_factors")})
     sizes = {f: s for f, (s, _) in binder.sizes.items()}
     whole = {f for kind in _WHOLE_KINDS for f in options.get(kind, ())}
-    factors_in = {f for dims in bound[0] for dim in dims for f in dim}
-    factors_out = {f for dims in bound[1] for dim in dims for f in dim}
+    factors_in = {f for dims in ins for dim in dims for f in dim}
+    factors_out = {f for dims in outs for dim in dims for f in dim}
     splittable = frozenset(f for f in factors_in & factors_out
                            if f not in whole and sizes.get(f, 1) > 1)
-    return BoundRule(text, tuple(sorted(options.items())), tuple(bound[0]), tuple(bound[1]),
+    return BoundRule(text, tuple(sorted(options.items())), ins, outs,
                      tuple(sorted(sizes.items())), splittable)
 
 
