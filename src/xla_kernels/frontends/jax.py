@@ -30,6 +30,7 @@ from jax.interpreters.mlir import ir
 
 from xla_kernels import dtypes, platforms
 from xla_kernels.errors import OpDeclarationError
+from xla_kernels.frontends import jax_partitioning as partitioning
 from xla_kernels.op import set_call_hook
 from xla_kernels.runtime.registry import ensure_registered
 
@@ -209,10 +210,14 @@ def _lower_partitioned(op: Op, plan: CallPlan, ctx: Any, operands: Sequence[Any]
     order = {f: i for i, f in enumerate(dict.fromkeys(re.findall(r"[A-Za-z_]\w*", text)))}
     options = {k: tuple(sorted(v, key=lambda f: order.get(f, len(order))))
                if k.endswith("_factors") else v for k, v in options.items()}
-    key = (text, tuple(sorted(options.items())))
+    names = op.output_names or [f"output {i}" for i in range(len(plan.visible_outputs))]
+    bound = partitioning.bind_rule(
+        op.name, text, options, [(s.name or f"input {i}", s.shape)
+                                 for i, s in enumerate(plan.inputs)],
+        [(n, s.shape) for n, s in zip(names, plan.visible_outputs, strict=False)])
     partitioned = _partitioned(op)
     try:
-        visible = mlir.lower_fun(lambda *xs: partitioned(attrs, key, *xs),
+        visible = mlir.lower_fun(lambda *xs: partitioned(attrs, bound, *xs),
                                  multiple_results=True)(ctx, *operands)
     except ValueError as e:
         raise OpDeclarationError(op.name, f"its sharding rule {text!r} does not fit this call "
@@ -223,34 +228,29 @@ def _lower_partitioned(op: Op, plan: CallPlan, ctx: Any, operands: Sequence[Any]
 
 
 def _partitioned(op: Op) -> Any:
-    """``custom_partitioning`` of the op's visible outputs: ``f(attrs, rule, *arrays)``."""
+    """``custom_partitioning`` of the op's visible outputs: ``f(attrs, bound_rule, *arrays)``."""
     record = op.record
     with record.lock:
         made = record.jax_partitioned
         if made is not None and made.xk_op is record.op:
             return made
 
-    def visible(attrs: FrozenAttrs, rule: Any, *arrays: Any) -> tuple[Any, ...]:
+    def visible(attrs: FrozenAttrs, rule: partitioning.BoundRule, *arrays: Any
+                ) -> tuple[Any, ...]:
         plan = op.bind(arrays, attrs.thaw(), coerced=True)
         outs = primitive(op).bind(*arrays, attrs=attrs, raw=True)
         return tuple(outs[i] for i in plan.visible_indices)
 
-    def partition(attrs: FrozenAttrs, rule: Any, mesh: Any, arg_shapes: Any,
-                  result_shape: Any) -> Any:
+    def partition(attrs: FrozenAttrs, rule: partitioning.BoundRule, mesh: Any,
+                  arg_shapes: Any, result_shape: Any) -> Any:
         results = result_shape if isinstance(result_shape, (tuple, list)) else (result_shape,)
-        text, options = rule
-        whole = set(dict(options).get("need_replication_factors", ()))
-        sides = text.split("->")
-        ins = _whole_dims(sides[0], whole, [len(a.shape) for a in arg_shapes])
-        outs = _whole_dims(sides[1], whole, [len(r.shape) for r in results])
-        return (mesh, lambda *xs: visible(attrs, rule, *xs),
-                tuple(_replicated(r.sharding, d) for r, d in zip(results, outs, strict=True)),
-                tuple(_replicated(a.sharding, d) for a, d in zip(arg_shapes, ins, strict=True)))
+        mesh, out_shardings, in_shardings = partitioning.partition_shardings(
+            rule, mesh, arg_shapes, results)
+        return mesh, lambda *xs: visible(attrs, rule, *xs), out_shardings, in_shardings
 
-    def sharding_rule(attrs: FrozenAttrs, rule: Any, mesh: Any, value_types: Any,
-                      result_types: Any) -> tuple[str, dict]:
-        text, options = rule
-        return text, dict(options)
+    def sharding_rule(attrs: FrozenAttrs, rule: partitioning.BoundRule, mesh: Any,
+                      value_types: Any, result_types: Any) -> tuple[str, dict]:
+        return rule.text, dict(rule.options)
 
     from jax.experimental.custom_partitioning import custom_partitioning
 
@@ -267,36 +267,6 @@ def _no_kernel(op: Op, ctx: Any, *operands: Any, attrs: FrozenAttrs, raw: bool) 
         op.name, ", ".join(ctx.module_context.platforms), op.kernels,
         "place the computation on a supported device (e.g. jax.jit(f, "
         "device=jax.devices('cpu')[0])), or declare a kernel for this platform")
-
-
-def _whole_dims(side: str, whole: set[str], ranks: Sequence[int]) -> list[set[int]]:
-    """Per term of one side of a rule, the dimensions holding a factor that must be whole
-    (``...`` stands for the leading dimensions the term does not name)."""
-    out = []
-    for term, rank in zip(side.split(","), ranks, strict=True):
-        dims = re.findall(r"\([^)]*\)|\.\.\.|[A-Za-z_]\w*", term)
-        skip = rank - (len(dims) - 1) if "..." in dims else 0
-        found: set[int] = set()
-        position = 0
-        for d in dims:
-            if d == "...":
-                position += skip
-                continue
-            if set(re.findall(r"[A-Za-z_]\w*", d)) & whole:
-                found.add(position)
-            position += 1
-        out.append(found)
-    return out
-
-
-def _replicated(sharding: Any, dims: set[int]) -> Any:
-    """``sharding`` with ``dims`` made whole (not split over any mesh axis)."""
-    if not dims:
-        return sharding
-    spec = list(sharding.spec) + [None] * (max(dims) + 1 - len(sharding.spec))
-    for d in dims:
-        spec[d] = None
-    return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*spec))
 
 
 def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | None], *,
