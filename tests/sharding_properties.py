@@ -19,11 +19,19 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import xla_kernels as xk
-from xla_kernels.kernels.kv_cache import reshape_and_cache, reshape_and_cache_numpy
+from xla_kernels.kernels.kv_cache import (
+    reshape_and_cache,
+    reshape_and_cache_fused,
+    reshape_and_cache_fused_numpy,
+    reshape_and_cache_numpy,
+)
 from xla_kernels.kernels.paged_attention import paged_attention, paged_attention_numpy_f64
 from xla_kernels.kernels.paged_attention.testing import make_inputs as paged_inputs
+from xla_kernels.kernels.paged_cache import join_fused
 from xla_kernels.kernels.ragged_paged_attention import (
     ragged_paged_attention,
+    ragged_paged_attention_fused,
+    ragged_paged_attention_fused_numpy_f64,
     ragged_paged_attention_numpy_f64,
 )
 from xla_kernels.kernels.ragged_paged_attention.testing import make_inputs as ragged_inputs
@@ -190,3 +198,29 @@ def test_reshape_and_cache(layout, data):
                       [key, value, k_cache, v_cache, slots], [4, 4])
     assert np.array_equal(np.asarray(got[0]), want[0])
     assert np.array_equal(np.asarray(got[1]), want[1])
+
+
+@settings(max_examples=EXAMPLES)
+@given(st.data())
+def test_ragged_paged_attention_fused(data):
+    x = ragged_inputs(np.random.default_rng(7), q_lens=[1, 5, 2], kv_lens=[9, 20, 3],
+                      num_q_heads=8, num_kv_heads=4, head_dim=64, block_size=16,
+                      dtype="f32", poison=False)
+    args = [x["queries"], join_fused(x["key_cache"], x["value_cache"]),
+            *(x[k] for k in ("kv_lens", "block_tables", "cu_q_lens", "num_seqs"))]
+    got = run_sharded(data, lambda *a: ragged_paged_attention_fused(*a, scale=0.125), args,
+                      [3])
+    want = ragged_paged_attention_fused_numpy_f64(*args, scale=0.125)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=1e-5)
+
+
+@settings(max_examples=EXAMPLES)
+@given(st.data())
+def test_reshape_and_cache_fused(data):
+    rng = np.random.default_rng(8)
+    key, value = (rng.standard_normal((6, 4, 64)).astype(np.float32) for _ in range(2))
+    kv = rng.standard_normal((8, 16, 8, 64)).astype(np.float32)
+    slots = np.array([0, 17, -1, 95, 40, 127], np.int32)
+    want = reshape_and_cache_fused_numpy(key, value, kv, slots)
+    got = run_sharded(data, reshape_and_cache_fused, [key, value, kv, slots], [4])
+    assert np.array_equal(np.asarray(got), want)

@@ -176,24 +176,6 @@ def test_ops_in_torch_eager_write_in_place_and_attend(rng):
     assert rel_error(out.numpy(), ref) <= TOLERANCES["f32"]
 
 
-def test_sharded_over_kv_heads_equals_unsharded(rng):
-    if len(jax.devices("cpu")) < 2:
-        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count>=2")
-    mesh = jax.sharding.Mesh(np.array(jax.devices("cpu")[:2]), ("tp",))
-    x = fused_problem(rng, kind="mixed", heads=(8, 2), poison=False)
-    spec = jax.sharding.PartitionSpec
-    placed = {k: jax.device_put(v, jax.sharding.NamedSharding(mesh, spec()))
-              for k, v in x.items()}
-    placed["kv_cache"] = jax.device_put(x["kv_cache"],
-                                        jax.sharding.NamedSharding(mesh, spec(None, None, "tp")))
-    placed["queries"] = jax.device_put(x["queries"],
-                                       jax.sharding.NamedSharding(mesh, spec(None, "tp")))
-    out = jax.jit(lambda *a: ragged_paged_attention_fused(*a, scale=0.1))(
-        *(placed[k] for k in FUSED_ARGS))
-    ref = ragged_paged_attention_fused_numpy_f64(*(x[k] for k in FUSED_ARGS), scale=0.1)
-    assert rel_error(out, ref) <= TOLERANCES["bf16"]
-
-
 def _specs(kv=(10, 16, 4, 64), q=(6, 8, 64), dtype="bf16", kv_dtype=None):
     return [xk.Spec(q, dtype), xk.Spec(kv, kv_dtype or dtype), xk.Spec((3,), "i32"),
             xk.Spec((3, 4), "i32"), xk.Spec((4,), "i32"), xk.Spec((1,), "i32")]

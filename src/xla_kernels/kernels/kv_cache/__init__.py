@@ -157,10 +157,9 @@ reshape_and_cache_fused = Op(
                 doc="fp8 caches: stored value = value / v_scale")],
     outputs=_fused_output_rule,
     output_names=("kv_cache",),
-    # Along kv heads: p (the key, value pair, size 2) is the minor factor of the third axis, so
-    # a split of it over devices gives each whole pairs.
+    # Along kv heads; p (the key, value pair) stays whole, so a device holds whole pairs.
     sharding_rule=("n k d, n k d, b t (k p) d, n -> b t (k p) d",
-                   {"p": 2, "need_replication_factors": ("n", "b", "t", "d")}),
+                   {"p": 2, "need_replication_factors": ("n", "b", "t", "p", "d")}),
     kernels={"cpu": Kernel(["kv_cache_cpu.cc"], handler="XkReshapeAndCacheFusedCpu"),
              "cuda": Kernel(["kv_cache.cu"], handler="XkReshapeAndCacheFusedCuda")},
     doc="""``reshape_and_cache_fused(key, value, kv_cache, slot_mapping, *, k_scale=1.0,

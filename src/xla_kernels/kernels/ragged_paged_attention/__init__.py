@@ -241,13 +241,13 @@ def _fused_output_rule(queries: Spec, kv_cache: Spec, kv_lens: Spec, block_table
 
 
 def _fused_sharding_rule(plan: CallPlan) -> tuple[str, dict]:
-    """As :func:`_sharding_rule`, the cache's third axis (k p) holding whole (key, value)
-    pairs per device."""
+    """As :func:`_sharding_rule`; the cache's third axis is (k p): a device holds whole
+    (key, value) pairs (p stays whole)."""
     queries, kv_cache = plan.inputs[0], plan.inputs[1]
     heads = fused_cache_dims(kv_cache.shape)[2]
     return ("n (k g) d, b t (k p) d, s, s m, c, o -> n (k g) d",
             {"k": heads, "g": queries.shape[1] // heads, "p": 2,
-             "need_replication_factors": ("n", "d", "b", "t", "s", "m", "c", "o")})
+             "need_replication_factors": ("n", "d", "b", "t", "p", "s", "m", "c", "o")})
 
 
 ragged_paged_attention_fused = Op(
