@@ -15,6 +15,7 @@ from xla_kernels.diagnostics import explain, explained_errors
 from xla_kernels.errors import (
     BuildError,
     CompilerNotFoundError,
+    GradientError,
     OpDeclarationError,
     OpInputError,
     OpTypeError,
@@ -64,6 +65,7 @@ __all__ = [
     "ExportFormatError",
     "ExportedOp",
     "ExportedProgram",
+    "GradientError",
     "Invalid",
     "Kernel",
     "Op",

@@ -66,3 +66,10 @@ class PlatformError(XlaKernelsError, RuntimeError):
 
 class RegistrationError(XlaKernelsError, RuntimeError):
     """A handler could not be registered with a runtime, or is missing there."""
+
+
+class GradientError(XlaKernelsError, TypeError, RuntimeError):
+    """A gradient the op's declaration does not provide was requested: through an output
+    its :class:`~xla_kernels.op.Vjp` declares non-differentiable, or of second order
+    through a backward op without a vjp of its own. A ``TypeError`` as JAX raises for what
+    it cannot differentiate, and a ``RuntimeError`` as torch autograd does."""

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from xla_kernels import dtypes
-from xla_kernels.errors import OpInputError, RegistrationError
+from xla_kernels.errors import GradientError, OpInputError, RegistrationError
 from xla_kernels.op import Op, Spec
 
 if TYPE_CHECKING:
@@ -372,8 +372,7 @@ def _differentiable_function() -> Any:
             ctx.record, ctx.attrs, ctx.num_inputs = record, attrs, len(tensors)
             ctx.namespace = overload.namespace
             ctx.save_for_backward(*tensors, *outputs)
-            ctx.mark_non_differentiable(*(o for o in outputs
-                                          if not (o.is_floating_point() or o.is_complex())))
+            ctx.mark_non_differentiable(*_non_differentiable(record.op, outputs))
             return output
 
         @staticmethod
@@ -387,6 +386,16 @@ def _differentiable_function() -> Any:
     return _function
 
 
+def _non_differentiable(op: Op, outputs: tuple) -> list:
+    """The outputs that carry no gradient: integer ones, and those whose cotangent the
+    op's vjp does not take (a loss on them alone then has nothing to differentiate)."""
+    vjp = op.vjp
+    names = op.output_names if vjp is not None and op.output_names else (None,) * len(outputs)
+    return [o for o, name in zip(outputs, names, strict=True)
+            if not (o.is_floating_point() or o.is_complex())
+            or (name is not None and not vjp.takes_cotangent(name))]
+
+
 def _backward(op: Op, inputs: tuple, torch_attrs: dict[str, Any], outputs: tuple,
               grads: tuple, *, namespace: str) -> tuple:
     """The input gradients of one call, from the op's declared backward, whose torch
@@ -395,12 +404,49 @@ def _backward(op: Op, inputs: tuple, torch_attrs: dict[str, Any], outputs: tuple
         raise RuntimeError(f"{op.name}: cannot be differentiated: the op declares no "
                            "backward. Fix: declare vjp=xk.Vjp(...) on the op, compute the "
                            "gradient another way, or detach() the inputs.")
+    import torch
+
     # Every attribute, defaults filled in, as the forward kernel saw them.
     attrs = op.bind(inputs, attrs_from_torch(op, torch_attrs)).attrs
     args, backward_attrs = op.vjp.backward_call(op, inputs, outputs, grads, attrs)
-    packet = define(op.vjp.backward, namespace=namespace).packet
-    result = packet(*args, **attrs_for_torch(op.vjp.backward, backward_attrs))
-    return tuple(op.vjp.input_grads(op, result))
+    backward = op.vjp.backward
+    packet = define(backward, namespace=namespace).packet
+    torch_backward_attrs = attrs_for_torch(backward, backward_attrs)
+    if backward.vjp is not None or not torch.is_grad_enabled():
+        return tuple(op.vjp.input_grads(op, packet(*args, **torch_backward_attrs)))
+    # create_graph=True, and the backward op has no backward: run it outside autograd, and
+    # let a second-order gradient through it raise, naming both ops.
+    with torch.no_grad():
+        result = packet(*args, **torch_backward_attrs)
+    results = result if isinstance(result, tuple) else (result,)
+    guarded = _second_order_guard().apply(op.vjp.second_order_message(op), len(results),
+                                          *results, *args)
+    return tuple(op.vjp.input_grads(op, guarded))
+
+
+_guard: Any = None
+
+
+def _second_order_guard() -> Any:
+    """An autograd.Function that returns its first ``count`` tensors and whose backward
+    raises ``message``: it stands for a backward op that declares no vjp."""
+    global _guard
+    if _guard is not None:
+        return _guard
+    import torch
+
+    class SecondOrderUnavailable(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, message: str, count: int, *tensors: torch.Tensor) -> Any:
+            ctx.message = message
+            return tuple(t.view_as(t) for t in tensors[:count])
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            raise GradientError(ctx.message)
+
+    _guard = SecondOrderUnavailable
+    return _guard
 
 
 def _schema_guard(operator: TorchOperator, new: Op) -> str | None:

@@ -24,12 +24,13 @@ import jax
 from jax import lax
 from jax._src import dispatch, effects, sharding_impls
 from jax._src.interpreters.mlir import full_like_aval
+from jax.custom_derivatives import SymbolicZero
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 from jax.interpreters.mlir import ir
 
 from xla_kernels import dtypes, platforms
-from xla_kernels.errors import OpDeclarationError
+from xla_kernels.errors import GradientError, OpDeclarationError
 from xla_kernels.frontends import jax_partitioning as partitioning
 from xla_kernels.op import set_call_hook
 from xla_kernels.runtime.registry import ensure_registered
@@ -113,21 +114,71 @@ def _make_differentiable(op: Op) -> Any:
         plan = op.bind(arrays, attrs.thaw(), coerced=True)
         return plan.results(primitive(op).bind(*arrays, attrs=attrs, raw=False))
 
-    def forward_saving(attrs: FrozenAttrs, *arrays: Any) -> tuple[Any, Any]:
-        out = forward(attrs, *arrays)
+    def forward_saving(attrs: FrozenAttrs, *primals: Any) -> tuple[Any, Any]:
+        arrays = tuple(p.value for p in primals)  # symbolic_zeros: CustomVJPPrimal
+        # Through fn, not the bare primitive: a second-order gradient differentiates this
+        # function too, and fn's derivative is the declared backward.
+        out = fn(attrs, *arrays)
         return out, (arrays, out)
 
     def backward(attrs: FrozenAttrs, saved: Any, cotangent: Any) -> tuple[Any, ...]:
         arrays, out = saved
         outs = out if isinstance(out, tuple) else (out,)
-        cts = cotangent if isinstance(cotangent, tuple) else (cotangent,)
+        cts = _cotangents(op, cotangent if isinstance(cotangent, tuple) else (cotangent,))
+        if cts is None:  # no output the backward differentiates is used: zero gradients
+            return (None,) * len(arrays)
         args, battrs = vjp.backward_call(op, arrays, outs, cts, attrs.thaw())
-        return tuple(vjp.input_grads(op, vjp.backward(*args, **battrs)))
+        return tuple(vjp.input_grads(op, _run_backward(op, args, battrs)))
 
     fn = jax.custom_vjp(forward, nondiff_argnums=(0,))
-    fn.defvjp(forward_saving, backward)
+    # Symbolic zeros tell an output the loss does not use (ad.Zero) from one it does: a
+    # non-differentiable output may only receive the former.
+    fn.defvjp(forward_saving, backward, symbolic_zeros=True)
     fn.xk_op = op  # type: ignore[attr-defined]
     return fn
+
+
+def _cotangents(op: Op, cts: Sequence[Any]) -> list[Any] | None:
+    """The cotangents the backward op takes, symbolic zeros made arrays; None if every one
+    of them is a symbolic zero. Raises if a non-differentiable output received one."""
+    vjp = op.vjp
+    names = tuple(op.output_names or ())
+    taken, any_nonzero = [], False
+    for name, ct in zip(names, cts, strict=True):
+        zero = isinstance(ct, SymbolicZero)
+        if not vjp.takes_cotangent(name):
+            if not zero and ct.dtype != jax.dtypes.float0:
+                raise GradientError(_no_gradient_message(op, name))
+            taken.append(None)
+            continue
+        any_nonzero = any_nonzero or not zero
+        taken.append(lax.full(ct.shape, 0, ct.dtype) if zero else ct)
+    return taken if any_nonzero else None
+
+
+def _no_gradient_message(op: Op, output: str) -> str:
+    """The message for a cotangent that reached ``output``, which carries no gradient."""
+    why = ("nondiff_outputs declares it non-differentiable" if output in
+           op.vjp.nondiff_outputs else f"the vjp takes no cotangent 'd{output}'")
+    return (f"{op.name}: output {output!r}: a gradient reached it, but it carries none "
+            f"({why}). Fix: differentiate a loss that does not depend on {output!r} (use "
+            f"jax.lax.stop_gradient({output}) where only its value is needed), or declare "
+            f"'d{output}' in the Vjp's args with a backward that takes it.")
+
+
+def _run_backward(op: Op, args: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
+    """Call ``op``'s backward op; if that op declares no vjp of its own, differentiating the
+    call (a second-order gradient) raises an error that names both ops."""
+    backward = op.vjp.backward
+    if backward.vjp is not None:
+        return backward(*args, **attrs)
+    guarded = jax.custom_jvp(lambda *arrays: backward(*arrays, **attrs))
+
+    def no_second_order(primals: Any, tangents: Any) -> Any:
+        raise GradientError(op.vjp.second_order_message(op))
+
+    guarded.defjvp(no_second_order)
+    return guarded(*args)
 
 
 def primitive(op: Op) -> Primitive:
