@@ -323,3 +323,30 @@ def test_torch_second_order_without_a_vjp_on_the_backward_op_names_both_ops():
     torch.testing.assert_close(first, torch.ones_like(x))
     with pytest.raises(xk.GradientError, match=SECOND_ORDER_MESSAGE):
         first.sum().backward()
+
+
+# ------------------------------------------------------------------ inputs without gradients
+
+# The powers op's forward with a Vjp that returns no input gradient: differentiating
+# against x must raise, not give zeros (nothing runs: the refusal comes first).
+UNGRADED = xk.Op(
+    "xk_tests.powers_ungraded", inputs=[xk.Tensor("x", ("f32", "f64"))],
+    attrs=[xk.Attr("powers", list[int], default=[1])],
+    outputs=lambda x, **_: [xk.like(x)], output_names=("y0",),
+    vjp=xk.Vjp(powers_op(1, (0,)).vjp.backward, args=("x", "dy0"), grads=()),
+    kernels={"cpu": xk.Kernel(["unused.cc"], "Unused")})
+UNGRADED_MESSAGE = (r"xk_tests.powers_ungraded: argument 'x': a gradient was requested for "
+                    r"it, but the vjp returns none \(grads=\(\)\). Fix: add 'x' to the Vjp's "
+                    r"grads")
+
+
+@pytest.mark.parametrize("transform", [jax.grad, lambda f: jax.jit(jax.grad(f))])
+def test_jax_gradient_of_an_input_the_vjp_leaves_out_raises(transform):
+    with pytest.raises(xk.GradientError, match=UNGRADED_MESSAGE):
+        transform(lambda x: UNGRADED(x).sum())(jnp.asarray(X, jnp.float32))
+
+
+def test_torch_input_the_vjp_leaves_out_that_requires_grad_raises():
+    x = torch.tensor(X, requires_grad=True)
+    with pytest.raises(xk.GradientError, match=UNGRADED_MESSAGE):
+        torch_op(UNGRADED)(x)

@@ -457,7 +457,9 @@ class Vjp:
             visible outputs (``output_names``), and ``"d" + output name`` for the cotangent
             of an output.
         grads: the forward inputs whose gradients the backward returns, in order; the others
-            (integer inputs, say) get none.
+            (integer inputs, say) get none: asking for the gradient of a floating input left
+            out raises (JAX: ``jax.grad`` with respect to it; torch: it requires grad)
+            instead of giving zeros.
         nondiff_outputs: the visible outputs that carry no gradient, such as residuals
             the forward saves for the backward (what JAX's ``custom_vjp`` ``fwd`` returns
             beside the output): the backward takes no cotangent for them. In JAX a gradient
@@ -529,6 +531,25 @@ class Vjp:
                                          f"got the string {value!r}",
                                          f'write {field}=("{value}",)')
             object.__setattr__(self, field, tuple(value))
+
+    def ungraded_input_message(self, op: Op, requested: Sequence[bool]) -> str | None:
+        """The message for a gradient requested (``requested[i]``: input ``i`` is being
+        differentiated) for an input the backward returns none for, or None if there is none.
+
+        Example:
+            >>> vjp = Vjp(backward=None, args=("x", "dy"), grads=("x",))
+            >>> op = Op("docs.scaled", inputs=[Tensor("x", ("f32",)), Tensor("s", ("f32",))],
+            ...         outputs=lambda x, s: like(x), kernels={"cpu": Kernel(["a.cc"], "A")})
+            >>> print(vjp.ungraded_input_message(op, [True, True]))   # doctest: +ELLIPSIS
+            docs.scaled: argument 's': a gradient was requested for it, but the vjp returns ...
+        """
+        for tensor, wanted in zip(op.inputs, requested, strict=True):
+            if wanted and tensor.name not in self.grads:
+                return (f"{op.name}: argument {tensor.name!r}: a gradient was requested for "
+                        f"it, but the vjp returns none (grads={self.grads}). Fix: add "
+                        f"{tensor.name!r} to the Vjp's grads with a backward that computes it, "
+                        f"or stop its gradient (jax.lax.stop_gradient, or .detach() in torch).")
+        return None
 
     def takes_cotangent(self, output: str) -> bool:
         """Whether the backward takes the cotangent of ``output``: whether it is

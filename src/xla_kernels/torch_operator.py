@@ -283,6 +283,11 @@ def _register_autograd(record: Any, operator: TorchOperator) -> None:
         if returns_nothing:  # nothing to differentiate
             with torch.no_grad():
                 return overload(*tensors, **attrs)
+        if op.vjp is not None:  # a missing input gradient would be dropped from the sum
+            message = op.vjp.ungraded_input_message(
+                op, [isinstance(t, torch.Tensor) and t.requires_grad for t in tensors])
+            if message is not None:
+                raise GradientError(message)
         return _differentiable_function().apply(record, overload, attrs, *tensors)
 
     if torch_native.install_autograd(operator.qualname, differentiable):

@@ -116,6 +116,11 @@ def _make_differentiable(op: Op) -> Any:
 
     def forward_saving(attrs: FrozenAttrs, *primals: Any) -> tuple[Any, Any]:
         arrays = tuple(p.value for p in primals)  # symbolic_zeros: CustomVJPPrimal
+        # An input differentiated against that the backward returns nothing for would get a
+        # zero gradient: refuse it.
+        message = vjp.ungraded_input_message(op, [p.perturbed for p in primals])
+        if message is not None:
+            raise GradientError(message)
         # Through fn, not the bare primitive: a second-order gradient differentiates this
         # function too, and fn's derivative is the declared backward.
         out = fn(attrs, *arrays)
