@@ -8,16 +8,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("XLA_KERNELS_QUIET", "1")
 
-# Property tests draw a fixed, reproducible set of examples (CI has a time limit; a failure
-# must reproduce). Each test sets its own example budget with @settings(max_examples=...).
-settings.register_profile("xla_kernels", derandomize=True, deadline=None, database=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("xla_kernels")
+
+def _load_hypothesis_profile() -> None:
+    """Property tests draw a fixed, reproducible set of examples (CI has a time limit; a
+    failure must reproduce); each sets its budget with @settings(max_examples=...). The
+    torch_xla environment has no property tests and no hypothesis."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:
+        return
+    settings.register_profile("xla_kernels", derandomize=True, deadline=None, database=None,
+                              suppress_health_check=[HealthCheck.too_slow])
+    settings.load_profile("xla_kernels")
+
+
+_load_hypothesis_profile()
 
 
 def _jax_has_gpu() -> bool:
