@@ -183,6 +183,26 @@ def our_attention_backend():
     return XlaKernelsAttentionBackend()
 
 
+def load_weight_from_a_copy(upstream, layer, param_name, sharding, stage_on_host=False):
+    """``tpu_inference.layers.vllm.quantization.unquantized._load_weight_for_layer`` turns a
+    torch weight into a JAX array through torchax's ``t2j``, which for a dtype numpy has
+    (f32, f16) calls ``tensor.numpy()`` on the weight itself: that makes its storage
+    non-resizable, so the caller's ``untyped_storage().resize_(0)`` (freeing the host copy)
+    raises "Trying to resize storage that is not resizable" for every f32/f16 checkpoint on
+    the PyTorch model path (bf16 passes: t2j converts it to a new f32 tensor first). For a
+    plain host tensor of such a dtype we give JAX its own copy (``jnp.array`` of a clone), so
+    the weight's storage stays resizable and nothing JAX holds aliases the memory the caller
+    frees. Everything else goes to upstream unchanged."""
+    import jax.numpy as jnp
+    import torch
+
+    tensor = getattr(layer, param_name)
+    if (stage_on_host or tensor.device.type != "cpu"
+            or tensor.dtype not in (torch.float32, torch.float16)):
+        return upstream(layer, param_name, sharding, stage_on_host)
+    return jnp.array(tensor.detach().clone().numpy())
+
+
 PATCHES: list[Patch] = [
     Patch("tpu_inference.runner.tpu_runner:TPUModelRunner", "_create_2d_mesh",
           "d28c4fca3f35f88a98d34770a2c3e059bd11991dd29d52ddc7f20a5a30403e8b", plain_2d_mesh,
@@ -192,6 +212,9 @@ PATCHES: list[Patch] = [
     Patch("tpu_inference.layers.common.attention_interface", "attention",
           "849e84a776cde71fa6a62eac3bd1e169a53396f07c8aef0808d1b2caceb4fcb1",
           our_attention_backend, kind="default", parameter="attention_backend"),
+    Patch("tpu_inference.layers.vllm.quantization.unquantized", "_load_weight_for_layer",
+          "18c3126af4314d5a074f7150a1ed287b323bb36eda8f00f5df54cc56be61fb6c",
+          load_weight_from_a_copy),
     Patch("jax._src.compiler", "get_compile_options",
           "a648a14b9de52eae5dd4873430a686a328888599152630ecb6ec65b74fd0ea94", drop_tpu_compile_options),
 ]
