@@ -38,7 +38,7 @@ def tiny_llama(directory: Path, *, seed: int = 0) -> Checkpoint:
 
     config = LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=64, max_position_embeddings=512, initializer_range=0.08,
+                         head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
                          rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
                          bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)

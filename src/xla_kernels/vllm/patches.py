@@ -33,7 +33,8 @@ class Patch:
     """sha256 of ``inspect.getsource`` of upstream's function, in the pinned release."""
     replacement: Callable
     kind: str = "function"
-    """``function``, ``method`` (called on instances), ``classmethod``, or ``default``:
+    """``function``, ``method`` (called on instances), ``classmethod``, ``staticmethod``,
+    or ``default``:
     ``replacement()`` becomes the default of upstream's keyword ``name`` (the function is
     changed in place, so it reaches modules that imported it by name)."""
     parameter: str = ""
@@ -94,7 +95,8 @@ class Patch:
         bound.__xk_upstream__ = upstream
         bound.__name__ = self.name
         bound.__doc__ = self.replacement.__doc__
-        setattr(owner, self.name, classmethod(bound) if self.kind == "classmethod" else bound)
+        wrap = {"classmethod": classmethod, "staticmethod": staticmethod}.get(self.kind)
+        setattr(owner, self.name, wrap(bound) if wrap else bound)
 
     def _apply_default(self) -> None:
         function = self.upstream()
@@ -203,6 +205,18 @@ def load_weight_from_a_copy(upstream, layer, param_name, sharding, stage_on_host
     return jnp.array(tensor.detach().clone().numpy())
 
 
+def skip_cleanup_without_modules(upstream, model_ref):
+    """``vllm.v1.engine.llm_engine.LLMEngine._cleanup_instance_caches`` runs when the engine
+    is collected (a ``weakref.finalize``) and walks ``model.modules()`` to drop torch.compile
+    hooks. tpu-inference's runner holds no ``torch.nn.Module`` there (a JAX model, or
+    ``VllmModelWrapper`` around the torch one), so it raises AttributeError at every
+    interpreter exit. A model without ``modules`` has no such hooks: we skip it."""
+    model = model_ref()
+    if model is None or not hasattr(model, "modules"):
+        return None
+    return upstream(model_ref)
+
+
 PATCHES: list[Patch] = [
     Patch("tpu_inference.runner.tpu_runner:TPUModelRunner", "_create_2d_mesh",
           "d28c4fca3f35f88a98d34770a2c3e059bd11991dd29d52ddc7f20a5a30403e8b", plain_2d_mesh,
@@ -215,6 +229,9 @@ PATCHES: list[Patch] = [
     Patch("tpu_inference.layers.vllm.quantization.unquantized", "_load_weight_for_layer",
           "18c3126af4314d5a074f7150a1ed287b323bb36eda8f00f5df54cc56be61fb6c",
           load_weight_from_a_copy),
+    Patch("vllm.v1.engine.llm_engine:LLMEngine", "_cleanup_instance_caches",
+          "72d88aa5fd4627b2906c70284319c631a0d755bbbbf2fd7753464fdb20a2f6ae",
+          skip_cleanup_without_modules, kind="staticmethod"),
     Patch("jax._src.compiler", "get_compile_options",
           "a648a14b9de52eae5dd4873430a686a328888599152630ecb6ec65b74fd0ea94", drop_tpu_compile_options),
 ]
