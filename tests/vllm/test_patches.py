@@ -40,3 +40,36 @@ def test_apply_all_is_idempotent_and_keeps_upstream_reachable():
     assert patches.applied() == [p.where for p in patches.PATCHES]
     for patch in patches.PATCHES:
         patch.check()   # the hash is of upstream's function, also once it is replaced
+
+
+def _aligned_int32(n):
+    """An int32 view whose data starts on a 64-byte boundary: one JAX's CPU client aliases."""
+    import numpy as np
+
+    raw = np.zeros(4 * n + 64, np.uint8)
+    start = (-raw.ctypes.data) % 64
+    return raw[start : start + 4 * n].view(np.int32)
+
+
+def test_upstream_device_put_aliases_aligned_numpy_on_cpu():
+    """The cause of the intermittent wrong tokens: a later write to the NumPy buffer shows
+    through the jax.Array (tpu-inference's runner refills its input buffers every step)."""
+    import jax
+
+    upstream = next(p for p in patches.PATCHES if p.where == "jax.device_put").upstream()
+    host = _aligned_int32(16)
+    array = upstream(host, jax.devices("cpu")[0], may_alias=False)
+    array.block_until_ready()
+    host[0] = 7
+    assert int(array[0]) == 7
+
+
+def test_patched_device_put_copies_numpy_on_cpu():
+    import jax
+
+    patches.apply_all()
+    host = _aligned_int32(16)
+    array = jax.device_put(host, jax.devices("cpu")[0])
+    array.block_until_ready()
+    host[0] = 7
+    assert int(array[0]) == 0

@@ -44,3 +44,17 @@ def test_register_makes_our_backend_the_default_of_both_model_paths():
     # JAX-native models call attention() without a backend: its default is now ours.
     defaults = attention_interface.attention.__defaults__
     assert any(isinstance(d, XlaKernelsAttentionBackend) for d in defaults)
+
+
+def test_core_never_imports_vllm():
+    """Integrations sit on top: only xla_kernels/vllm may import vllm or tpu_inference."""
+    import re
+    from pathlib import Path
+
+    import xla_kernels
+
+    root = Path(xla_kernels.__file__).parent
+    pattern = re.compile(r"^\s*(from|import)\s+(vllm|tpu_inference)\b", re.MULTILINE)
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if "vllm" not in p.relative_to(root).parts[:1] and pattern.search(p.read_text())]
+    assert offenders == []

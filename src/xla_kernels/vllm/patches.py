@@ -217,6 +217,26 @@ def skip_cleanup_without_modules(upstream, model_ref):
     return upstream(model_ref)
 
 
+def copy_host_arrays_on_cpu(upstream, x, *args, **kwargs):
+    """``jax.device_put`` of a NumPy array onto a CPU device does not copy it when its data
+    is 64-byte aligned: the jax.Array aliases the host buffer (also with
+    ``may_alias=False``). tpu-inference's runner builds every step's inputs (token ids,
+    positions, sequence lengths, block tables) as views of persistent NumPy buffers and
+    hands them to ``device_put`` (``general_device_put``); on a TPU or GPU that is a copy,
+    on the CPU an alias, and with vLLM's async scheduling the runner refills those buffers
+    for the next step while the previous one may still read them. Which views alias depends
+    on the buffers' addresses, so some runs went wrong from the second decode step on. When JAX's
+    default backend is the CPU we give ``device_put`` a copy of each NumPy array; other
+    inputs and other backends pass through."""
+    import jax
+    import numpy as np
+
+    if jax.default_backend() == "cpu":
+        x = jax.tree.map(lambda a: np.array(a, copy=True) if isinstance(a, np.ndarray) else a,
+                         x)
+    return upstream(x, *args, **kwargs)
+
+
 PATCHES: list[Patch] = [
     Patch("tpu_inference.runner.tpu_runner:TPUModelRunner", "_create_2d_mesh",
           "d28c4fca3f35f88a98d34770a2c3e059bd11991dd29d52ddc7f20a5a30403e8b", plain_2d_mesh,
@@ -232,6 +252,8 @@ PATCHES: list[Patch] = [
     Patch("vllm.v1.engine.llm_engine:LLMEngine", "_cleanup_instance_caches",
           "72d88aa5fd4627b2906c70284319c631a0d755bbbbf2fd7753464fdb20a2f6ae",
           skip_cleanup_without_modules, kind="staticmethod"),
+    Patch("jax", "device_put", "aa968c7ca96d361c6bc95b2d67f9641a21b8569746748f951ce27a12e261f126",
+          copy_host_arrays_on_cpu),
     Patch("jax._src.compiler", "get_compile_options",
           "a648a14b9de52eae5dd4873430a686a328888599152630ecb6ec65b74fd0ea94",
           drop_tpu_compile_options),
