@@ -13,7 +13,8 @@ the caches again. The split and the join copy the whole cache once each per laye
 cache op removes both copies without changing this function's signature.
 
 ``TRACES`` counts how often :func:`attend` and each op were traced, so a check can prove that
-the compiled model runs them (one trace per layer and compiled shape, not per step).
+the compiled model runs them (a trace per compiled batch shape, not per step; layers may
+share one).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The changes to tpu-inference (0.32.0) that let its runner work where JAX has no TPU.
+"""The changes to tpu-inference 0.32.0 (and two to vLLM 0.32.0 and JAX 0.11.2) that let
+tpu-inference's runner work where JAX has no TPU.
 
 Each patch replaces one method or function of the pinned release with a function here whose
 docstring says what upstream does and why we change it. Upstream's source is pinned by a
@@ -20,7 +21,7 @@ PINNED = {"tpu-inference": "0.32.0", "vllm-tpu": "0.32.0", "jax": "0.11.2"}
 
 
 class PatchDriftError(RuntimeError):
-    """The installed vLLM or tpu-inference changed a function that a patch replaces."""
+    """The installed vLLM, tpu-inference or JAX changed a function that a patch replaces."""
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,9 @@ class Patch:
     """sha256 of ``inspect.getsource`` of upstream's function, in the pinned release."""
     replacement: Callable
     kind: str = "function"
-    """``function``, ``method`` (called on instances), ``classmethod``, ``staticmethod``,
-    or ``default``:
-    ``replacement()`` becomes the default of upstream's keyword ``name`` (the function is
-    changed in place, so it reaches modules that imported it by name)."""
+    """``function``, ``method`` (called on instances), ``classmethod``, ``staticmethod``, or
+    ``default``: ``replacement()`` becomes the default of upstream's ``parameter`` (the
+    function object is changed in place, so modules that imported it by name see it too)."""
     parameter: str = ""
     """For ``default``: the keyword whose default changes."""
 
