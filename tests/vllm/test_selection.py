@@ -58,3 +58,15 @@ def test_core_never_imports_vllm():
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
                  if "vllm" not in p.relative_to(root).parts[:1] and pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_detect_keeps_the_engine_in_process_unless_told(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    platform.detect()
+    import os
+
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    platform.detect()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"

@@ -37,8 +37,15 @@ def active() -> bool:
 
 
 def detect() -> str | None:
-    """``vllm.platform_plugins`` entry point: our platform's qualified name, or None."""
-    return f"{__name__}.XlaKernelsPlatform" if active() else None
+    """``vllm.platform_plugins`` entry point: our platform's qualified name, or None.
+
+    Selecting it also defaults ``VLLM_ENABLE_V1_MULTIPROCESSING`` to 0 (the engine in the
+    caller's process): a forked EngineCore hung after its precompilation on the CPU (JAX's
+    threads were already running when vLLM forked). Set it to 1 to try anyway."""
+    if not active():
+        return None
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return f"{__name__}.XlaKernelsPlatform"
 
 
 def _platform_class():
