@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make demo   create .venv, install xla-kernels, build/register/run the kernels, time them
-#   make test   same set-up, then the whole test suite (plus the torch_xla suite in its own env)
+#   make test   same set-up, then the whole test suite (plus the torch_xla and vLLM suites, each
+#               in its own env)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-main test-torch-xla lint gpu clean
+.PHONY: demo test test-main test-torch-xla test-vllm lint gpu clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,18 +19,25 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/python -m xla_kernels.demo
 
-test: test-main test-torch-xla
+test: test-main test-torch-xla test-vllm
 
 test-main: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples scripts
-	$(BIN)/python -m pytest -q --ignore=tests/torch_xla_frontend --doctest-modules src tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --ignore=tests/torch_xla_frontend \
+		--ignore=src/xla_kernels/vllm --doctest-modules src tests $(PYTEST_ARGS)
 
 test-torch-xla:
 	bash scripts/torch_xla_env.sh
 	.venv-torch-xla/bin/python -m pytest -q tests/torch_xla_frontend $(PYTEST_ARGS)
 
+# vLLM's engine (vllm-tpu + tpu-inference, Python 3.12) on our attention: docs/vllm.md
+test-vllm:
+	bash scripts/vllm_env.sh
+	.venv-vllm/bin/python -m pytest -q tests/vllm --doctest-modules src/xla_kernels/vllm \
+		$(PYTEST_ARGS)
+
 lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples scripts
 
 clean:
-	rm -rf $(VENV) .venv-torch-xla .pytest_cache
+	rm -rf $(VENV) .venv-torch-xla .venv-vllm .pytest_cache

@@ -1,0 +1,37 @@
+"""vLLM's own engine (vllm-tpu + tpu-inference, its JAX backend) on xla-kernels' attention.
+
+Installed beside vLLM (``pip install xla-kernels[vllm]``), this package is found through two
+entry points in xla-kernels' metadata, so nothing in vLLM or tpu-inference is edited:
+
+* ``vllm.platform_plugins``: :func:`xla_kernels.vllm.platform.detect` selects
+  :class:`~xla_kernels.vllm.platform.XlaKernelsPlatform`, tpu-inference's platform and
+  runner, wherever JAX has no TPU (an NVIDIA GPU, or the CPU for tests);
+* ``vllm.general_plugins``: :func:`register`, run by vLLM in every process, registers the
+  attention backend (``--attention-backend xla_kernels``, the default on that platform) and
+  applies :mod:`xla_kernels.vllm.patches`.
+
+Both do nothing on a TPU host (or with ``XLA_KERNELS_VLLM=0``). The core of xla-kernels never
+imports this package; it is the only part that imports vllm.
+"""
+
+from __future__ import annotations
+
+_registered = False
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point; vLLM may call it more than once per process."""
+    global _registered
+    from .platform import active
+
+    if _registered or not active():
+        return
+    from tpu_inference.layers.common.attention_backend import register_attention_backend
+
+    from . import patches
+    from .backend import NAME, VLLM_BACKEND_PATH, XlaKernelsAttentionBackend
+
+    register_attention_backend(NAME, attention=XlaKernelsAttentionBackend,
+                               vllm_backend=VLLM_BACKEND_PATH)
+    patches.apply_all()
+    _registered = True

@@ -1,0 +1,132 @@
+"""Run ``vllm.LLM.generate`` through xla-kernels' attention and check its greedy tokens.
+
+::
+
+    python -m xla_kernels.vllm.check --model tiny --platform cpu --json out.json
+    python -m xla_kernels.vllm.check --model smollm2 --model-impl vllm --json out.json
+
+writes (and prints) ``{"tokens": ..., "reference_tokens": ..., "matches_transformers": ...,
+"attention": {...}, ...}`` and exits 0 only if vLLM's greedy tokens equal Hugging Face
+transformers' (f32, same weights) and the model ran xla-kernels' attention: the runner's
+backend is ours and :data:`xla_kernels.vllm.attention.TRACES` counts our ops in the traced
+model (the engine runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PLATFORMS = {"cpu": "cpu", "gpu": "cuda"}
+MODEL_IMPLS = ("flax_nnx", "vllm")
+
+
+def configure(platform: str, model_impl: str) -> None:
+    """The environment vLLM and tpu-inference read at import; must run before importing them."""
+    os.environ["JAX_PLATFORMS"] = PLATFORMS[platform]
+    os.environ["MODEL_IMPL_TYPE"] = model_impl
+    # One process, so this process sees the engine's traces and its runner.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # tpu-inference logs the TPU's name and type at import, polling the GCE metadata
+    # server for any it is not given; these keep it off the network.
+    for name, value in {"TPU_NAME": "none", "TPU_ACCELERATOR_TYPE": "none",
+                        "TPU_WORKER_ID": "0"}.items():
+        os.environ.setdefault(name, value)
+
+
+def run_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int, *,
+             max_model_len: int, block_size: int | None, tokenizer: bool) -> dict:
+    import vllm
+
+    from . import attention, patches
+
+    kwargs = {"block_size": block_size} if block_size else {}
+    start = time.perf_counter()
+    llm = vllm.LLM(model=str(model_dir), dtype="float32", max_model_len=max_model_len,
+                   max_num_seqs=4, max_num_batched_tokens=max_model_len,
+                   gpu_memory_utilization=0.5, seed=0, skip_tokenizer_init=not tokenizer,
+                   **kwargs)
+    started = time.perf_counter() - start
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    generated = time.perf_counter() - start
+    engine = llm.llm_engine
+    runner = engine.model_executor.driver_worker.worker.model_runner
+    from vllm.platforms import current_platform
+
+    return {
+        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "text": [o.outputs[0].text for o in outputs],
+        "platform": type(current_platform).__name__,
+        "attention": {"backend": type(runner.attention_backend).__name__,
+                      "traces": dict(attention.TRACES)},
+        "block_size": engine.vllm_config.cache_config.block_size,
+        "patches": patches.applied(),
+        "seconds": {"engine_start": round(started, 1), "generate": round(generated, 1)},
+    }
+
+
+def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
+          max_model_len: int = 1024, block_size: int | None = None) -> dict:
+    configure(platform, model_impl)
+    from . import models, reference
+
+    with tempfile.TemporaryDirectory(prefix=f"xk-vllm-{model}-") as tmp:
+        checkpoint = models.MODELS[model](Path(tmp))
+        start = time.perf_counter()
+        ref_tokens, margins = reference.greedy_tokens(checkpoint.path,
+                                                      checkpoint.prompt_token_ids, max_tokens)
+        ref_seconds = time.perf_counter() - start
+        result = run_vllm(checkpoint.path, checkpoint.prompt_token_ids, max_tokens,
+                          max_model_len=max_model_len, block_size=block_size,
+                          tokenizer=checkpoint.prompts is not None)
+    traces = result["attention"]["traces"]
+    ours = (result["attention"]["backend"] == "XlaKernelsAttentionBackend"
+            and traces.get("ragged_paged_attention", 0) > 0)
+    result["seconds"]["transformers"] = round(ref_seconds, 1)
+    return {
+        "model": model, "platform": platform, "model_impl": model_impl,
+        "prompts": checkpoint.prompts or checkpoint.prompt_token_ids,
+        "max_tokens": max_tokens,
+        "matches_transformers": result["tokens"] == ref_tokens,
+        "ran_xla_kernels_attention": ours,
+        "reference_tokens": ref_tokens,
+        "reference_min_top2_logit_gap": margins,
+        **result,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xla_kernels.vllm.check",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    parser.add_argument("--platform", choices=tuple(PLATFORMS), default="cpu")
+    parser.add_argument("--model-impl", choices=MODEL_IMPLS, default="flax_nnx",
+                        help="tpu-inference's JAX-native model (flax_nnx) or vLLM's PyTorch "
+                             "model through torchax (vllm)")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--max-model-len", type=int, default=1024,
+                        help="tpu-inference picks the page size from it (1024: 64)")
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--json", type=Path, help="write the result here too")
+    args = parser.parse_args(argv)
+    result = check(args.model, args.platform, args.model_impl, args.max_tokens,
+                   max_model_len=args.max_model_len, block_size=args.block_size)
+    text = json.dumps(result, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(text)
+    ok = result["matches_transformers"] and result["ran_xla_kernels_attention"]
+    print(f"xla_kernels.vllm.check: {args.model} ({args.model_impl}) on {args.platform}: "
+          f"{'OK' if ok else 'FAILED'}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

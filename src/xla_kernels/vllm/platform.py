@@ -1,0 +1,98 @@
+"""The vLLM platform that runs tpu-inference's JAX runner where JAX has no TPU.
+
+vLLM asks every ``vllm.platform_plugins`` entry point which platform to run, and one
+out-of-tree answer wins over its built-in detection. :func:`detect` answers
+:class:`XlaKernelsPlatform` unless the machine has a TPU (then tpu-inference's own platform
+runs, untouched) or ``XLA_KERNELS_VLLM=0``. The platform is tpu-inference's ``TpuPlatform``
+(the same runner, model loaders and JAX/torchax model paths) with three changes: the attention
+backend defaults to xla-kernels' (``--attention-backend xla_kernels``), the patches in
+:mod:`xla_kernels.vllm.patches` are applied (TPU-only assumptions), and a page size that our
+ops cannot split is refused early.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+ENV = "XLA_KERNELS_VLLM"
+"""``0`` keeps vLLM's own platform detection; ``1`` selects ours even where a TPU is seen."""
+
+
+def tpu_present() -> bool:
+    """Whether this host has TPU chips (the device files libtpu opens), or JAX is told to
+    use one."""
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if platforms:
+        return "tpu" in platforms.split(",")
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+def active() -> bool:
+    """Whether vLLM should run on :class:`XlaKernelsPlatform`."""
+    choice = os.environ.get(ENV, "")
+    if choice in ("0", "1"):
+        return choice == "1"
+    return not tpu_present()
+
+
+def detect() -> str | None:
+    """``vllm.platform_plugins`` entry point: our platform's qualified name, or None.
+
+    Selecting it also defaults ``VLLM_ENABLE_V1_MULTIPROCESSING`` to 0 (the engine in the
+    caller's process): a forked EngineCore hung after its precompilation on the CPU (JAX's
+    threads were already running when vLLM forked). Set it to 1 to try anyway."""
+    if not active():
+        return None
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return f"{__name__}.XlaKernelsPlatform"
+
+
+def _platform_class():
+    from tpu_inference.platforms.tpu_platform import TpuPlatform
+
+    class XlaKernelsPlatform(TpuPlatform):
+        """tpu-inference's platform, running xla-kernels' attention on JAX's CPU or GPU."""
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            import jax
+
+            return f"xla-kernels on {jax.devices()[device_id].device_kind}"
+
+        @classmethod
+        def check_and_update_config(cls, vllm_config) -> None:
+            from . import register
+
+            register()
+            _select_backend(vllm_config)
+            super().check_and_update_config(vllm_config)
+            from .attention import sub_block_size
+
+            sub_block_size(vllm_config.cache_config.block_size)
+
+    XlaKernelsPlatform.__module__ = __name__
+    return XlaKernelsPlatform
+
+
+def _select_backend(vllm_config) -> None:
+    """Make xla-kernels' backend the default: as if ``--attention-backend xla_kernels`` was
+    given, unless the user named another backend that tpu-inference registered."""
+    from tpu_inference.layers.common.attention_backend import is_registered_attention_backend
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from .backend import NAME
+
+    config = vllm_config.attention_config
+    if not is_registered_attention_backend(config.backend):
+        config.backend = AttentionBackendEnum[NAME.upper()]
+
+
+def __getattr__(name: str):
+    # The class is built on first use: importing this module for `detect` must not import
+    # tpu-inference (vLLM runs the detection of every plugin at start-up).
+    if name == "XlaKernelsPlatform":
+        cls = _platform_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,72 @@
+"""The plugins select our platform and backend off TPU, and nothing on a TPU host."""
+
+from __future__ import annotations
+
+import pytest
+
+from xla_kernels.vllm import platform
+
+
+def test_detect_selects_us_without_a_tpu(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv(platform.ENV, raising=False)
+    assert platform.detect() == "xla_kernels.vllm.platform.XlaKernelsPlatform"
+
+
+@pytest.mark.parametrize(("jax_platforms", "choice", "selected"),
+                         [("tpu", "", False), ("cpu", "0", False), ("tpu", "1", True),
+                          ("cuda", "", True)])
+def test_detect_respects_tpu_and_the_switch(monkeypatch, jax_platforms, choice, selected):
+    monkeypatch.setenv("JAX_PLATFORMS", jax_platforms)
+    monkeypatch.setenv(platform.ENV, choice)
+    assert (platform.detect() is not None) == selected
+
+
+def test_entry_points_are_installed():
+    from importlib.metadata import entry_points
+
+    assert any(e.value == "xla_kernels.vllm.platform:detect"
+               for e in entry_points(group="vllm.platform_plugins"))
+    assert any(e.value == "xla_kernels.vllm:register"
+               for e in entry_points(group="vllm.general_plugins"))
+
+
+def test_register_makes_our_backend_the_default_of_both_model_paths():
+    from tpu_inference.layers.common import attention_backend, attention_interface
+
+    import xla_kernels.vllm
+    from xla_kernels.vllm.backend import NAME, XlaKernelsAttentionBackend
+
+    xla_kernels.vllm.register()
+    # PyTorch models: --attention-backend xla_kernels (the platform's default) resolves here.
+    assert isinstance(attention_backend.create_attention_backend(NAME),
+                      XlaKernelsAttentionBackend)
+    # JAX-native models call attention() without a backend: its default is now ours.
+    defaults = attention_interface.attention.__defaults__
+    assert any(isinstance(d, XlaKernelsAttentionBackend) for d in defaults)
+
+
+def test_core_never_imports_vllm():
+    """Integrations sit on top: only xla_kernels/vllm may import vllm or tpu_inference."""
+    import re
+    from pathlib import Path
+
+    import xla_kernels
+
+    root = Path(xla_kernels.__file__).parent
+    pattern = re.compile(r"^\s*(from|import)\s+(vllm|tpu_inference)\b", re.MULTILINE)
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if "vllm" not in p.relative_to(root).parts[:1] and pattern.search(p.read_text())]
+    assert offenders == []
+
+
+def test_detect_keeps_the_engine_in_process_unless_told(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    platform.detect()
+    import os
+
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    platform.detect()
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
