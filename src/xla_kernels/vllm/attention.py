@@ -1,16 +1,17 @@
-"""One layer's paged attention for tpu-inference, through xla-kernels' ops.
+"""One layer's paged attention for tpu-inference, through xla-kernels' fused-cache ops.
 
 tpu-inference keeps one fused K/V cache array per layer,
 ``[total_pages, page_size, num_kv_heads * 2 // packing, packing, head_dim]``: merged head
 ``2h`` is the key of kv head ``h`` and ``2h + 1`` its value (``packing`` = 32 // dtype bits;
 the merged heads are padded up to a multiple of it). Its attention writes the step's new
 keys and values into that cache and attends, returning ``(kv_cache, out)``. :func:`attend`
-does the same with today's ops, which take separate key and value caches of block size 16,
-32 or 64: it splits the fused cache, views a page of ``P`` slots as ``P / B`` blocks of
-``B`` (a slot keeps its flat index ``page * P + offset`` in both views, so only the block
-table changes), runs :func:`reshape_and_cache` and :func:`ragged_paged_attention`, and joins
-the caches again. The split and the join copy the whole cache once each per layer; a fused
-cache op removes both copies without changing this function's signature.
+does the same with :func:`reshape_and_cache_fused` and :func:`ragged_paged_attention_fused`,
+which read and write the fused cache where it lies (the 5-D cache reshapes to their 4-D
+layout for free): under the runner's donation the cache is updated in place, with no copy.
+A page size the kernels do not take natively is viewed as blocks of one they take (a slot
+keeps its flat index ``page * P + offset`` in both views; only the block table changes).
+Caches whose merged heads are padded (an odd kv head count with a 4-per-word dtype) are
+split and joined around the separate-cache ops instead: two copies per layer.
 
 ``TRACES`` counts how often :func:`attend` and each op were traced, so a check can prove that
 the compiled model runs them (a trace per compiled batch shape, not per step; layers may
@@ -25,8 +26,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from xla_kernels.kernels.kv_cache import reshape_and_cache
-from xla_kernels.kernels.ragged_paged_attention import BLOCK_SIZES, ragged_paged_attention
+from xla_kernels.kernels.kv_cache import reshape_and_cache, reshape_and_cache_fused
+from xla_kernels.kernels.paged_cache import FP8
+from xla_kernels.kernels.ragged_paged_attention import (
+    BLOCK_SIZES,
+    ragged_paged_attention,
+    ragged_paged_attention_fused,
+)
 
 TRACES: Counter[str] = Counter()
 
@@ -60,11 +66,12 @@ def kv_cache_shape(total_pages: int, page_size: int, num_kv_heads: int, head_dim
 
 
 def sub_block_size(page_size: int) -> int:
-    """The largest block size our ops take that divides ``page_size``.
+    """The largest block size our ops take that divides ``page_size`` (``page_size`` itself
+    where they take it).
 
     Example:
-        >>> sub_block_size(256), sub_block_size(48), sub_block_size(16)
-        (64, 16, 16)
+        >>> sub_block_size(256), sub_block_size(48), sub_block_size(16), sub_block_size(384)
+        (256, 16, 16, 128)
     """
     for size in sorted(BLOCK_SIZES, reverse=True):
         if page_size % size == 0:
@@ -108,6 +115,44 @@ def attend(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, md: Me
     another layer's cache) nothing is written and the cache comes back as it was."""
     TRACES["attend"] += 1
     pages, page_size, merged, packing, head_dim = kv_cache.shape
+    num_kv_heads = k.shape[1]
+    if merged * packing != 2 * num_kv_heads:
+        return _attend_split(kv_cache, q, k, v, md, scale=scale, sliding_window=sliding_window,
+                             soft_cap=soft_cap, update_kv_cache=update_kv_cache)
+    block = sub_block_size(page_size)
+    ratio = page_size // block
+    fused = kv_cache.reshape(pages * ratio, block, 2 * num_kv_heads, head_dim)
+    # Queries and new rows in the cache's dtype; an fp8 cache takes bf16/f16 ones.
+    row_dtype = q.dtype if fused.dtype == jnp.dtype(FP8) else fused.dtype
+    if update_kv_cache:
+        TRACES["reshape_and_cache"] += 1
+        slots = slot_mapping(md, k.shape[0], page_size)
+        fused = reshape_and_cache_fused(k.astype(row_dtype), v.astype(row_dtype), fused, slots)
+    TRACES["ragged_paged_attention"] += 1
+    out = ragged_paged_attention_fused(
+        q.astype(row_dtype), fused, md.seq_lens.astype(jnp.int32),
+        _block_tables(md, ratio), md.query_start_loc.astype(jnp.int32),
+        md.request_distribution[2:3].astype(jnp.int32), scale=float(scale),
+        softcap=float(soft_cap or 0.0), sliding_window=int(sliding_window or 0))
+    return fused.reshape(kv_cache.shape), out.astype(q.dtype)
+
+
+def _block_tables(md: Metadata, ratio: int) -> jax.Array:
+    """int32 [max_seqs, pages_per_seq * ratio]: the block table of the cache viewed as blocks
+    of ``page_size / ratio`` slots."""
+    max_seqs = md.seq_lens.shape[0]
+    pages = md.block_tables.reshape(max_seqs, -1).astype(jnp.int32)
+    if ratio == 1:
+        return pages
+    return (pages[:, :, None] * ratio + jnp.arange(ratio, dtype=jnp.int32)).reshape(max_seqs, -1)
+
+
+def _attend_split(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, md: Metadata,
+                  *, scale: float, sliding_window: int, soft_cap: float,
+                  update_kv_cache: bool) -> tuple[jax.Array, jax.Array]:
+    """:func:`attend` for a cache whose merged heads are padded past ``2 * num_kv_heads``:
+    split into key and value caches, the separate-cache ops, joined again."""
+    pages, page_size, merged, packing, head_dim = kv_cache.shape
     num_tokens, num_kv_heads, _ = k.shape
     block = sub_block_size(page_size)
     ratio = page_size // block
@@ -115,20 +160,16 @@ def attend(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, md: Me
     split = (pages * ratio, block, num_kv_heads, head_dim)
     key_cache = flat[:, :, 0:2 * num_kv_heads:2].reshape(split)
     value_cache = flat[:, :, 1:2 * num_kv_heads:2].reshape(split)
-    max_seqs = md.seq_lens.shape[0]
-    pages_per_seq = md.block_tables.reshape(max_seqs, -1)
-    block_tables = (pages_per_seq[:, :, None] * ratio
-                    + jnp.arange(ratio, dtype=jnp.int32)).reshape(max_seqs, -1)
+    row_dtype = q.dtype if key_cache.dtype == jnp.dtype(FP8) else key_cache.dtype
     if update_kv_cache:
         TRACES["reshape_and_cache"] += 1
         slots = slot_mapping(md, num_tokens, page_size)
-        key_cache, value_cache = reshape_and_cache(k.astype(key_cache.dtype),
-                                                   v.astype(value_cache.dtype), key_cache,
-                                                   value_cache, slots)
+        key_cache, value_cache = reshape_and_cache(k.astype(row_dtype), v.astype(row_dtype),
+                                                   key_cache, value_cache, slots)
     TRACES["ragged_paged_attention"] += 1
     out = ragged_paged_attention(
-        q.astype(key_cache.dtype), key_cache, value_cache, md.seq_lens.astype(jnp.int32),
-        block_tables.astype(jnp.int32), md.query_start_loc.astype(jnp.int32),
+        q.astype(row_dtype), key_cache, value_cache, md.seq_lens.astype(jnp.int32),
+        _block_tables(md, ratio), md.query_start_loc.astype(jnp.int32),
         md.request_distribution[2:3].astype(jnp.int32), scale=float(scale),
         softcap=float(soft_cap or 0.0), sliding_window=int(sliding_window or 0))
     if not update_kv_cache:
@@ -136,6 +177,5 @@ def attend(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, md: Me
     joined = jnp.stack([key_cache.reshape(pages, page_size, num_kv_heads, head_dim),
                         value_cache.reshape(pages, page_size, num_kv_heads, head_dim)],
                        axis=3).reshape(pages, page_size, 2 * num_kv_heads, head_dim)
-    if merged * packing > 2 * num_kv_heads:
-        joined = jnp.concatenate([joined, flat[:, :, 2 * num_kv_heads:]], axis=2)
+    joined = jnp.concatenate([joined, flat[:, :, 2 * num_kv_heads:]], axis=2)
     return joined.reshape(kv_cache.shape), out.astype(q.dtype)
