@@ -1,0 +1,138 @@
+"""``vllm serve`` on xla-kernels (``xla_kernels.vllm``), driven by a real HTTP client.
+
+Writes a seeded random small Llama (vocab 49152, f32) with SmolLM2's tokenizer to a
+temporary directory, starts ``vllm serve`` on it (OpenAI-compatible API, vLLM's own server
+process and engine), sends the prompts concurrently through the ``openai`` client, and
+checks each completion's text against Hugging Face transformers' greedy decoding of the
+same weights (f32, CPU). Prints and writes ``vllm_serve.json``: the texts, whether they
+match, the server's start-up time and the requests' latencies.
+
+Example:
+    $ JAX_PLATFORMS=cuda python benchmarks/vllm_serve.py --tokenizer DIR --out OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a temperature of",
+           "Once upon a time", "The quick brown fox", "import numpy as np",
+           "In 1492, Columbus", "The best way to learn"]
+
+
+def write_model(directory: Path, tokenizer_dir: Path, seed: int = 0) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
+                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).to(torch.float32).save_pretrained(directory,
+                                                              safe_serialization=True)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, directory / f.name)
+
+
+def reference_texts(directory: Path, max_tokens: int) -> list[str]:
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(directory)
+    model = LlamaForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    texts = []
+    for p in PROMPTS:
+        ids = tok(p, return_tensors="pt").input_ids
+        new = []
+        with torch.no_grad():  # greedy, no stop on EOS (the requests pass ignore_eos)
+            for _ in range(max_tokens):
+                nxt = model(ids).logits[0, -1].argmax()
+                new.append(int(nxt))
+                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        texts.append(tok.decode(new, skip_special_tokens=True))
+    return texts
+
+
+def wait_healthy(port: int, server: subprocess.Popen, timeout: float) -> float:
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if server.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return time.perf_counter() - start
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError(f"vllm serve not healthy after {timeout} s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokenizer", type=Path, required=True,
+                        help="a folder with SmolLM2's tokenizer files")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--startup-timeout", type=float, default=240)
+    args = parser.parse_args()
+    for name, value in {"TPU_NAME": "none", "TPU_ACCELERATOR_TYPE": "none",
+                        "TPU_WORKER_ID": "0"}.items():
+        os.environ.setdefault(name, value)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = Path(tempfile.mkdtemp(prefix="xk-serve-"))
+    write_model(model, args.tokenizer)
+    log = open(args.out / "vllm_serve_server.log", "w")  # noqa: SIM115 (the server's life)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model),
+         "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
+         "--port", str(args.port), "--seed", "0"],
+        stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    result: dict = {"server": "vllm serve (OpenAI API) on xla_kernels.vllm", "prompts": PROMPTS}
+    try:
+        result["startup_s"] = round(wait_healthy(args.port, server, args.startup_timeout), 1)
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"http://127.0.0.1:{args.port}/v1", api_key="none")
+
+        def complete(prompt: str) -> tuple[str, float]:
+            begin = time.perf_counter()
+            r = client.completions.create(model=str(model), prompt=prompt,
+                                          max_tokens=args.max_tokens, temperature=0.0,
+                                          extra_body={"ignore_eos": True})
+            return r.choices[0].text, time.perf_counter() - begin
+
+        begin = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            answers = list(pool.map(complete, PROMPTS))
+        result["concurrent_wall_s"] = round(time.perf_counter() - begin, 3)
+        result["texts"] = [a for a, _ in answers]
+        result["latency_s"] = [round(t, 3) for _, t in answers]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+    result["reference_texts"] = reference_texts(model, args.max_tokens)
+    result["matches_transformers"] = result["texts"] == result["reference_texts"]
+    (args.out / "vllm_serve.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0 if result["matches_transformers"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
