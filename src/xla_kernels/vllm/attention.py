@@ -27,7 +27,6 @@ import jax
 import jax.numpy as jnp
 
 from xla_kernels.kernels.kv_cache import reshape_and_cache, reshape_and_cache_fused
-from xla_kernels.kernels.paged_cache import FP8
 from xla_kernels.kernels.ragged_paged_attention import (
     BLOCK_SIZES,
     ragged_paged_attention,
@@ -123,7 +122,7 @@ def attend(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, md: Me
     ratio = page_size // block
     fused = kv_cache.reshape(pages * ratio, block, 2 * num_kv_heads, head_dim)
     # Queries and new rows in the cache's dtype; an fp8 cache takes bf16/f16 ones.
-    row_dtype = q.dtype if fused.dtype == jnp.dtype(FP8) else fused.dtype
+    row_dtype = q.dtype if fused.dtype == jnp.float8_e4m3fn else fused.dtype
     if update_kv_cache:
         TRACES["reshape_and_cache"] += 1
         slots = slot_mapping(md, k.shape[0], page_size)
@@ -160,7 +159,7 @@ def _attend_split(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
     split = (pages * ratio, block, num_kv_heads, head_dim)
     key_cache = flat[:, :, 0:2 * num_kv_heads:2].reshape(split)
     value_cache = flat[:, :, 1:2 * num_kv_heads:2].reshape(split)
-    row_dtype = q.dtype if key_cache.dtype == jnp.dtype(FP8) else key_cache.dtype
+    row_dtype = q.dtype if key_cache.dtype == jnp.float8_e4m3fn else key_cache.dtype
     if update_kv_cache:
         TRACES["reshape_and_cache"] += 1
         slots = slot_mapping(md, num_tokens, page_size)
