@@ -8,7 +8,7 @@ same weights (f32, CPU). Prints and writes ``vllm_serve.json``: the texts, wheth
 match, the server's start-up time and the requests' latencies.
 
 Example:
-    $ JAX_PLATFORMS=cuda python benchmarks/vllm_serve.py --tokenizer DIR --out OUT
+    $ python benchmarks/vllm_serve.py --tokenizer DIR --out OUT
 """
 
 from __future__ import annotations

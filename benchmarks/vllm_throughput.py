@@ -17,7 +17,7 @@ prefills and the first token) and one with ``new_tokens``; decode tokens/s = req
 Writes ``vllm_throughput.json`` to ``--out``.
 
 Example:
-    $ JAX_PLATFORMS=cuda python benchmarks/vllm_throughput.py --out OUT
+    $ python benchmarks/vllm_throughput.py --out OUT
 """
 
 from __future__ import annotations

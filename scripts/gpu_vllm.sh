@@ -15,7 +15,10 @@ set -uo pipefail
 job=${1:?usage: gpu_vllm.sh install|check|serve|bench ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false
+# JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
+# JAX then takes the GPU.
+unset JAX_PLATFORMS
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export XLA_KERNELS_CACHE_DIR=${XLA_KERNELS_CACHE_DIR:-/tmp/xla-kernels-cache}
 export TPU_NAME=none TPU_ACCELERATOR_TYPE=none TPU_WORKER_ID=0
 status=0

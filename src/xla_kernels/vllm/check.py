@@ -22,13 +22,17 @@ import tempfile
 import time
 from pathlib import Path
 
-PLATFORMS = {"cpu": "cpu", "gpu": "cuda"}
+# JAX_PLATFORMS per --platform. tpu-inference accepts only "", "tpu", "cpu" or "proxy" there,
+# so the GPU is JAX's default backend (unset), checked once JAX is up.
+PLATFORMS = {"cpu": "cpu", "gpu": ""}
 MODEL_IMPLS = ("flax_nnx", "vllm")
 
 
 def configure(platform: str, model_impl: str) -> None:
     """The environment vLLM and tpu-inference read at import; must run before importing them."""
     os.environ["JAX_PLATFORMS"] = PLATFORMS[platform]
+    if not PLATFORMS[platform]:
+        del os.environ["JAX_PLATFORMS"]
     os.environ["MODEL_IMPL_TYPE"] = model_impl
     # One process, so this process sees the engine's traces and its runner.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -58,12 +62,14 @@ def run_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int, *,
     generated = time.perf_counter() - start
     engine = llm.llm_engine
     runner = engine.model_executor.driver_worker.worker.model_runner
+    import jax
     from vllm.platforms import current_platform
 
     return {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "text": [o.outputs[0].text for o in outputs],
         "platform": type(current_platform).__name__,
+        "jax_backend": jax.default_backend(),
         "attention": {"backend": type(runner.attention_backend).__name__,
                       "traces": dict(attention.TRACES)},
         "block_size": engine.vllm_config.cache_config.block_size,
@@ -88,7 +94,8 @@ def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
                           tokenizer=checkpoint.prompts is not None)
     traces = result["attention"]["traces"]
     ours = (result["attention"]["backend"] == "XlaKernelsAttentionBackend"
-            and traces.get("ragged_paged_attention", 0) > 0)
+            and traces.get("ragged_paged_attention", 0) > 0
+            and result["jax_backend"] == platform)
     result["seconds"]["transformers"] = round(ref_seconds, 1)
     return {
         "model": model, "platform": platform, "model_impl": model_impl,
