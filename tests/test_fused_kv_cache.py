@@ -98,6 +98,25 @@ def test_block_sizes_128_and_256_in_both_layouts(rng, block_size):
                      ref) <= TOLERANCES["bf16"]
 
 
+def test_packed_5d_cache_gives_what_the_4d_cache_gives(rng):
+    """tpu-inference's packed [blocks, block_size, merged, packing, head_dim] cache is the
+    same memory as the 4-D fused layout: both ops take it as it is."""
+    x = fused_problem(rng, kind="mixed", heads=(8, 2))
+    four = x["kv_cache"]
+    x["kv_cache"] = four.reshape(*four.shape[:2], 2, 2, four.shape[-1])
+    packed = attend(ragged_paged_attention_fused, x, FUSED_ARGS, scale=0.1)
+    x["kv_cache"] = four
+    np.testing.assert_array_equal(packed, attend(ragged_paged_attention_fused, x, FUSED_ARGS,
+                                                 scale=0.1))
+    key, value, kv, slots = write_problem(rng, heads=2)
+    got = jax.jit(reshape_and_cache_fused)(key, value, kv.reshape(*kv.shape[:2], 2, 2, -1),
+                                           slots)
+    assert got.shape == (*kv.shape[:2], 2, 2, kv.shape[-1])
+    want = reshape_and_cache_fused_numpy(key, value, kv, slots)
+    np.testing.assert_array_equal(np.asarray(got).reshape(want.shape).view(np.uint16),
+                                  want.view(np.uint16))
+
+
 def write_problem(rng, *, dtype="bf16", cache_dtype=None, tokens=11, heads=2, dim=64,
                   blocks=5, block_size=16):
     np_dtype = dtypes.to_numpy(dtype)

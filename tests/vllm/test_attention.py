@@ -3,6 +3,8 @@ float64 NumPy reference written from tpu-inference's layout and the attention de
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,3 +98,20 @@ def test_slot_mapping_marks_padding_rows():
 def test_page_size_our_ops_cannot_split_is_refused():
     with pytest.raises(ValueError, match="block_size"):
         attention.sub_block_size(24)
+
+
+@pytest.mark.parametrize("page_size", [64, 256])
+def test_donated_cache_is_updated_in_place_without_a_copy(page_size):
+    """The runner donates the cache: the compiled step aliases it to the result and holds
+    no copy of anything cache-sized (the fused-cache ops read and write it where it lies)."""
+    rng = np.random.default_rng(3)
+    cache, q, k, v, md = _batch(rng, page_size, q_lens=[5, 1], ctx_lens=[5, 300])
+    step = jax.jit(lambda c, *a: attention.attend(c, *a, scale=0.125), donate_argnums=(0,))
+    text = step.lower(jnp.asarray(cache), q, k, v, md).compile().as_text()
+    assert "input_output_alias={ {0}: (0, {}" in text
+    cache_elems = int(np.prod(cache.shape))
+    copies = [line for line in text.splitlines()
+              if re.search(r"= f32\[[\d,]+\]\{[\d,]*\} copy\(", line)
+              and np.prod([int(x) for x in re.search(r"f32\[([\d,]+)\]", line)[1].split(",")])
+              >= cache_elems]
+    assert not copies, copies

@@ -58,20 +58,40 @@ def cache_factors(layout: str) -> str:
 
 
 def fused_cache_dims(shape: Sequence[int], arg: str = "kv_cache") -> tuple[int, int, int, int]:
-    """(num_blocks, block_size, num_kv_heads, head_dim) of a fused cache shape; raises
-    :class:`~xla_kernels.Invalid` naming ``arg`` when the shape is not one.
+    """(num_blocks, block_size, num_kv_heads, head_dim) of a fused cache shape: 4-D
+    [num_blocks, block_size, 2 * num_kv_heads, head_dim], or tpu-inference's packed 5-D
+    [num_blocks, block_size, merged, packing, head_dim] with merged * packing = 2 *
+    num_kv_heads (the same memory). Raises :class:`~xla_kernels.Invalid` naming ``arg`` when
+    the shape is neither.
 
     Example:
-        >>> fused_cache_dims((64, 16, 4, 128))
-        (64, 16, 2, 128)
+        >>> fused_cache_dims((64, 16, 4, 128)), fused_cache_dims((64, 16, 2, 2, 128))
+        ((64, 16, 2, 128), (64, 16, 2, 128))
     """
-    if len(shape) != 4 or shape[2] % 2:
-        raise Invalid(arg, f"expected [num_blocks, block_size, 2 * num_kv_heads, head_dim], "
-                      f"got shape {tuple(shape)}",
-                      "pass one cache holding each kv head's key and value at indices 2h and "
-                      "2h + 1 of the third axis (reshape tpu-inference's packed 5-D cache to "
-                      "4-D first)")
-    return shape[0], shape[1], shape[2] // 2, shape[3]
+    rows = shape[2] * shape[3] if len(shape) == 5 else shape[2] if len(shape) == 4 else 1
+    if len(shape) not in (4, 5) or rows % 2:
+        raise Invalid(arg, f"expected [num_blocks, block_size, 2 * num_kv_heads, head_dim] "
+                      f"(or tpu-inference's [num_blocks, block_size, merged, packing, "
+                      f"head_dim]), got shape {tuple(shape)}",
+                      "pass one cache holding each kv head's key and value at rows 2h and "
+                      "2h + 1 of each slot")
+    return shape[0], shape[1], rows // 2, shape[-1]
+
+
+def fused_cache_factors(shape: Sequence[int]) -> tuple[str, dict[str, int]]:
+    """A fused cache's dimensions as sharding-rule factors, and the sizes the rule must be
+    told: b(locks) t(okens per block), then a slot's rows (k p), kv heads and the (key,
+    value) pair, then d(head_dim). tpu-inference's packed 5-D cache splits the rows as
+    [merged, packing]: with packing 2 those are k and p; otherwise a row word holds parts of
+    several heads, and both axes (w x) stay whole.
+
+    Example:
+        >>> fused_cache_factors((8, 16, 4, 64)), fused_cache_factors((8, 16, 2, 2, 64))
+        (('b t (k p) d', {'p': 2}), ('b t k p d', {}))
+    """
+    if len(shape) == 4:
+        return "b t (k p) d", {"p": 2}
+    return ("b t k p d" if shape[3] == 2 else "b t w x d"), {}
 
 
 def split_fused(kv_cache: Any) -> tuple[Any, Any]:
@@ -83,6 +103,8 @@ def split_fused(kv_cache: Any) -> tuple[Any, Any]:
         >>> [c.ravel().tolist() for c in split_fused(kv)]
         [[0, 2, 4, 6], [1, 3, 5, 7]]
     """
+    if kv_cache.ndim == 5:  # tpu-inference's packed shape: the same rows
+        kv_cache = kv_cache.reshape(*kv_cache.shape[:2], -1, kv_cache.shape[-1])
     return kv_cache[:, :, 0::2], kv_cache[:, :, 1::2]
 
 

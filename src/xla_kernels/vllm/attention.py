@@ -6,8 +6,8 @@ tpu-inference keeps one fused K/V cache array per layer,
 the merged heads are padded up to a multiple of it). Its attention writes the step's new
 keys and values into that cache and attends, returning ``(kv_cache, out)``. :func:`attend`
 does the same with :func:`reshape_and_cache_fused` and :func:`ragged_paged_attention_fused`,
-which read and write the fused cache where it lies (the 5-D cache reshapes to their 4-D
-layout for free): under the runner's donation the cache is updated in place, with no copy.
+which take the packed 5-D cache as it is and read and write it where it lies: under the
+runner's donation the cache is updated in place, with no copy.
 A page size the kernels do not take natively is viewed as blocks of one they take (a slot
 keeps its flat index ``page * P + offset`` in both views; only the block table changes).
 Caches whose merged heads are padded (an odd kv head count with a 4-per-word dtype) are
@@ -120,7 +120,10 @@ def attend(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, md: Me
                              soft_cap=soft_cap, update_kv_cache=update_kv_cache)
     block = sub_block_size(page_size)
     ratio = page_size // block
-    fused = kv_cache.reshape(pages * ratio, block, 2 * num_kv_heads, head_dim)
+    # The ops take the packed 5-D cache as it is: a reshape of the donated cache would cost
+    # XLA:CPU a copy of it before and after the in-place write.
+    fused = kv_cache if ratio == 1 else kv_cache.reshape(pages * ratio, block,
+                                                          2 * num_kv_heads, head_dim)
     # Queries and new rows in the cache's dtype; an fp8 cache takes bf16/f16 ones.
     row_dtype = q.dtype if fused.dtype == jnp.float8_e4m3fn else fused.dtype
     if update_kv_cache:

@@ -10,8 +10,10 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_kernels/dtype_dispatch.h"
@@ -60,6 +62,17 @@ inline xla::ffi::Error CheckPagedCacheDtypes(const std::string& op, const std::s
       return bad(name, "scales apply to f8e4m3fn caches only", "pass 1.0, or fp8 caches");
   }
   return xla::ffi::Error::Success();
+}
+
+// A fused K/V cache may arrive in tpu-inference's packed 5-D shape [blocks, block_size,
+// merged, packing, head_dim]: its merged * packing rows per slot are the 2 * kv_heads rows of
+// the 4-D fused layout, in the same memory. Returns the 4-D dimensions (kept in `storage`);
+// other shapes are returned as they are.
+inline xla::ffi::Span<const int64_t> FusedCacheDims(xla::ffi::Span<const int64_t> dims,
+                                                   std::vector<int64_t>* storage) {
+  if (dims.size() != 5) return dims;
+  *storage = {dims[0], dims[1], dims[2] * dims[3], dims[4]};
+  return {storage->data(), storage->size()};
 }
 
 }  // namespace xla_kernels

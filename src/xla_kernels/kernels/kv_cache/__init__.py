@@ -37,6 +37,8 @@ Example:
 
 from __future__ import annotations
 
+import re
+
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor, updated
 
@@ -47,6 +49,7 @@ from ..paged_cache import (
     check_kv_scales,
     check_layout,
     fused_cache_dims,
+    fused_cache_factors,
 )
 from .reference import reshape_and_cache_fused_numpy, reshape_and_cache_numpy, reshape_and_cache_xla
 
@@ -142,12 +145,20 @@ def _fused_output_rule(key: Spec, value: Spec, kv_cache: Spec, slot_mapping: Spe
     return [updated(kv_cache)]
 
 
+def _fused_sharding_rule(plan: CallPlan) -> tuple[str, dict]:
+    """Along kv heads; p (the key, value pair) stays whole, so a device holds whole pairs."""
+    cache, sizes = fused_cache_factors(plan.inputs[2].shape)
+    named = set(re.findall(r"\w+", cache))
+    whole = [f for f in ("n", "b", "t", "p", "w", "x", "d") if f == "n" or f in named]
+    return f"n k d, n k d, {cache}, n -> {cache}", {**sizes, "need_replication_factors": whole}
+
+
 reshape_and_cache_fused = Op(
     "xla_kernels.reshape_and_cache_fused",
     inputs=[
         Tensor("key", dtypes=DTYPES, rank=3, doc="[num_tokens, num_kv_heads, head_dim]"),
         Tensor("value", dtypes=DTYPES, rank=3, doc="key's shape"),
-        Tensor("kv_cache", dtypes=CACHE_DTYPES, rank=4, in_place=True,
+        Tensor("kv_cache", dtypes=CACHE_DTYPES, rank=(4, 5), in_place=True,
                doc="[num_blocks, block_size, 2 * num_kv_heads, head_dim]: head h's key at "
                    "2h, its value at 2h + 1"),
         Tensor("slot_mapping", dtypes=("i32",), rank=1, doc="[num_tokens] slots"),
@@ -157,9 +168,7 @@ reshape_and_cache_fused = Op(
                 doc="fp8 caches: stored value = value / v_scale")],
     outputs=_fused_output_rule,
     output_names=("kv_cache",),
-    # Along kv heads; p (the key, value pair) stays whole, so a device holds whole pairs.
-    sharding_rule=("n k d, n k d, b t (k p) d, n -> b t (k p) d",
-                   {"p": 2, "need_replication_factors": ("n", "b", "t", "p", "d")}),
+    sharding_rule=_fused_sharding_rule,
     kernels={"cpu": Kernel(["kv_cache_cpu.cc"], handler="XkReshapeAndCacheFusedCpu"),
              "cuda": Kernel(["kv_cache.cu"], handler="XkReshapeAndCacheFusedCuda")},
     doc="""``reshape_and_cache_fused(key, value, kv_cache, slot_mapping, *, k_scale=1.0,

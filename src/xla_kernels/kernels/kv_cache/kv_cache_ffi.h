@@ -8,11 +8,13 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 #include "xla_kernels/dtype_dispatch.h"
 #include "xla_kernels/errors.h"
 #include "xla_kernels/host_device.h"
+#include "xla_kernels/paged_cache_checks.h"
 
 namespace xla_kernels::kv_cache {
 
@@ -47,12 +49,14 @@ inline ffi::Error Decode(const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
                          const ffi::Buffer<ffi::S32>& slot_mapping, const ffi::AnyBuffer& key_out,
                          const ffi::AnyBuffer& value_out, std::string_view layout,
                          float k_scale, float v_scale, Layout* l) {
-  const auto kd = key.dimensions();
-  const auto cd = key_cache.dimensions();
   if (layout != "vllm" && layout != "pallas" && layout != "fused")
     return Bad("layout", "unknown layout '" + std::string(layout) + "'",
                "use \"vllm\" or \"pallas\"");
   const bool pallas = layout == "pallas", fused = layout == "fused";
+  std::vector<int64_t> packed;  // a fused cache's 4-D dimensions, when it came as 5-D
+  const auto kd = key.dimensions();
+  const auto cd = fused ? FusedCacheDims(key_cache.dimensions(), &packed)
+                        : key_cache.dimensions();
   const std::string cache_arg = fused ? "kv_cache" : "key_cache";
   if (fused && key_cache.untyped_data() != value_cache.untyped_data())
     return Bad("layout", "\"fused\" is the layout of one kv_cache array",

@@ -59,8 +59,9 @@ def reshape_and_cache_numpy(key: Any, value: Any, key_cache: Any, value_cache: A
 
 def reshape_and_cache_fused_numpy(key: Any, value: Any, kv_cache: Any, slot_mapping: Any, *,
                                   k_scale: float = 1.0, v_scale: float = 1.0) -> np.ndarray:
-    """A copy of a fused cache [num_blocks, block_size, 2 * num_kv_heads, head_dim] with each
-    token's key rows written at heads ``2h`` and value rows at ``2h + 1`` (NumPy, a loop).
+    """A copy of a fused cache [num_blocks, block_size, 2 * num_kv_heads, head_dim] (or its
+    packed 5-D form) with each token's key rows written at heads ``2h`` and value rows at
+    ``2h + 1`` (NumPy, a loop).
 
     Example:
         >>> key = np.ones((1, 1, 2), np.float32)
@@ -69,7 +70,8 @@ def reshape_and_cache_fused_numpy(key: Any, value: Any, kv_cache: Any, slot_mapp
         >>> kv[0, 1].tolist()
         [[1.0, 1.0], [2.0, 2.0]]
     """
-    cache = np.array(kv_cache, copy=True)
+    packed = np.array(kv_cache, copy=True)
+    cache = packed.reshape(*packed.shape[:2], -1, packed.shape[-1])  # 5-D: the same rows
     keys, values = np.asarray(key), np.asarray(value)
     if cache.dtype == dtypes.to_numpy(FP8):
         keys, values = quantize_fp8(keys, k_scale), quantize_fp8(values, v_scale)
@@ -81,7 +83,7 @@ def reshape_and_cache_fused_numpy(key: Any, value: Any, kv_cache: Any, slot_mapp
         for h in range(keys.shape[1]):
             cache[block, offset, 2 * h] = keys[t, h]
             cache[block, offset, 2 * h + 1] = values[t, h]
-    return cache
+    return packed
 
 
 def reshape_and_cache_xla(key: Any, value: Any, key_cache: Any, value_cache: Any,

@@ -73,6 +73,7 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,7 @@ from ..paged_cache import (
     check_attention_caches,
     check_kv_scales,
     fused_cache_dims,
+    fused_cache_factors,
     split_fused,
 )
 from .reference import (
@@ -245,16 +247,20 @@ def _fused_sharding_rule(plan: CallPlan) -> tuple[str, dict]:
     (key, value) pairs (p stays whole)."""
     queries, kv_cache = plan.inputs[0], plan.inputs[1]
     heads = fused_cache_dims(kv_cache.shape)[2]
-    return ("n (k g) d, b t (k p) d, s, s m, c, o -> n (k g) d",
-            {"k": heads, "g": queries.shape[1] // heads, "p": 2,
-             "need_replication_factors": ("n", "d", "b", "t", "p", "s", "m", "c", "o")})
+    cache, sizes = fused_cache_factors(kv_cache.shape)
+    named = set(re.findall(r"\w+", cache))
+    whole = [f for f in ("n", "d", "b", "t", "p", "w", "x", "s", "m", "c", "o")
+             if f in named or f in "nsmco"]
+    return (f"n (k g) d, {cache}, s, s m, c, o -> n (k g) d",
+            {"k": heads, "g": queries.shape[1] // heads, **sizes,
+             "need_replication_factors": tuple(whole)})
 
 
 ragged_paged_attention_fused = Op(
     "xla_kernels.ragged_paged_attention_fused",
     inputs=[
         Tensor("queries", dtypes=DTYPES, rank=3, doc="[num_tokens, num_q_heads, head_dim]"),
-        Tensor("kv_cache", dtypes=CACHE_DTYPES, rank=4,
+        Tensor("kv_cache", dtypes=CACHE_DTYPES, rank=(4, 5),
                doc="[num_blocks, block_size, 2 * num_kv_heads, head_dim]: head h's key at "
                    "2h, its value at 2h + 1"),
         Tensor("kv_lens", dtypes=("i32",), rank=1, doc="[max_seqs] context lengths"),

@@ -9,6 +9,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "ragged_paged_attention_limits.h"
 #include "xla/ffi/api/ffi.h"
@@ -58,9 +59,12 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
                                     const ffi::AnyBuffer& out, float scale, float softcap,
                                     int64_t sliding_window, std::string_view layout,
                                     float k_scale, float v_scale, Shape* shape) {
+  const bool fused = layout == "fused";
+  std::vector<int64_t> packed;  // a fused cache's 4-D dimensions, when it came as 5-D
   const auto qd = queries.dimensions();
-  const auto kd = key_cache.dimensions();
-  const auto vd = value_cache.dimensions();
+  const auto kd = fused ? FusedCacheDims(key_cache.dimensions(), &packed)
+                        : key_cache.dimensions();
+  const auto vd = fused ? kd : value_cache.dimensions();
   const auto ld = kv_lens.dimensions();
   const auto bd = block_tables.dimensions();
   const auto cd = cu_q_lens.dimensions();
@@ -80,7 +84,6 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   // The fused layout's one array [num_blocks, block_size, 2 * num_kv_heads, head_dim] holds
   // head h's key at index 2h and its value at 2h + 1 of the third axis (tpu-inference's
   // layout); the handler passes it as both caches.
-  const bool fused = layout == "fused";
   const std::string cache_arg = fused ? "kv_cache" : "key_cache";
   if (qd.size() != 3)
     return Bad("queries", "expected shape [num_tokens, num_q_heads, head_dim], got " +
