@@ -71,6 +71,10 @@ def test_fused_cache_gives_what_the_two_caches_give_bit_for_bit(rng, kind, dtype
     fused = on_gpu(ragged_paged_attention_fused, x, FUSED_ARGS, **attrs)
     separate = on_gpu(ragged_paged_attention, x, ARGS, **attrs)
     np.testing.assert_array_equal(fused, separate)
+    four = x["kv_cache"]  # tpu-inference's packed 5-D form: the same memory
+    x["kv_cache"] = four.reshape(*four.shape[:2], four.shape[2] // 2, 2, four.shape[3])
+    np.testing.assert_array_equal(on_gpu(ragged_paged_attention_fused, x, FUSED_ARGS, **attrs),
+                                  separate)
     # The same two-cache oracle the ragged tests use, on the values the fused cache holds.
     ref = ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **attrs)
     assert not np.isnan(fused).any()
