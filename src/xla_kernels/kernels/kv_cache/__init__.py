@@ -57,13 +57,21 @@ DTYPES = ("bf16", "f16", "f32")
 CACHE_DTYPES = (*DTYPES, FP8)
 
 
+def _check_value(key: Spec, value: Spec) -> None:
+    """The new values must match the new keys: one dtype, one shape."""
+    if value.dtype != key.dtype:
+        raise Invalid("value", f"dtype {value.dtype} differs from key's {key.dtype}",
+                      "cast key, value and the cache to one dtype")
+    if value.shape != key.shape:
+        raise Invalid("value", f"shape {value.shape} differs from key's {key.shape}",
+                      "pass key and value of one shape")
+
+
 def _output_rule(key: Spec, value: Spec, key_cache: Spec, value_cache: Spec,
                  slot_mapping: Spec, *, layout: str, k_scale: float,
                  v_scale: float) -> list[Spec]:
     check_layout(layout)
-    if value.dtype != key.dtype:
-        raise Invalid("value", f"dtype {value.dtype} differs from key's {key.dtype}",
-                      "cast key, value and the caches to one dtype")
+    _check_value(key, value)
     if value_cache.dtype != key_cache.dtype:
         raise Invalid("value_cache", f"dtype {value_cache.dtype} differs from key_cache's "
                       f"{key_cache.dtype}", "store both caches in one dtype")
@@ -71,9 +79,6 @@ def _output_rule(key: Spec, value: Spec, key_cache: Spec, value_cache: Spec,
         raise Invalid("key_cache", f"dtype {key_cache.dtype} differs from key's {key.dtype}",
                       f"cast key, value and the caches to one dtype, or use {FP8} caches")
     check_kv_scales(k_scale, v_scale, cache_dtype=key_cache.dtype)
-    if value.shape != key.shape:
-        raise Invalid("value", f"shape {value.shape} differs from key's {key.shape}",
-                      "pass key and value of one shape")
     if value_cache.shape != key_cache.shape:
         raise Invalid("value_cache", f"shape {value_cache.shape} differs from key_cache's "
                       f"{key_cache.shape}", "pass caches of one shape")
@@ -123,16 +128,11 @@ reshape_and_cache = Op(
 
 def _fused_output_rule(key: Spec, value: Spec, kv_cache: Spec, slot_mapping: Spec, *,
                        k_scale: float, v_scale: float) -> list[Spec]:
-    if value.dtype != key.dtype:
-        raise Invalid("value", f"dtype {value.dtype} differs from key's {key.dtype}",
-                      "cast key, value and the cache to one dtype")
+    _check_value(key, value)
     if kv_cache.dtype not in (key.dtype, FP8):
         raise Invalid("kv_cache", f"dtype {kv_cache.dtype} differs from key's {key.dtype}",
                       f"cast key, value and the cache to one dtype, or use an {FP8} cache")
     check_kv_scales(k_scale, v_scale, cache_dtype=kv_cache.dtype)
-    if value.shape != key.shape:
-        raise Invalid("value", f"shape {value.shape} differs from key's {key.shape}",
-                      "pass key and value of one shape")
     num_tokens, heads, dim = key.shape
     _, _, cache_heads, cache_dim = fused_cache_dims(kv_cache.shape)
     if (cache_heads, cache_dim) != (heads, dim):

@@ -190,6 +190,25 @@ def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
              "need_replication_factors": ("n", "d", "b", "t", "s", "m", "c", "o")})
 
 
+# What both ops (separate caches, fused cache) take besides the queries and the caches.
+_METADATA = (
+    Tensor("kv_lens", dtypes=("i32",), rank=1, doc="[max_seqs] context lengths"),
+    Tensor("block_tables", dtypes=("i32",), rank=2, doc="[max_seqs, max_blocks_per_seq]"),
+    Tensor("cu_q_lens", dtypes=("i32",), rank=1, doc="[max_seqs + 1] row offsets"),
+    Tensor("num_seqs", dtypes=("i32",), rank=1, doc="[1] sequences in use"),
+)
+_MASKING = (
+    Attr("scale", float, doc="multiplies q.k"),
+    Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
+    Attr("sliding_window", int, default=0,
+         doc="> 0: a row at position p attends only t > p - sliding_window"),
+)
+_KV_SCALES = (
+    Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
+    Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
+)
+
+
 ragged_paged_attention = Op(
     "xla_kernels.ragged_paged_attention",
     inputs=[
@@ -197,19 +216,12 @@ ragged_paged_attention = Op(
         Tensor("key_cache", dtypes=CACHE_DTYPES, rank=4, doc="paged keys, in `layout`"),
         Tensor("value_cache", dtypes=CACHE_DTYPES, rank=4,
                doc="paged values, key_cache's shape and dtype"),
-        Tensor("kv_lens", dtypes=("i32",), rank=1, doc="[max_seqs] context lengths"),
-        Tensor("block_tables", dtypes=("i32",), rank=2, doc="[max_seqs, max_blocks_per_seq]"),
-        Tensor("cu_q_lens", dtypes=("i32",), rank=1, doc="[max_seqs + 1] row offsets"),
-        Tensor("num_seqs", dtypes=("i32",), rank=1, doc="[1] sequences in use"),
+        *_METADATA,
     ],
     attrs=[
-        Attr("scale", float, doc="multiplies q.k"),
-        Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
-        Attr("sliding_window", int, default=0,
-             doc="> 0: a row at position p attends only t > p - sliding_window"),
+        *_MASKING,
         Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
-        Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
-        Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
+        *_KV_SCALES,
     ],
     outputs=_output_rule,
     output_names=("out",),
@@ -263,18 +275,11 @@ ragged_paged_attention_fused = Op(
         Tensor("kv_cache", dtypes=CACHE_DTYPES, rank=(4, 5),
                doc="[num_blocks, block_size, 2 * num_kv_heads, head_dim]: head h's key at "
                    "2h, its value at 2h + 1"),
-        Tensor("kv_lens", dtypes=("i32",), rank=1, doc="[max_seqs] context lengths"),
-        Tensor("block_tables", dtypes=("i32",), rank=2, doc="[max_seqs, max_blocks_per_seq]"),
-        Tensor("cu_q_lens", dtypes=("i32",), rank=1, doc="[max_seqs + 1] row offsets"),
-        Tensor("num_seqs", dtypes=("i32",), rank=1, doc="[1] sequences in use"),
+        *_METADATA,
     ],
     attrs=[
-        Attr("scale", float, doc="multiplies q.k"),
-        Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
-        Attr("sliding_window", int, default=0,
-             doc="> 0: a row at position p attends only t > p - sliding_window"),
-        Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
-        Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
+        *_MASKING,
+        *_KV_SCALES,
     ],
     outputs=_fused_output_rule,
     output_names=("out",),
