@@ -65,7 +65,7 @@ def test_native_path_is_active():
     torch_op(simple_add)
     # The CPU kernel is C++: torch names no Python kernel for it.
     table = torch._C._dispatch_dump_table("xla_kernels::simple_add")
-    assert "CPU: registered at" in table and "torch_native.cc" in table, table
+    assert "CPU: registered at" in table and "frontends/torch/native.cc" in table, table
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
@@ -236,14 +236,14 @@ def test_python_fallback_when_disabled():
         "print(torch._C._dispatch_dump_table('xla_kernels::simple_add'))\n",
         XLA_KERNELS_TORCH_NATIVE="0")
     assert "disabled: XLA_KERNELS_TORCH_NATIVE=0" in out
-    assert "torch_native.cc" not in out
+    assert "frontends/torch/native.cc" not in out
 
 
 def test_the_autograd_kernel_is_the_native_gate():
     add = torch_op(simple_add)
     table = torch._C._dispatch_dump_table("xla_kernels::simple_add")
     line = next(line for line in table.splitlines() if line.startswith("AutogradCPU:"))
-    assert "torch_native.cc" in line, table
+    assert "frontends/torch/native.cc" in line, table
     x = torch.ones(3, requires_grad=True)
     with torch.no_grad():  # no gradient needed: straight to the CPU kernel
         assert not add(x, x).requires_grad
@@ -267,7 +267,7 @@ def test_python_autograd_gate_when_disabled():
         "print(torch._C._dispatch_dump_table('xla_kernels::simple_add'))\n",
         XLA_KERNELS_TORCH_NATIVE="0")
     assert "xla_kernels.simple_add: cannot be differentiated" in out
-    assert "torch_native.cc" not in out
+    assert "frontends/torch/native.cc" not in out
 
 
 def test_install_reports_unknown_platforms():

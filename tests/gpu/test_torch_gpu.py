@@ -247,7 +247,7 @@ def test_native_cuda_kernel_is_active(add):
     assert torch_native.native_status().startswith("active: "), torch_native.native_status()
     table = torch._C._dispatch_dump_table("xla_kernels::simple_add")
     cuda_line = next(line for line in table.splitlines() if line.startswith("CUDA:"))
-    assert "torch_native.cc" in cuda_line, table
+    assert "frontends/torch/native.cc" in cuda_line, table
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
