@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from xla_kernels.frontends import torch_native
+from xla_kernels.frontends.torch import native as torch_native
 from xla_kernels.frontends.torch import torch_op
 from xla_kernels.kernels.simple_add import simple_add
 

@@ -18,12 +18,9 @@ def main() -> None:
         for dtype in (jnp.float32, jnp.bfloat16, jnp.float16):
             a = jnp.asarray(rng.standard_normal(size), dtype)
             jax.block_until_ready(simple_add(a, a))
-    try:
-        from xla_kernels.kernels.paged_attention import sanitize_cases
-    except ImportError:
-        print("paged attention: no sanitize_cases yet")
-    else:
-        sanitize_cases()
+    from xla_kernels.kernels.paged_attention.testing import sanitize_cases
+
+    sanitize_cases()
     from xla_kernels.kernels.kv_cache import reshape_and_cache
 
     for dim, dtype in ((128, jnp.bfloat16), (40, jnp.float32), (3, jnp.float16)):
@@ -47,7 +44,7 @@ def main() -> None:
         x = jnp.asarray(rng.standard_normal(shape), dtype)
         w = jnp.asarray(rng.standard_normal(shape[-1]), dtype)
         jax.block_until_ready(jax.grad(lambda x, w: rms_norm(x, w).sum(), (0, 1))(x, w))
-    from xla_kernels.kernels.ragged_paged_attention import sanitize_cases as ragged_cases
+    from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_cases as ragged_cases
     from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_fused_cases
 
     ragged_cases()

@@ -4,6 +4,7 @@ JAX and through the eager runtime on torch tensors, with the library's messages.
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import jax
@@ -47,12 +48,14 @@ def run_jax(op, **attrs):
     return np.asarray(jax.jit(lambda x: op(x, **attrs))(np.ones(2, np.float32)))
 
 
-def run_eager(op, **attrs):
-    """The op's handler through the eager runtime, on torch tensors (no XLA)."""
+def run_eager(op, *, explained: bool = True, **attrs):
+    """The op's handler through the eager runtime, on torch tensors (no XLA). The runtime
+    raises a plain KernelError; ``explained`` runs it as a frontend would, explaining it."""
     x, out = torch.ones(2), torch.empty(16, dtype=torch.float64)
     plan = op.bind([x], attrs)
-    call_handler(plan.kernel("cpu").address, args=[Buffer.from_array(x)],
-                 rets=[Buffer.from_array(out)], attrs=plan.eager_attrs(), op_name=op.name)
+    with xk.explained_errors() if explained else contextlib.nullcontext():
+        call_handler(plan.kernel("cpu").address, args=[Buffer.from_array(x)],
+                     rets=[Buffer.from_array(out)], attrs=plan.eager_attrs(), op_name=op.name)
     return out.numpy()
 
 
@@ -238,6 +241,13 @@ def test_a_type_mismatch_from_the_eager_runtime_names_op_attribute_and_both_type
     assert isinstance(info.value, KernelError) and info.value.code_name == "INVALID_ARGUMENT"
     with pytest.raises(AttrMismatchError, match=SCALE_MISMATCH):
         run_eager(narrow_scale, n=3, scale=2.0)
+
+
+def test_the_eager_runtime_raises_and_leaves_the_explaining_to_its_caller():
+    with pytest.raises(KernelError, match="Failed to decode all FFI handler operands") as info:
+        run_eager(narrow, explained=False, n=3, scale=2.0)
+    assert not isinstance(info.value, AttrMismatchError)
+    assert isinstance(xk.explain(info.value), AttrMismatchError)
 
 
 def test_a_type_mismatch_from_torch_op_names_the_attribute():

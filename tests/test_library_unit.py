@@ -28,6 +28,7 @@ from xla_kernels.errors import (
     RegistrationError,
 )
 from xla_kernels.frontends.torch import torch_op
+from xla_kernels.runtime import kernel_of
 from xla_kernels.runtime.library import library_name, load_library, loaded_libraries
 
 FIXTURES = Path(__file__).parent / "fixtures" / "library_unit"
@@ -80,7 +81,7 @@ def artifacts(cache: Path) -> list[str]:
 
 def test_three_ops_from_one_source_share_one_build_and_one_handle(cache):
     ops = declare("counters.cc", COUNTERS)
-    loaded = [op.record.kernel("cpu") for op in ops.values()]
+    loaded = [kernel_of(op, "cpu") for op in ops.values()]
     assert builds(cache) == 1
     assert len({k.library for k in loaded}) == 1
     (so,) = artifacts(cache)
@@ -91,7 +92,7 @@ def test_three_ops_from_one_source_share_one_build_and_one_handle(cache):
     assert loaded_libraries().count(path) == 1
     assert load_library(path, "any") is load_library(path, "other")
     # An op declared later from the same sources reuses the build and the handle.
-    again = declare("counters.cc", {"late": "LuPeek"})["late"].record.kernel("cpu")
+    again = kernel_of(declare("counters.cc", {"late": "LuPeek"})["late"], "cpu")
     assert again.library == path and builds(cache) == 1
 
 
@@ -99,7 +100,7 @@ def test_other_build_settings_make_another_library(cache):
     plain = declare("counters.cc", {"a": "LuBumpA"})["a"]
     tuned = declare("counters.cc", {"a": "LuBumpA"}, defines={"LU_TUNED": "1"})["a"]
     flagged = declare("counters.cc", {"a": "LuBumpA"}, flags=("-O2",))["a"]
-    libraries = {op.record.kernel("cpu").library for op in (plain, tuned, flagged)}
+    libraries = {kernel_of(op, "cpu").library for op in (plain, tuned, flagged)}
     assert len(libraries) == 3 and builds(cache) == 3
     # Separate libraries, separate counters.
     assert run_jax(plain).tolist() == [1.0, 1.0]
@@ -142,7 +143,7 @@ def test_jax_and_torch_run_the_same_library_copy(cache):
 def test_a_handler_missing_from_the_shared_library_is_named_with_the_fix(cache):
     ops = declare("counters.cc", {"ok": "LuPeek", "typo": "LuPeak"})
     with pytest.raises(RegistrationError) as info:
-        ops["typo"].record.kernel("cpu")
+        kernel_of(ops["typo"], "cpu")
     msg = str(info.value)
     assert msg.startswith(f"{ops['typo'].name}: the cpu library built from ['counters.cc'] "
                           "has no symbol 'LuPeak'")
@@ -155,11 +156,11 @@ def test_a_handler_missing_from_the_shared_library_is_named_with_the_fix(cache):
 
 def test_redeclaring_with_an_equal_kernel_after_load_is_accepted(cache):
     op = declare("counters.cc", {"a": "LuBumpA"})["a"]
-    first = op.record.kernel("cpu")
+    first = kernel_of(op, "cpu")
     kernel = op.kernels["cpu"]
     same = xk.Op(op.name, inputs=[xk.Tensor("x", ("f32",))], outputs=lambda x: xk.like(x),
                  kernels={"cpu": xk.Kernel(list(kernel.sources), "LuBumpA")})
-    assert same.record.kernel("cpu") is first
+    assert kernel_of(same, "cpu") is first
     with pytest.raises(OpDeclarationError) as info:
         xk.Op(op.name, inputs=[xk.Tensor("x", ("f32",))], outputs=lambda x: xk.like(x),
               kernels={"cpu": xk.Kernel(list(kernel.sources), "LuBumpB")})
@@ -173,7 +174,7 @@ def test_redeclaring_with_an_equal_kernel_after_load_is_accepted(cache):
 
 def test_nanobind_block_builds_unchanged_and_exports_no_module(cache):
     ops = declare("counters.cc", COUNTERS)
-    path = ops["peek"].record.kernel("cpu").library
+    path = kernel_of(ops["peek"], "cpu").library
     library = ctypes.CDLL(str(path))
     assert not hasattr(library, "PyInit__lu_counters")  # not a Python module
     assert all(hasattr(library, h) for h in COUNTERS.values())
@@ -186,7 +187,7 @@ def test_pybind11_block_builds_unchanged_and_runs_in_jax_and_torch(cache):
     assert run_jax(ops["read"]).tolist() == [2.0, 2.0]
     assert run_torch(ops["read"]).tolist() == [2.0, 2.0]
     assert builds(cache) == 1
-    library = ctypes.CDLL(str(ops["read"].record.kernel("cpu").library))
+    library = ctypes.CDLL(str(kernel_of(ops["read"], "cpu").library))
     assert not hasattr(library, "PyInit__lu_counters_pybind11")
 
 
@@ -217,7 +218,7 @@ def test_real_nanobind_headers_on_cplus_include_path_win(tmp_path, monkeypatch):
 def test_block_beyond_the_stand_in_fails_naming_op_stand_in_and_fix(cache):
     op = declare("unsupported_binding.cc", {"box": "LuUnused"})["box"]
     with pytest.raises(BuildError) as info:
-        op.record.kernel("cpu")
+        kernel_of(op, "cpu")
     msg = str(info.value)
     assert f"building 'unsupported_binding' (needed by op {op.name}) for cpu failed" in msg
     assert "class_" in msg  # the compiler's own error comes first

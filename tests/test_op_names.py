@@ -10,10 +10,9 @@ import pytest
 import torch
 
 import xla_kernels as xk
-from xla_kernels.frontends import torch_native
-from xla_kernels.frontends.torch import torch_op
+from xla_kernels.frontends.torch import native as torch_native
+from xla_kernels.frontends.torch import qualified_name, torch_op
 from xla_kernels.kernels.simple_add import simple_add
-from xla_kernels.torch_operator import qualified_name
 
 
 def _add(name: str) -> xk.Op:

@@ -22,6 +22,7 @@ from xla_kernels.kernels.paged_attention import (
     workspace_size,
 )
 from xla_kernels.kernels.paged_attention.testing import TOLERANCES, make_inputs, rel_error
+from xla_kernels.runtime import kernel_of
 from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
 from xla_kernels.runtime.library import load_kernel
 
@@ -246,7 +247,7 @@ def test_workspace_formula_is_the_one_in_limits_h():
 
     from xla_kernels.kernels.paged_attention import paged_attention, workspace_size
 
-    library = ctypes.CDLL(str(paged_attention.record.kernel("cpu").library))
+    library = ctypes.CDLL(str(kernel_of(paged_attention, "cpu").library))
     elems = library.XkPagedAttentionWorkspaceElems
     elems.restype = ctypes.c_int64
     elems.argtypes = [ctypes.c_int64] * 4

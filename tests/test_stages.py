@@ -22,7 +22,7 @@ import xla_kernels as xk
 from toolchain import requires_nvcc
 from xla_kernels import builder
 from xla_kernels.errors import OpDeclarationError, RegistrationError
-from xla_kernels.runtime import eager
+from xla_kernels.runtime import eager, kernel_of
 from xla_kernels.runtime.eager import KernelError
 from xla_kernels.runtime.registry import ensure_registered
 
@@ -61,7 +61,7 @@ class Counters:
     """The fixture library's stage counters (the library the op's record loaded)."""
 
     def __init__(self, op):
-        self.kernel = op.record.kernel("cpu")
+        self.kernel = kernel_of(op, "cpu")
         self.lib = ctypes.CDLL(str(self.kernel.library))  # the same handle: dlopen refcounts
         self.lib.XkStagesCount.restype = ctypes.c_int64
         self.lib.XkStagesCount.argtypes = [ctypes.c_int32]
@@ -119,7 +119,7 @@ def test_a_missing_stage_symbol_names_the_stage_and_the_fix():
                        r"'NoSuchInstantiate' \(its instantiate handler\). Fix: define it with "
                        r"XLA_FFI_DEFINE_HANDLER_SYMBOL\(NoSuchInstantiate, ...\), or correct "
                        r"handler=\{'instantiate': ...\} in Kernel"):
-        op.record.kernel("cpu")
+        kernel_of(op, "cpu")
 
 
 def test_a_missing_type_id_symbol_names_the_type_and_the_fix():
@@ -131,11 +131,11 @@ def test_a_missing_type_id_symbol_names_the_type_and_the_fix():
                        r"of FFI type 'xk_tests.Nope'\). Fix: define the function with "
                        r"XLA_FFI_DECLARE_TYPE_ID_SYMBOL\(NoSuchTypeId\), or correct "
                        r"Kernel\(types=...\)"):
-        op.record.kernel("cpu")
+        kernel_of(op, "cpu")
 
 
 def test_loaded_kernel_keeps_address_as_execute_and_lists_every_stage():
-    kernel = scale_all.record.kernel("cpu")
+    kernel = kernel_of(scale_all, "cpu")
     lib = ctypes.CDLL(str(kernel.library))
     assert kernel.address == ctypes.cast(lib.XkStagesExecute, ctypes.c_void_p).value
     addresses = kernel.stage_addresses()
@@ -251,7 +251,7 @@ def test_torch_eager_runs_prepare_and_initialize_once_per_state(torch_call):
 
 def test_torch_eager_instantiate_error_names_the_stage(torch_call):
     torch, call = torch_call
-    address = scale.record.kernel("cpu").address
+    address = kernel_of(scale, "cpu").address
     states = eager.state_count(address)
     with pytest.raises(KernelError, match=r"xk_tests.stages_scale: kernel failed: "
                        r"instantiate stage: factor must be >= 0"):

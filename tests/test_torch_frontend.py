@@ -20,8 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import xla_kernels as xk
 from xla_kernels import dtypes
-from xla_kernels.frontends import torch as torch_frontend
 from xla_kernels.frontends.torch import attrs_for_torch, call, qualified_name, schema, torch_op
+from xla_kernels.frontends.torch import eager as torch_eager
 from xla_kernels.kernels.simple_add import simple_add
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch_attrs" / "torch_attrs.cc"
@@ -226,7 +226,7 @@ def simple_add_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def test_poisoned_outputs_show_what_a_kernel_does_not_write(monkeypatch, rng):
-    monkeypatch.setattr(torch_frontend, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(torch_eager, "POISON_OUTPUTS", True)
     x = torch.ones(5)
     assert torch.isnan(call(writes_nothing, x)).all()
     for size in (1, 7, 1021):

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xla_kernels as xk
-from xla_kernels.frontends import torch_native
+from xla_kernels.frontends.torch import native as torch_native
 from xla_kernels.frontends.torch import torch_op
 from xla_kernels.kernels.kv_cache import reshape_and_cache
 

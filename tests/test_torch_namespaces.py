@@ -8,10 +8,9 @@ from pathlib import Path
 import torch
 
 import xla_kernels as xk
-from xla_kernels.frontends.torch import torch_op
+from xla_kernels.frontends.torch import qualified_name, torch_op
 from xla_kernels.kernels import rms_norm as shipped
 from xla_kernels.kernels.rms_norm import _backward_rule, _forward_rule
-from xla_kernels.torch_operator import qualified_name
 
 SOURCE = str(Path(shipped.__file__).with_name("rms_norm_cpu.cc"))
 

@@ -1,7 +1,7 @@
 """The native (C++) eager torch kernels: same results and errors as the Python kernels.
 
 Each eager result through ``torch.ops`` (the native kernel on this machine, where torch's
-headers are installed) is compared with the Python kernel (``torch_frontend._run``) on
+headers are installed) is compared with the Python kernel (``torch_eager._run``) on
 the same inputs, and errors must be the library's own exceptions and messages.
 """
 
@@ -19,9 +19,9 @@ import torch
 
 import xla_kernels as xk
 from ops import attrs_echo
-from xla_kernels.frontends import torch as torch_frontend
-from xla_kernels.frontends import torch_native
-from xla_kernels.frontends.torch import call, torch_op
+from xla_kernels.frontends.torch import attrs_for_torch, call, torch_op
+from xla_kernels.frontends.torch import eager as torch_eager
+from xla_kernels.frontends.torch import native as torch_native
 from xla_kernels.kernels.paged_attention import paged_attention, paged_attention_numpy_f64
 from xla_kernels.kernels.paged_attention.testing import TOLERANCES, make_inputs, rel_error
 from xla_kernels.kernels.simple_add import simple_add
@@ -47,7 +47,7 @@ loose_attention = xk.Op(
 def python_path(op: xk.Op, *tensors: torch.Tensor, **kwargs):
     """The same call through the Python eager kernel."""
     torch_op(op)
-    return torch_frontend._run(op.record, "cpu", tensors, kwargs)
+    return torch_eager._run(op.record, "cpu", tensors, kwargs)
 
 
 def assert_same(native, python) -> None:
@@ -65,7 +65,7 @@ def test_native_path_is_active():
     torch_op(simple_add)
     # The CPU kernel is C++: torch names no Python kernel for it.
     table = torch._C._dispatch_dump_table("xla_kernels::simple_add")
-    assert "CPU: registered at" in table and "torch_native.cc" in table, table
+    assert "CPU: registered at" in table and "frontends/torch/native.cc" in table, table
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
@@ -94,7 +94,7 @@ def test_every_attribute_type_round_trips():
     values = dict(i=-(2**62) - 3, i32=-7, f=0.1, d=1e-300, b=True, s="héllo",
                   ints=[2**40, -1, 0], floats=[0.25, -3.5, 1e-3], raw=b"\x00\x01\xfe\xff")
     out = call(attrs_echo, x, **values)
-    assert_same(out, python_path(attrs_echo, x, **torch_frontend.attrs_for_torch(
+    assert_same(out, python_path(attrs_echo, x, **attrs_for_torch(
         attrs_echo, values)))
     got = out.tolist()
     assert got[:5] == [float(-(2**62) - 3), -7.0, float(np.float32(0.1)), 1e-300, 1.0]
@@ -163,13 +163,13 @@ def test_a_kernel_failure_is_a_kernel_error(rng):
 
 
 def test_poisoned_outputs(monkeypatch):
-    monkeypatch.setattr(torch_frontend, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(torch_eager, "POISON_OUTPUTS", True)
     torch_native.clear_plans()  # plans made before carry the old setting
     out = call(torch_frontend_tests().writes_nothing, torch.ones(4))
     assert torch.isnan(out).all()
     a = torch.ones(6)
     torch.testing.assert_close(call(simple_add, a, a), a + a, rtol=0, atol=0)
-    monkeypatch.setattr(torch_frontend, "POISON_OUTPUTS", False)
+    monkeypatch.setattr(torch_eager, "POISON_OUTPUTS", False)
     torch_native.clear_plans()
 
 
@@ -220,14 +220,14 @@ def test_torch_compile_fullgraph_in_a_fresh_process():
     # A fresh interpreter: see test_torch_frontend.py (torchax and torch.compile).
     out = run_python(
         "import torch\nfrom test_torch_frontend import compile_aot_eager_checks\n"
-        "from xla_kernels.frontends import torch_native\n"
+        "from xla_kernels.frontends.torch import native as torch_native\n"
         "compile_aot_eager_checks()\nprint(torch_native.native_status())\n")
     assert "active: " in out
 
 
 def test_python_fallback_when_disabled():
     out = run_python(
-        "import torch\nfrom xla_kernels.frontends import torch_native\n"
+        "import torch\nfrom xla_kernels.frontends.torch import native as torch_native\n"
         "from xla_kernels.frontends.torch import torch_op\n"
         "from xla_kernels.kernels.simple_add import simple_add\n"
         "add = torch_op(simple_add)\n"
@@ -236,14 +236,14 @@ def test_python_fallback_when_disabled():
         "print(torch._C._dispatch_dump_table('xla_kernels::simple_add'))\n",
         XLA_KERNELS_TORCH_NATIVE="0")
     assert "disabled: XLA_KERNELS_TORCH_NATIVE=0" in out
-    assert "torch_native.cc" not in out
+    assert "frontends/torch/native.cc" not in out
 
 
 def test_the_autograd_kernel_is_the_native_gate():
     add = torch_op(simple_add)
     table = torch._C._dispatch_dump_table("xla_kernels::simple_add")
     line = next(line for line in table.splitlines() if line.startswith("AutogradCPU:"))
-    assert "torch_native.cc" in line, table
+    assert "frontends/torch/native.cc" in line, table
     x = torch.ones(3, requires_grad=True)
     with torch.no_grad():  # no gradient needed: straight to the CPU kernel
         assert not add(x, x).requires_grad
@@ -267,7 +267,7 @@ def test_python_autograd_gate_when_disabled():
         "print(torch._C._dispatch_dump_table('xla_kernels::simple_add'))\n",
         XLA_KERNELS_TORCH_NATIVE="0")
     assert "xla_kernels.simple_add: cannot be differentiated" in out
-    assert "torch_native.cc" not in out
+    assert "frontends/torch/native.cc" not in out
 
 
 def test_install_reports_unknown_platforms():
@@ -278,7 +278,7 @@ def test_install_reports_unknown_platforms():
 def test_python_fallback_when_the_native_build_fails():
     # As on a machine without torch's headers: the build options cannot be found.
     out = run_python(
-        "import torch\nfrom xla_kernels.frontends import torch_native\n"
+        "import torch\nfrom xla_kernels.frontends.torch import native as torch_native\n"
         "def missing():\n    raise FileNotFoundError('torch headers not found (test)')\n"
         "torch_native._torch_build_options = missing\n"
         "from xla_kernels.frontends.torch import torch_op\n"

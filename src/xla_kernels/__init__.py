@@ -10,6 +10,7 @@ Example:
 """
 
 from xla_kernels import hlo
+from xla_kernels._version import __version__ as __version__
 from xla_kernels.attrs import REQUIRED, Attr
 from xla_kernels.diagnostics import explain, explained_errors
 from xla_kernels.errors import (
@@ -33,7 +34,6 @@ from xla_kernels.export import (
     read_manifest,
     serialize,
 )
-from xla_kernels.frontends import jax as _jax_frontend  # noqa: F401  (installs Op.__call__)
 from xla_kernels.hlo import assert_single_custom_call, hlo_text
 from xla_kernels.op import (
     PLATFORMS,
@@ -51,8 +51,6 @@ from xla_kernels.op import (
 )
 from xla_kernels.record import OpRecord, record_of
 from xla_kernels.runtime.registry import ensure_registered, registrations
-
-__version__ = "0.1.0"
 
 __all__ = [
     "PLATFORMS",

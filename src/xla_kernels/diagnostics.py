@@ -6,7 +6,9 @@ operands at: N)``, where ``N`` counts the handler's bindings (arguments, results
 attributes, in the order the handler binds them); :func:`explain` maps it back to the
 declaration: an :class:`~xla_kernels.runtime.eager.AttrMismatchError` naming the op, the
 attribute, its declared type and C++ type, and what the handler decodes. The eager runtime
-raises it by itself; around JAX calls use :func:`explained_errors`.
+raises a plain :class:`~xla_kernels.runtime.eager.KernelError` and explains nothing; the
+torch frontends explain it (:func:`explain_kernel_error`); around JAX calls, or direct
+calls of the eager runtime, use :func:`explained_errors`.
 
 XLA reports a custom-call target nobody registered only when the program runs, as
 ``No FFI handler registered for T on a platform Host`` (or, on GPU, ``No registered
@@ -42,7 +44,7 @@ from xla_kernels.attr_types import (
 )
 from xla_kernels.errors import RegistrationError
 from xla_kernels.op import declared_ops
-from xla_kernels.runtime.eager import AttrMismatchError
+from xla_kernels.runtime.eager import AttrMismatchError, KernelError
 
 if TYPE_CHECKING:
     from xla_kernels.op import Op
@@ -61,6 +63,9 @@ def explain(error: BaseException, op: Op | None = None
     ``op`` names the op that failed, when the caller knows it; otherwise an attribute
     mismatch is matched against the ops registered with JAX in this process.
     """
+    if isinstance(error, KernelError) and not isinstance(error, AttrMismatchError):
+        explained = explain_kernel_error(error, op)
+        return None if explained is error else explained
     mismatch = explain_decode(str(error), op)
     if mismatch is not None:
         return mismatch
@@ -257,8 +262,33 @@ def explain_decode(message: str, op: Op | None = None) -> AttrMismatchError | No
     return None
 
 
+def explain_kernel_error(error: KernelError, op: Op | None = None) -> KernelError:
+    """The eager runtime's ``error`` explained: an :class:`AttrMismatchError` when XLA's
+    typed FFI could not decode an attribute as the op declares it, else ``error`` itself.
+
+    The call's attributes and encodings (kept on the error by the eager runtime) locate
+    the attribute; without them the declaration of ``op`` (default: the op named by the
+    error) does.
+
+    Example:
+        >>> e = KernelError("my_op", "bad shape", 3)
+        >>> explain_kernel_error(e) is e
+        True
+    """
+    if isinstance(error, AttrMismatchError) or _DECODE.search(error.handler_message) is None:
+        return error
+    if error.call_attrs is not None and error.call_encoded is not None:
+        mismatch = explain_eager_decode(error.handler_message, error.op, error.call_attrs,
+                                        error.call_encoded, first_attr=error.first_attr)
+    else:
+        declared = op if op is not None else declared_ops().get(error.op)
+        mismatch = None if declared is None else explain_decode(error.handler_message,
+                                                                declared)
+    return error if mismatch is None else mismatch
+
+
 def explain_eager_decode(message: str, op_name: str, attrs: Mapping[str, Any],
-                         encoded: Sequence[EagerAttr], *, first_attr: int
+                         encoded: Sequence[EagerAttr], *, first_attr: int | None
                          ) -> AttrMismatchError | None:
     """The eager runtime's decoding failure ``message`` mapped to the attribute it is about.
 

@@ -39,6 +39,7 @@ from typing import Any
 import jax
 from jax import export as jax_export
 
+from xla_kernels._version import __version__
 from xla_kernels.diagnostics import explained_errors
 from xla_kernels.errors import OpDeclarationError, RegistrationError, XlaKernelsError
 from xla_kernels.op import PLATFORMS, declared_ops
@@ -295,6 +296,4 @@ def _jax_has(platform: str) -> bool:
 
 
 def _version() -> str:
-    from xla_kernels import __version__
-
     return __version__

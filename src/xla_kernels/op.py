@@ -39,7 +39,9 @@ from xla_kernels import platforms as _platforms
 from xla_kernels.attr_types import AttrType, EagerAttr, attr_type_of_value
 from xla_kernels.attrs import Attr, mlir_dict
 from xla_kernels.errors import OpDeclarationError, OpInputError, OpTypeError
+from xla_kernels.frontends import jax as jax_frontend
 from xla_kernels.record import OpRecord, declare, record_of, records
+from xla_kernels.runtime.library import kernel_of
 
 if TYPE_CHECKING:
     from xla_kernels.runtime.library import LoadedKernel
@@ -440,7 +442,7 @@ class CallPlan:
     def kernel(self, platform: str) -> LoadedKernel:
         """The loaded kernel that runs this call on ``platform`` (checked for dtypes)."""
         self.op.check_platform(platform, self.inputs)
-        return self.op.record.kernel(platform)
+        return kernel_of(self.op, platform)
 
 
 BoundCall = CallPlan
@@ -705,7 +707,7 @@ class Op:
         name: the op's name and its ``custom_call_target`` in HLO, e.g. ``"my_lib.add"``:
             any target XLA takes that has no whitespace (``"my_lib.add-fwd"`` too; the
             torch operator's name is derived from it, see
-            :func:`xla_kernels.torch_operator.qualified_name`).
+            :func:`xla_kernels.frontends.torch.qualified_name`).
         inputs: the array inputs, in order.
         outputs: the shape rule: called with one :class:`Spec` per input (positionally)
             and the attributes (as keywords); returns a Spec or a sequence of Specs.
@@ -983,14 +985,9 @@ class Op:
                                   f"pass one of {', '.join(kernel.dtypes)} there")
 
     def __call__(self, *arrays: Any, **attrs: Any) -> Any:
-        """Run the op on JAX arrays (works under ``jax.jit`` and ``jax.vmap``)."""
-        if _call_hook is None:
-            raise OpDeclarationError(self.name, "no frontend is installed to run the op",
-                                     "import xla_kernels (it installs the JAX frontend)")
-        return _call_hook(self, arrays, attrs)
-
-
-_call_hook: Callable[[Op, Sequence[Any], Mapping[str, Any]], Any] | None = None
+        """Run the op on JAX arrays (works under ``jax.jit`` and ``jax.vmap``): the JAX
+        frontend's :func:`~xla_kernels.frontends.jax.call`."""
+        return jax_frontend.call(self, arrays, attrs)
 
 
 def _undecidable(error: Exception) -> bool:
@@ -999,12 +996,6 @@ def _undecidable(error: Exception) -> bool:
     errors = getattr(jax, "errors", None)
     kind = getattr(errors, "InconclusiveDimensionOperation", None)
     return kind is not None and isinstance(error, kind)
-
-
-def set_call_hook(hook: Callable[[Op, Sequence[Any], Mapping[str, Any]], Any]) -> None:
-    """Make ``op(*arrays, **attrs)`` call ``hook(op, arrays, attrs)`` (the JAX frontend)."""
-    global _call_hook
-    _call_hook = hook
 
 
 def declared_ops() -> dict[str, Op]:

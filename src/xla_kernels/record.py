@@ -46,7 +46,8 @@ class OpRecord:
     Attributes:
         target: the ``custom_call_target``.
         op: the current declaration.
-        kernels: handlers loaded into this process, by platform (see :meth:`kernel`).
+        kernels: handlers loaded into this process, by platform (the runtime fills it:
+            :func:`xla_kernels.runtime.library.kernel_of`; the record never loads).
         jax_primitive: the JAX primitive of the current declaration (JAX frontend).
         jax_differentiable: its ``jax.custom_vjp`` wrapper, for ops that declare a vjp.
         jax_partitioned: its ``custom_partitioning`` wrapper, for ops with a sharding rule.
@@ -81,16 +82,6 @@ class OpRecord:
         made = [f"kernels={sorted(self.kernels)}"] if self.kernels else []
         made += sorted(self.torch_operators)
         return f"OpRecord({self.target}{', ' if made else ''}{', '.join(made)})"
-
-    def kernel(self, platform: str) -> LoadedKernel:
-        """Build (or take from the cache) and load the current declaration's kernel, once."""
-        with self.lock:
-            loaded = self.kernels.get(platform)
-            if loaded is None:
-                from xla_kernels.runtime.library import load_kernel
-
-                loaded = self.kernels[platform] = load_kernel(self.op, platform)
-            return loaded
 
     def guard(self, guard: Guard) -> None:
         """Add a reason a later declaration may have to be refused (see the module doc)."""

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import xla_kernels as xk
+from xla_kernels.runtime import kernel_of
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +33,7 @@ scale_cuda = xk.Op(
 
 
 def _instantiated():
-    lib = ctypes.CDLL(str(scale_cuda.record.kernel("cuda").library))
+    lib = ctypes.CDLL(str(kernel_of(scale_cuda, "cuda").library))
     lib.XkStagesCudaCount.restype = ctypes.c_int64
     return lib.XkStagesCudaCount(0)
 

@@ -242,22 +242,22 @@ native_axpy = xk.Op(
 
 @pytest.mark.skipif(not NATIVE, reason="XLA_KERNELS_TORCH_NATIVE=0 forces the Python kernels")
 def test_native_cuda_kernel_is_active(add):
-    from xla_kernels.frontends import torch_native
+    from xla_kernels.frontends.torch import native as torch_native
 
     assert torch_native.native_status().startswith("active: "), torch_native.native_status()
     table = torch._C._dispatch_dump_table("xla_kernels::simple_add")
     cuda_line = next(line for line in table.splitlines() if line.startswith("CUDA:"))
-    assert "torch_native.cc" in cuda_line, table
+    assert "frontends/torch/native.cc" in cuda_line, table
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [(0,), (1,), (1021,), (3, 0, 2), (65, 33)])
 def test_native_matches_the_python_path_on_cuda(add, dtype, shape):
-    from xla_kernels.frontends import torch as torch_frontend
+    from xla_kernels.frontends.torch import eager as torch_eager
 
     a = torch.randn(shape, device="cuda").to(dtype)
     b = torch.randn(shape, device="cuda").to(dtype)
-    python = torch_frontend._run(simple_add.record, "cuda", (a, b), {})
+    python = torch_eager._run(simple_add.record, "cuda", (a, b), {})
     native = add(a, b)
     assert native.device == a.device and native.dtype == dtype and native.shape == shape
     torch.testing.assert_close(native, python, rtol=0, atol=0)

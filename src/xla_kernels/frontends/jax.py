@@ -1,5 +1,8 @@
 """The JAX frontend: each :class:`~xla_kernels.op.Op` becomes a JAX primitive.
 
+``op(*arrays, **attrs)`` is :func:`call` (``Op.__call__`` calls it by name; this module
+imports :mod:`xla_kernels.op` only for type annotations, so the two form no circle).
+
 The primitive's abstract evaluation is the op's shape rule; its lowering, for each
 platform that has a kernel, is one typed-FFI ``custom-call`` whose target is the op's
 name, and it builds and registers the kernel the first time that platform is lowered.
@@ -32,7 +35,6 @@ from jax.interpreters.mlir import ir
 from xla_kernels import dtypes, platforms
 from xla_kernels.errors import GradientError, OpDeclarationError
 from xla_kernels.frontends import jax_partitioning as partitioning
-from xla_kernels.op import set_call_hook
 from xla_kernels.runtime.registry import ensure_registered
 
 if TYPE_CHECKING:
@@ -350,5 +352,3 @@ def _batch(op: Op, prim: Primitive, args: Sequence[Any], dims: Sequence[int | No
         outs = prim.bind(*new_args, attrs=attrs, raw=raw)
     return list(outs), [0] * len(outs)
 
-
-set_call_hook(call)

@@ -34,8 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from xla_kernels.attrs import mlir_dict
 from xla_kernels.errors import OpInputError, OpTypeError
+from xla_kernels.frontends.torch.operator import define
+from xla_kernels.frontends.torch.schema import attrs_from_torch
 from xla_kernels.runtime.hlo_proto import add_operand_aliasing
-from xla_kernels.torch_operator import attrs_from_torch, define
+from xla_kernels.runtime.library import kernel_of
 
 if TYPE_CHECKING:
     import torch
@@ -226,7 +228,7 @@ def register_op(op: Op, platform: str = "cpu") -> TorchXlaRegistration:
     from xla_kernels.runtime.torch_xla_registry import check_platform, register_handler
 
     check_platform(platform, op.name)  # fail before building code that cannot run
-    registration = register_handler(op.target, op.record.kernel(platform).address, platform)
+    registration = register_handler(op.target, kernel_of(op, platform).address, platform)
     op.record.torch_xla_platforms.add(platform)
     return registration
 
@@ -260,7 +262,7 @@ def call(op: Op, *inputs: torch.Tensor, **attrs: Any) -> torch.Tensor | tuple[to
 
 
 def register_torch_xla(op: Op) -> Any:
-    """Give the op's torch operator (:func:`xla_kernels.torch_operator.define`) an
+    """Give the op's torch operator (:func:`xla_kernels.frontends.torch.operator.define`) an
     implementation for the ``XLA`` dispatch key: on XLA tensors it emits the custom call
     of the target's current declaration.
 

@@ -42,8 +42,9 @@ from typing import Any
 import torch
 
 from xla_kernels.errors import RegistrationError
+from xla_kernels.frontends.torch.operator import define
+from xla_kernels.frontends.torch.schema import attrs_from_torch, qualified_name
 from xla_kernels.op import Op
-from xla_kernels.torch_operator import attrs_from_torch, define, qualified_name
 
 __all__ = ["import_torchax", "in_place_impl", "jax_impl", "register_torchax"]
 

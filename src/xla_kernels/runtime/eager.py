@@ -104,11 +104,15 @@ class KernelError(XlaKernelsError, RuntimeError):
         ('my_op: kernel failed: bad shape', 'INVALID_ARGUMENT')
     """
 
-    def __init__(self, op: str, handler_message: str, code: int):
+    def __init__(self, op: str, handler_message: str, code: int, *,
+                 attrs: Mapping[str, Any] | None = None,
+                 encoded: Sequence[EagerAttr] | None = None, first_attr: int | None = None):
         self.op = op
         self.code = code
         self.code_name = _ERROR_CODES[code] if 0 <= code < len(_ERROR_CODES) else str(code)
         self.handler_message = handler_message
+        # What the call passed, for xla_kernels.diagnostics to explain a decoding failure.
+        self.call_attrs, self.call_encoded, self.first_attr = attrs, encoded, first_attr
         super().__init__(f"{op}: kernel failed: {handler_message}")
 
 
@@ -146,29 +150,17 @@ class AttrMismatchError(KernelError, TypeError):
 def kernel_error(op: str, message: str, code: int, *, attrs: Mapping[str, Any] | None = None,
                  encoded: Sequence[EagerAttr] | None = None, first_attr: int | None = None
                  ) -> KernelError:
-    """The exception of a failed handler: an :class:`AttrMismatchError` when XLA's typed FFI
-    could not decode an attribute as the op declares it, else a :class:`KernelError`.
-
-    ``attrs``/``encoded`` (the call's attributes and their encodings) and ``first_attr``
-    (argument + result count) locate the attribute; without them the op's declaration does.
+    """The exception of a failed handler: a :class:`KernelError` that keeps what the call
+    passed (``attrs``/``encoded``: its attributes and their encodings; ``first_attr``:
+    argument + result count). The eager runtime raises it and explains nothing: the
+    frontends turn a typed-FFI decoding failure into an :class:`AttrMismatchError` with
+    :func:`xla_kernels.diagnostics.explain_kernel_error` (or :func:`xla_kernels.explain`).
 
     Example:
         >>> kernel_error("my_op", "bad shape", 3)
         KernelError('my_op: kernel failed: bad shape')
     """
-    if "Failed to decode all FFI handler operands" in message:
-        from xla_kernels import diagnostics
-
-        if attrs is not None and encoded is not None:
-            mismatch = diagnostics.explain_eager_decode(message, op, attrs, encoded,
-                                                        first_attr=first_attr)
-        else:
-            declared = diagnostics.declared_ops().get(op)
-            mismatch = None if declared is None else diagnostics.explain_decode(message,
-                                                                                declared)
-        if mismatch is not None:
-            return mismatch
-    return KernelError(op, message, code)
+    return KernelError(op, message, code, attrs=attrs, encoded=encoded, first_attr=first_attr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -709,7 +701,7 @@ def state_count(execute: int) -> int:
     """How many states the eager runtime keeps for the handler at ``execute``.
 
     Example:
-        >>> state_count(op.record.kernel("cpu").address)          # doctest: +SKIP
+        >>> state_count(kernel_of(op, "cpu").address)          # doctest: +SKIP
         1
     """
     with _states_lock:

@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING
 
 from xla_kernels import builder, platforms
 from xla_kernels.errors import BuildError, RegistrationError
+from xla_kernels.record import OpRecord, record_of
+from xla_kernels.runtime import eager
+from xla_kernels.runtime.ffi_types import ensure_types
 
 if TYPE_CHECKING:
     from xla_kernels.op import Kernel, Op
@@ -133,7 +136,7 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
     The library is the one of every kernel with the same sources and build settings: built
     once (later ops hit the cache) and loaded once per process (:func:`load_library`), so
     handlers of several ops share its static state. Callers go through
-    ``op.record.kernel(platform)``, which looks the handler up once per op.
+    :func:`kernel_of`, which looks the handler up once per op.
     """
     kernel = op.kernels.get(platform)
     if kernel is None:
@@ -178,14 +181,31 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
     loaded = LoadedKernel(op.name, platform, kernel.handler, path, stages["execute"],
                           stages, tuple(types))
     if kernel.stateful:  # eager calls run the other stages and keep their state
-        from xla_kernels.record import record_of
-        from xla_kernels.runtime import eager, registry
-
         address = loaded.address
         eager.declare_stages(address, loaded.stage_addresses(),
-                             setup=lambda: registry.ensure_types(loaded, assign=True))
+                             setup=lambda: ensure_types(loaded, assign=True))
         record_of(op.target).on_replace(lambda: eager.drop_states(address))
     return loaded
+
+
+def kernel_of(op: Op | OpRecord | str, platform: str) -> LoadedKernel:
+    """The kernel that runs ``op`` (an op, its record or its target) on ``platform``: built
+    (or taken from the cache) and loaded once per process for the record's current
+    declaration, then kept in :attr:`OpRecord.kernels <xla_kernels.record.OpRecord>`.
+
+    JAX's registration, the eager frontends and torch_xla all run this one handler.
+
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add
+        >>> kernel_of(simple_add, "cpu") is kernel_of("xla_kernels.simple_add", "cpu")
+        True
+    """
+    record = op if isinstance(op, OpRecord) else record_of(op)
+    with record.lock:
+        loaded = record.kernels.get(platform)
+        if loaded is None:
+            loaded = record.kernels[platform] = load_kernel(record.op, platform)
+        return loaded
 
 
 def _symbol(library: ctypes.CDLL, name: str, message: str) -> ctypes._CFuncPtr:

@@ -243,7 +243,7 @@ def attention_replay(config: ModelConfig, engine: EngineConfig, attention: str,
         return x if mesh is None else jax.device_put(x, NamedSharding(mesh, P(*spec)))
 
     from xla_kernels.serving.attention import paged_attention, write_kv
-    from xla_kernels.serving.model_jax import cache_shape
+    from xla_kernels.serving.config import cache_shape
 
     rows = batch.token_ids.shape[0]
     key = jax.random.key(1)

@@ -224,6 +224,11 @@ def preset_entry(name: str) -> Preset:
     return PRESETS[name]
 
 
+def cache_shape(config: ModelConfig, engine: EngineConfig) -> tuple[int, int, int, int]:
+    """One layer's K (or V) cache in vLLM layout: [num_blocks, block_size, kv_heads, dim]."""
+    return (engine.num_blocks, engine.block_size, config.num_kv_heads, config.head_dim)
+
+
 __all__ = ["ATTENTIONS", "DTYPES", "FRONTENDS", "PLATFORMS", "PRESETS", "EngineConfig",
-           "ModelConfig", "Preset", "ServingConfigError", "Workload", "check_choice", "preset",
-           "preset_entry"]
+           "ModelConfig", "Preset", "ServingConfigError", "Workload", "cache_shape", "check_choice",
+           "preset", "preset_entry"]

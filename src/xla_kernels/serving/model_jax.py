@@ -27,7 +27,8 @@ import numpy as np
 
 from xla_kernels.serving.attention import paged_attention, write_kv
 from xla_kernels.serving.batch import StepBatch, feed_tokens
-from xla_kernels.serving.config import EngineConfig, ModelConfig
+from xla_kernels.serving.config import EngineConfig, ModelConfig, cache_shape
+from xla_kernels.serving.tp import place, zero_caches
 
 Weights = dict[str, Any]
 Caches = tuple[tuple[Any, Any], ...]
@@ -106,22 +107,6 @@ def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: Mo
     return greedy(weights, hidden[batch.logits_indices]), tuple(updated)
 
 
-def cache_shape(config: ModelConfig, engine: EngineConfig) -> tuple[int, int, int, int]:
-    """One layer's K (or V) cache in vLLM layout: [num_blocks, block_size, kv_heads, dim]."""
-    return (engine.num_blocks, engine.block_size, config.num_kv_heads, config.head_dim)
-
-
-def zero_caches(config: ModelConfig, engine: EngineConfig, sharding: Any = None) -> Caches:
-    """Zeroed (key, value) caches, one pair per layer, on the default device or, given a
-    ``sharding``, made in place on its devices (no whole cache on one device)."""
-    import jax.numpy as jnp
-
-    shape = cache_shape(config, engine)
-    return tuple((jnp.zeros(shape, config.dtype, device=sharding),
-                  jnp.zeros(shape, config.dtype, device=sharding))
-                 for _ in range(config.num_layers))
-
-
 class JaxRunner:
     """Runs :func:`paged_step` for the engine: ``step(batch)`` returns the sampled tokens
     [max_num_seqs] as NumPy (the one host sync per step) and keeps the updated caches.
@@ -134,8 +119,6 @@ class JaxRunner:
     def __init__(self, config: ModelConfig, weights: Weights, engine: EngineConfig,
                  attention: str, tp: int = 1, devices: Sequence[Any] | None = None):
         import jax
-
-        from xla_kernels.serving.tp import place
 
         placement = place(config, engine, weights, tp, devices)
         self.config, self.weights, self.attention = config, placement.weights, attention

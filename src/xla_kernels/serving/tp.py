@@ -28,7 +28,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from xla_kernels.serving.config import EngineConfig, ModelConfig, ServingConfigError
+from xla_kernels.serving.config import (
+    EngineConfig,
+    ModelConfig,
+    ServingConfigError,
+    cache_shape,
+)
 
 AXIS = "tp"
 COLUMN_PARALLEL = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
@@ -92,6 +97,18 @@ class Placement:
     mesh: Any                  # None for one device
 
 
+def zero_caches(config: ModelConfig, engine: EngineConfig, sharding: Any = None
+                ) -> tuple[tuple[Any, Any], ...]:
+    """Zeroed (key, value) caches, one pair per layer, on the default device or, given a
+    ``sharding``, made in place on its devices (no whole cache on one device)."""
+    import jax.numpy as jnp
+
+    shape = cache_shape(config, engine)
+    return tuple((jnp.zeros(shape, config.dtype, device=sharding),
+                  jnp.zeros(shape, config.dtype, device=sharding))
+                 for _ in range(config.num_layers))
+
+
 def place(config: ModelConfig, engine: EngineConfig, weights: dict[str, Any], tp: int,
           devices: Sequence[Any] | None = None) -> Placement:
     """Shard ``weights`` and fresh zeroed caches over the first ``tp`` of ``devices``
@@ -110,8 +127,6 @@ def place(config: ModelConfig, engine: EngineConfig, weights: dict[str, Any], tp
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from xla_kernels.serving.model_jax import zero_caches
-
     devices = jax.devices() if devices is None else list(devices)
     check_tp(config, tp, devices)
     if tp == 1:
@@ -129,4 +144,4 @@ def place(config: ModelConfig, engine: EngineConfig, weights: dict[str, Any], tp
                     "out_shardings": (replicated, cache_shardings)})
 
 
-__all__ = ["AXIS", "Placement", "check_tp", "place", "weight_spec"]
+__all__ = ["AXIS", "Placement", "check_tp", "place", "weight_spec", "zero_caches"]

@@ -16,22 +16,6 @@ imports this package; it is the only part that imports vllm.
 
 from __future__ import annotations
 
-_registered = False
+from .platform import register
 
-
-def register() -> None:
-    """``vllm.general_plugins`` entry point; vLLM may call it more than once per process."""
-    global _registered
-    from .platform import active
-
-    if _registered or not active():
-        return
-    from tpu_inference.layers.common.attention_backend import register_attention_backend
-
-    from . import patches
-    from .backend import NAME, VLLM_BACKEND_PATH, XlaKernelsAttentionBackend
-
-    register_attention_backend(NAME, attention=XlaKernelsAttentionBackend,
-                               vllm_backend=VLLM_BACKEND_PATH)
-    patches.apply_all()
-    _registered = True
+__all__ = ["register"]

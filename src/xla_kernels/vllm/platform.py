@@ -48,6 +48,26 @@ def detect() -> str | None:
     return f"{__name__}.XlaKernelsPlatform"
 
 
+_registered = False
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point (``xla_kernels.vllm:register``); vLLM may call it
+    more than once per process."""
+    global _registered
+    if _registered or not active():
+        return
+    from tpu_inference.layers.common.attention_backend import register_attention_backend
+
+    from . import patches
+    from .backend import NAME, VLLM_BACKEND_PATH, XlaKernelsAttentionBackend
+
+    register_attention_backend(NAME, attention=XlaKernelsAttentionBackend,
+                               vllm_backend=VLLM_BACKEND_PATH)
+    patches.apply_all()
+    _registered = True
+
+
 def _platform_class():
     from tpu_inference.platforms.tpu_platform import TpuPlatform
 
@@ -62,8 +82,6 @@ def _platform_class():
 
         @classmethod
         def check_and_update_config(cls, vllm_config) -> None:
-            from . import register
-
             register()
             _select_backend(vllm_config)
             super().check_and_update_config(vllm_config)

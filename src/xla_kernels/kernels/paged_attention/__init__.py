@@ -142,15 +142,8 @@ paged_attention = Op(
 )
 
 
-def sanitize_cases(platform: str = "gpu") -> None:
-    """Small kernel runs for compute-sanitizer (see :func:`.testing.sanitize_cases`)."""
-    from .testing import sanitize_cases as run
-
-    run(platform)
-
-
 __all__ = [
     "BLOCK_SIZES", "CACHE_DTYPES", "DTYPES", "FP8", "FP8_QUERY_DTYPES", "HEAD_DIMS", "LAYOUTS",
     "max_partitions", "paged_attention", "paged_attention_numpy_f64", "paged_attention_xla",
-    "sanitize_cases", "workspace_size",
+    "workspace_size",
 ]

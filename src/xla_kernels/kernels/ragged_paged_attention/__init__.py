@@ -321,18 +321,11 @@ def ragged_paged_attention_fused_numpy_f64(queries: Any, kv_cache: Any, *args: A
                                             **kwargs)
 
 
-def sanitize_cases(platform: str = "gpu") -> None:
-    """Small kernel runs for compute-sanitizer (see :func:`.testing.sanitize_cases`)."""
-    from .testing import sanitize_cases as run
-
-    run(platform)
-
-
 __all__ = [
     "BLOCK_SIZES", "CACHE_DTYPES", "DTYPES", "FP8", "FP8_QUERY_DTYPES", "HEAD_DIMS", "LAYOUTS",
     "LIMITS", "decode_workspace_size",
     "ragged_paged_attention", "ragged_paged_attention_fused",
     "ragged_paged_attention_fused_numpy_f64", "ragged_paged_attention_numpy_f64",
-    "ragged_paged_attention_xla", "sanitize_cases",
+    "ragged_paged_attention_xla",
     "sequence_bounds",
 ]

@@ -1,8 +1,8 @@
 """Native (C++) eager kernels for torch operators: dispatch at the cost of a torch op.
 
-The Python eager kernels of :mod:`xla_kernels.frontends.torch` spend most of a small
+The Python eager kernels of :mod:`xla_kernels.frontends.torch.eager` spend most of a small
 call in Python (argument parsing, the plan cache, packing the call). This module builds
-``torch_native.cc`` against the installed torch (together with the eager FFI runtime,
+``native.cc`` against the installed torch (together with the eager FFI runtime,
 ``runtime/eager_ffi.cc``) and registers, per operator and dispatch key, a boxed C++
 kernel that does the whole call without Python once a call shape has been seen:
 
@@ -18,7 +18,7 @@ Python kernels.
 
 Example:
     >>> import torch
-    >>> from xla_kernels.frontends import torch_native
+    >>> from xla_kernels.frontends.torch import native as torch_native
     >>> def planner(tensors, kwargs):                             # doctest: +SKIP
     ...     x = tensors[0]
     ...     return NativePlan.create(handler=address, outputs=[(x.dtype, tuple(x.shape))],
@@ -44,13 +44,14 @@ from typing import Any
 import torch
 
 from xla_kernels import dtypes
+from xla_kernels.diagnostics import explain_kernel_error
 from xla_kernels.runtime import eager
-from xla_kernels.runtime.eager import KernelError, kernel_error
+from xla_kernels.runtime.eager import KernelError
 
 __all__ = ["NativePlan", "available", "clear_plans", "install", "install_autograd",
            "install_version_bump", "native_status"]
 
-_SOURCE = Path(__file__).with_name("torch_native.cc")
+_SOURCE = Path(__file__).with_name("native.cc")
 _EAGER_SOURCE = Path(eager.__file__).with_name("eager_ffi.cc")
 _DISPATCH_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 _ERR_LEN = 2048
@@ -136,12 +137,13 @@ def _flatten(plan: NativePlan, tensors: tuple[torch.Tensor, ...]) -> tuple[Any, 
 
 
 def _make_kernel_error(op: bytes | str, message: bytes | str, code: int) -> KernelError:
-    """The exception of a failed handler, as the Python path raises it."""
+    """The exception of a failed handler, explained as the Python path explains it (an
+    attribute the handler cannot decode: :func:`~xla_kernels.diagnostics.explain_kernel_error`)."""
     if isinstance(op, bytes):
         op = op.decode("utf-8", "replace")
     if isinstance(message, bytes):
         message = message.decode("utf-8", "replace")
-    return kernel_error(op, message, code)
+    return explain_kernel_error(KernelError(op, message, code))
 
 
 # ------------------------------------------------------------------------ the library

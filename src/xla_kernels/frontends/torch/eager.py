@@ -1,24 +1,13 @@
-"""The eager PyTorch frontend: ``torch.ops.<namespace>.<name>`` on CPU and CUDA tensors.
+"""The eager kernels of an op's torch operator: CPU and CUDA tensors, no XLA.
 
-:func:`torch_op` defines the op's torch operator (:mod:`xla_kernels.torch_operator`:
-schema, fake kernel, attribute conversion, all derived from the declaration) and installs
-its eager kernels: on CPU and CUDA tensors the operator calls the op's own XLA FFI handler
-directly (no XLA) through :func:`xla_kernels.runtime.eager.call_handler`, zero-copy on the
-tensors' memory; on CUDA the handler gets PyTorch's current stream, so the kernel is
-ordered with the work around it and nothing synchronizes. ``torch.compile``,
-``FakeTensorMode`` and ``torch.library.opcheck`` use the fake kernel (the op's shape rule).
-
-Attributes are keyword-only; ``bytes`` attributes travel as ``int[]`` (one entry per
-byte): :func:`call` and :func:`attrs_for_torch` accept ``bytes`` and convert.
-
-Example:
-    >>> import torch
-    >>> from xla_kernels.kernels.simple_add import simple_add
-    >>> add = torch_op(simple_add)
-    >>> add(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 5.0, 6.0]))  # doctest: +SKIP
-    tensor([5., 7., 9.])
-    >>> schema(simple_add)
-    '(Tensor a, Tensor b) -> Tensor'
+On CPU and CUDA tensors the operator calls the op's own XLA FFI handler directly through
+:func:`xla_kernels.runtime.eager.call_handler`, zero-copy on the tensors' memory; on CUDA
+the handler gets PyTorch's current stream, so the kernel is ordered with the work around it
+and nothing synchronizes. Where torch's headers are installed the per-call path is the
+native C++ kernel of :mod:`.native`; this module's Python kernel is the fallback (and the
+path of in-place, input-less and stateful ops). A failed handler's
+:class:`~xla_kernels.runtime.eager.KernelError` is explained here
+(:func:`xla_kernels.diagnostics.explain_kernel_error`).
 """
 
 from __future__ import annotations
@@ -30,21 +19,15 @@ from typing import Any
 import torch
 
 from xla_kernels import dtypes, platforms
+from xla_kernels.diagnostics import explain_kernel_error
 from xla_kernels.errors import OpInputError
-from xla_kernels.frontends import torch_native
+from xla_kernels.frontends.torch import native as torch_native
+from xla_kernels.frontends.torch.schema import attrs_from_torch
 from xla_kernels.op import CallPlan, Op
 from xla_kernels.record import OpRecord
-from xla_kernels.runtime.eager import Buffer, DeviceAllocator, call_handler
-from xla_kernels.torch_operator import (
-    attrs_for_torch,
-    attrs_from_torch,
-    define,
-    qualified_name,
-    schema,
-)
+from xla_kernels.runtime.eager import Buffer, DeviceAllocator, KernelError, call_handler
 
-__all__ = ["attrs_for_torch", "attrs_from_torch", "call", "qualified_name", "schema",
-           "torch_op"]
+__all__ = ["POISON_OUTPUTS", "install_eager"]
 
 #: Set ``XLA_KERNELS_POISON_OUTPUTS=1`` to fill every eager output with NaN (floats) or
 #: all-ones bits (ints, bools) before the kernel runs: a kernel that leaves elements
@@ -55,36 +38,11 @@ _TORCH_DTYPES: dict[str, torch.dtype] = {name: dtypes.to_torch(name) for name in
 _MAX_PLANS = 512
 
 
-def torch_op(op: Op, *, namespace: str | None = None, num_outputs: int | None = None) -> Any:
-    """Define ``torch.ops.<namespace>.<name>`` for ``op`` with its eager kernels; return it.
-
-    Idempotent: the same ``torch._ops.OpOverloadPacket`` every time. A redeclaration of
-    the op (same target) takes over the operator when its schema is the same; otherwise
-    the declaration itself is refused (see :mod:`xla_kernels.record`).
-
-    Args:
-        op: the declared op.
-        namespace: the torch namespace; by default derived from ``op.name``
-            (see :func:`qualified_name`).
-        num_outputs: the number of visible outputs, only needed when the op declares no
-            ``output_names`` and its shape rule rejects every probe input.
-
-    Example:
-        >>> import torch
-        >>> from xla_kernels.kernels.simple_add import simple_add
-        >>> torch_op(simple_add) is torch.ops.xla_kernels.simple_add
-        True
-        >>> torch.ops.xla_kernels.simple_add(torch.ones(2), torch.ones(2))  # doctest: +SKIP
-        tensor([2., 2.])
-    """
-    return define(op, namespace=namespace, num_outputs=num_outputs).packet
-
-
 def install_eager(record: OpRecord, qualname: str) -> None:
     """Give the torch operator ``qualname`` its eager kernels for every platform, once.
 
     Where torch's headers are installed each is a native C++ kernel
-    (:mod:`xla_kernels.frontends.torch_native`) that asks :func:`_native_planner` once per
+    (:mod:`xla_kernels.frontends.torch.native`) that asks :func:`_native_planner` once per
     call shape and then runs without Python; elsewhere (or with
     ``XLA_KERNELS_TORCH_NATIVE=0``) it is the Python kernel :func:`_run`.
     """
@@ -212,10 +170,16 @@ def _run(record: OpRecord, platform: str, tensors: tuple[torch.Tensor, ...],
     rets = [Buffer(o.data_ptr(), dtype, shape)
             for o, (dtype, shape, _) in zip(outs, plan.outputs, strict=True)]
     name = record.target
-    if platform == "cpu":
-        call_handler(handler, args=args, rets=rets, attrs=plan.attrs, op_name=name)
-    else:
-        _call_cuda(handler, device, args, rets, plan.attrs, name)
+    try:
+        if platform == "cpu":
+            call_handler(handler, args=args, rets=rets, attrs=plan.attrs, op_name=name)
+        else:
+            _call_cuda(handler, device, args, rets, plan.attrs, name)
+    except KernelError as e:  # the eager runtime raises, the frontend explains
+        explained = explain_kernel_error(e, op)
+        if explained is e:
+            raise
+        raise explained from e
     return plan.plan.results(outs, with_updated=False)
 
 
@@ -246,24 +210,3 @@ def _call_cuda(handler: int, device: torch.device, args: list[Any], rets: list[A
         call_handler(handler, args=args, rets=rets, attrs=attrs, stream=stream,
                      device_ordinal=index, op_name=op_name, platform="cuda",
                      allocator=_cuda_allocator)
-
-
-# ------------------------------------------------------------------------ convenience
-
-def call(op: Op, *tensors: torch.Tensor, **attrs: Any) -> Any:
-    """Run ``op`` on torch tensors: ``torch_op(op)(*tensors, **attrs)``, with ``bytes``
-    attributes accepted as bytes and unknown attributes reported by the library.
-
-    Example:
-        >>> import torch
-        >>> from xla_kernels.kernels.simple_add import simple_add
-        >>> call(simple_add, torch.ones(3), torch.ones(3))    # doctest: +SKIP
-        tensor([2., 2., 2.])
-    """
-    known = {a.name for a in op.attrs}
-    for name in attrs:
-        if name not in known:
-            raise OpInputError(op.name, name, "unknown attribute",
-                               f"known attributes: {', '.join(sorted(known)) or 'none'}")
-    packet = torch_op(op)
-    return packet(*tensors, **attrs_for_torch(op, attrs)) if attrs else packet(*tensors)

@@ -1,7 +1,7 @@
 // xla-kernels native torch kernels: the eager hot path of torch.ops.<ns>.<name>
 // without Python.
 //
-// Built by frontends/torch_native.py (build_library) against the installed torch,
+// Built by frontends/torch/native.py (build_library) against the installed torch,
 // together with runtime/eager_ffi.cc, into one shared library loaded with
 // ctypes.PyDLL (so every entry point below runs with the GIL held).
 //
@@ -28,10 +28,10 @@
 // Autograd kernel (a gate): when no input needs a gradient (grad mode off, or no
 // tensor requires grad) it goes straight to the backend kernel below autograd, in
 // C++; otherwise it calls the Python `differentiable(*args, **kwargs)`, which runs
-// the op under an autograd.Function (torch_operator.py). Without the gate every
+// the op under an autograd.Function (frontends/torch/autograd.py). Without the gate every
 // call would pass through a Python autograd kernel (about 7 us of a 10 us call).
 //
-// Example (Python, what torch_native.py does):
+// Example (Python, what native.py does):
 //   lib = ctypes.PyDLL(path)
 //   lib.xk_native_install(b"xla_kernels::simple_add", b"CPU", planner, err, 2048)
 
@@ -72,7 +72,7 @@ namespace {
 // XLA_FFI_Error_Code names are not needed here: the Python factory builds the
 // KernelError (same class and message as the Python path).
 constexpr int64_t kErrLen = 2048;
-constexpr size_t kMaxPlans = 512;  // like _MAX_PLANS in frontends/torch.py
+constexpr size_t kMaxPlans = 512;  // like _MAX_PLANS in frontends/torch/eager.py
 
 // Set once by xk_native_init: (op name, handler message, code) -> exception.
 PyObject* g_make_kernel_error = nullptr;
@@ -145,7 +145,7 @@ std::string AsBytes(PyObject* obj, const char* what) {
   return std::string(data, static_cast<size_t>(len));
 }
 
-// The planner's answer, flattened by torch_native.py:
+// The planner's answer, flattened by native.py:
 //   (handler, input_dtypes, outputs, visible, attrs, op_name, poison)
 //   outputs: ((torch.dtype, ffi_dtype, shape, is_float), ...)
 //   attrs:   ((name, kind, ffi_dtype, inline8, payload, size), ...)
