@@ -301,17 +301,10 @@ def install_autograd(qualname: str, differentiable: Callable[..., Any]) -> bool:
         >>> install_autograd("xla_kernels::simple_add", differentiable)  # doctest: +SKIP
         True
     """
-    global _status
-    if not available():
+    if not _install("autograd gate", qualname, lambda lib, err: lib.xk_native_install_autograd(
+            qualname.encode(), differentiable, err, _ERR_LEN)):
         return False
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    with _lock:
-        assert _lib is not None
-        if _lib.xk_native_install_autograd(qualname.encode(), differentiable, err, _ERR_LEN):
-            _status = (f"unavailable: registering the autograd gate of {qualname} failed: "
-                       f"{err.value.decode('utf-8', 'replace')}")
-            return False
-        _keep.append(differentiable)
+    _keep.append(differentiable)  # the C++ gate calls it: it must stay alive
     return True
 
 
@@ -325,14 +318,21 @@ def install_version_bump(qualname: str) -> bool:
         >>> install_version_bump("xla_kernels::reshape_and_cache")       # doctest: +SKIP
         True
     """
+    return _install("version bump", qualname, lambda lib, err: lib.xk_native_install_version_bump(
+        qualname.encode(), err, _ERR_LEN))
+
+
+def _install(what: str, qualname: str, register: Callable[[Any, Any], int]) -> bool:
+    """Run ``register(lib, err)``, one of the native library's ``xk_native_install_*``
+    calls; on failure record why in :func:`native_status` and return False."""
     global _status
     if not available():
         return False
     err = ctypes.create_string_buffer(_ERR_LEN)
     with _lock:
         assert _lib is not None
-        if _lib.xk_native_install_version_bump(qualname.encode(), err, _ERR_LEN):
-            _status = (f"unavailable: registering the version bump of {qualname} failed: "
+        if register(_lib, err):
+            _status = (f"unavailable: registering the {what} of {qualname} failed: "
                        f"{err.value.decode('utf-8', 'replace')}")
             return False
     return True
