@@ -294,7 +294,8 @@ ragged_paged_attention_fused = Op(
 num_seqs, *, scale, softcap=0.0, sliding_window=0, k_scale=1.0, v_scale=1.0) -> out``:
 :func:`ragged_paged_attention` over one fused cache [num_blocks, block_size,
 2 * num_kv_heads, head_dim] (head ``h``'s key at index ``2h`` of the third axis, its value
-at ``2h + 1``: tpu-inference's layout; its packed 5-D cache reshapes to this for free). The
+at ``2h + 1``: tpu-inference's layout; its packed 5-D cache [num_blocks, block_size, merged,
+packing, head_dim] is the same memory and is taken as it is). The
 kernels read the keys and values where they lie: no copy. Same semantics, limits and
 kernels as :func:`ragged_paged_attention`; write new tokens with
 :func:`xla_kernels.kernels.kv_cache.reshape_and_cache_fused`.
