@@ -31,17 +31,10 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a te
 
 
 def write_model(directory: Path, tokenizer_dir: Path, seed: int = 0) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The check's tiny Llama, sized to SmolLM2's vocabulary, with that tokenizer."""
+    from xla_kernels.vllm.models import tiny_llama
 
-    config = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
-                         rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
-                         bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(seed)
-    LlamaForCausalLM(config).to(torch.float32).save_pretrained(directory,
-                                                              safe_serialization=True)
+    tiny_llama(directory, seed=seed, vocab_size=49152)
     for f in tokenizer_dir.iterdir():
         shutil.copy(f, directory / f.name)
 

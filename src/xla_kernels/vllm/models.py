@@ -29,14 +29,14 @@ SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):",
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def tiny_llama(directory: Path, *, seed: int = 0) -> Checkpoint:
-    """A 2-layer Llama (head_dim 64, 4 q heads over 2 kv heads, vocab 256) with seeded
-    random weights. The init is wider than Llama's (std 0.08, not 0.02) so that the
+def tiny_llama(directory: Path, *, seed: int = 0, vocab_size: int = 256) -> Checkpoint:
+    """A 2-layer Llama (head_dim 64, 4 q heads over 2 kv heads, vocab ``vocab_size``) with
+    seeded random weights. The init is wider than Llama's (std 0.08, not 0.02) so that the
     next-token logits have clear winners and greedy decoding does not hinge on rounding."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512,
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=512,
                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                          head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
                          rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
