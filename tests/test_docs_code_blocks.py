@@ -5,9 +5,9 @@ page may build on its earlier blocks). A block is compiled under the markdown fi
 with its own line numbers, so a failure points at the page and line. The fence's info
 string says how a block runs:
 
-- ```python                 on the CPU, here (CI);
-- ```python gpu             only where JAX sees a GPU (the GPU job), after the page's CPU
-                            blocks;
+- ```python                 on the CPU (JAX_PLATFORMS=cpu), in CI and on a GPU machine alike;
+- ```python gpu             only where JAX sees a GPU (the GPU job), after the page's other
+                            blocks (which then run on the GPU too);
 - ```python as=PATH         compiled as if it were the file PATH (relative to the repository),
                             so that relative kernel sources resolve next to PATH;
 - ```python norun           shown, never run (kept rare: a fragment with `...`).
@@ -90,12 +90,14 @@ def run_page(path: Path, gpu: bool) -> None:
         filename = str(ROOT / block.as_path) if block.as_path else str(path)
         source = "\n" * (block.line - 1) + block.code
         print(f"--- {path}:{block.line}", flush=True)
-        exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+        exec(compile(source, filename, "exec"), namespace)
 
 
 def _run_in_subprocess(path: Path, gpu: bool = False) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    if not gpu:
+        env["JAX_PLATFORMS"] = "cpu"  # CPU blocks run on the CPU, on a GPU machine too
     args = [sys.executable, __file__, str(path)] + (["--gpu"] if gpu else [])
     return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
@@ -140,9 +142,9 @@ def command_problems(block: Block, targets: set[str], commands: set[str]) -> lis
                 continue
             if "/" in script and not (ROOT / script).exists():
                 problems.append(f"{where}: no file {script!r}")
-        elif words[0] == "xla-kernels" and len(words) > 1 and not words[1].startswith("-"):
-            if words[1] not in commands:
-                problems.append(f"{where}: no xla-kernels command {words[1]!r}")
+        elif (words[0] == "xla-kernels" and len(words) > 1 and not words[1].startswith("-")
+              and words[1] not in commands):
+            problems.append(f"{where}: no xla-kernels command {words[1]!r}")
     return problems
 
 
