@@ -86,6 +86,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--startup-timeout", type=float, default=240)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="vLLM's share of device memory for weights and KV cache")
     args = parser.parse_args()
     for name, value in {"TPU_NAME": "none", "TPU_ACCELERATOR_TYPE": "none",
                         "TPU_WORKER_ID": "0"}.items():
@@ -97,7 +99,8 @@ def main() -> int:
     server = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model),
          "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
-         "--port", str(args.port), "--seed", "0"],
+         "--port", str(args.port), "--seed", "0",
+         "--gpu-memory-utilization", str(args.gpu_memory_utilization)],
         stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     result: dict = {"server": "vllm serve (OpenAI API) on xla_kernels.vllm", "prompts": PROMPTS}
     try:
