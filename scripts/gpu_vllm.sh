@@ -15,6 +15,8 @@
 #                                               over TP GPUs (default 1)
 #   bash scripts/gpu_vllm.sh profile OUT        the vLLM half of bench under Nsight Systems:
 #                                               the decode step's device time and host share
+#                                               (needs an nsys that writes reports: the lent
+#                                               machines' one stops at a .qdstrm file)
 set -uo pipefail
 job=${1:?usage: gpu_vllm.sh install|check|serve|bench|profile ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
