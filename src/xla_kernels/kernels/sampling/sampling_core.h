@@ -164,8 +164,10 @@ XK_HOST_DEVICE inline double TopPGoal(const RowRule& r, uint64_t mass) {
   return r.p * static_cast<double>(mass);
 }
 
+// Whether a mass meets the top-p goal; a goal of 0 (top_p <= 0) is met by the first key
+// with any weight, the most likely token's.
 XK_HOST_DEVICE inline bool Reaches(uint64_t mass, double goal) {
-  return static_cast<double>(mass) >= goal;
+  return mass > 0 && static_cast<double>(mass) >= goal;
 }
 
 }  // namespace xla_kernels::sampling
