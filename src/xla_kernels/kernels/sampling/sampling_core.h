@@ -20,7 +20,7 @@
 #include "xla_kernels/host_device.h"
 
 #ifdef __CUDACC__
-#define XK_SAMPLING_FMA(a, b, c) __fmaf_rn(a, b, c)
+#define XK_SAMPLING_FMA(a, b, c) fmaf(a, b, c)
 #else
 #include <cmath>
 #define XK_SAMPLING_FMA(a, b, c) std::fma(a, b, c)
@@ -59,6 +59,11 @@ XK_HOST_DEVICE inline float BitsFloat(uint32_t u) {
 XK_HOST_DEVICE inline uint32_t OrderedKey(float x) {
   const uint32_t u = FloatBits(x);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The float whose OrderedKey is `key`.
+XK_HOST_DEVICE inline float KeyFloat(uint32_t key) {
+  return BitsFloat((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
 XK_HOST_DEVICE inline uint64_t MulHi64(uint64_t a, uint64_t b) {
