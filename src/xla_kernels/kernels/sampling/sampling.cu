@@ -1,7 +1,7 @@
 // sample on NVIDIA GPUs: one block of kColumns (512) threads per row, no sort.
 //
-// Thread t holds the row's tokens t, t + 512, t + 1024, ... (coalesced loads; also the draw's
-// column order, sampling_core.h). Each step is one pass over the row (from L2 or HBM):
+// Thread t holds the row's tokens 4t..4t+3, 4(t + 512)..4(t + 512)+3, ... (16-byte loads of
+// f32, coalesced; also the draw's column order, sampling_core.h). Each step is one pass over the row (from L2 or HBM):
 //   1. the largest logit (ties: lowest index) and the smallest/largest ordered key;
 //      temperature <= 0 ends here (argmax);
 //   2. top-k: the k-th largest key by a bracket search (Search below): each pass counts the
@@ -37,25 +37,71 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kPivots = 15;      // pivots per search pass
 constexpr int kValuePivots = 8;  // of which evenly spaced in value (the rest: in key)
 constexpr int kMaxPasses = 40;   // a guard: a search ends within 12 passes (32-bit keys)
+constexpr int kUnroll = 4;       // runs of kVec tokens each thread loads at once
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ inline float Load(float x) { return x; }
 __device__ inline float Load(__half x) { return __half2float(x); }
 __device__ inline float Load(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// fn(i, x) for this thread's tokens i (in increasing order) with x = float(row[i]), four
-// loads in flight per thread.
+__device__ inline void Load4(const float* p, float (&x)[kVec]) {
+  const float4 v = *reinterpret_cast<const float4*>(p);
+  x[0] = v.x;
+  x[1] = v.y;
+  x[2] = v.z;
+  x[3] = v.w;
+}
+__device__ inline void Load4(const __nv_bfloat16* p, float (&x)[kVec]) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.x));
+  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v.y));
+  x[0] = a.x;
+  x[1] = a.y;
+  x[2] = b.x;
+  x[3] = b.y;
+}
+__device__ inline void Load4(const __half* p, float (&x)[kVec]) {
+  const uint2 v = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&v.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&v.y));
+  x[0] = a.x;
+  x[1] = a.y;
+  x[2] = b.x;
+  x[3] = b.y;
+}
+
+// fn(i, x) for this thread's tokens i (its column: kVec * (t + kThreads * g) + u) in
+// increasing order, x = float(row[i]); vector loads where the row is aligned, kUnroll runs
+// in flight per thread.
 template <typename T, typename F>
 __device__ inline void ForRow(const T* __restrict__ row, int64_t vocab, F&& fn) {
-  int64_t i = threadIdx.x;
-  for (; i + 3 * kThreads < vocab; i += 4 * kThreads) {
-    float x[4];
+  constexpr int64_t kStride = int64_t{kVec} * kThreads;
+  const bool aligned = reinterpret_cast<uintptr_t>(row) % (kVec * sizeof(T)) == 0;
+  for (int64_t first = int64_t{kVec} * threadIdx.x; first < vocab; first += kUnroll * kStride) {
+    float x[kUnroll][kVec];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) x[u] = Load(row[i + u * kThreads]);
+    for (int a = 0; a < kUnroll; ++a) {
+      const int64_t run = first + a * kStride;
+      if (aligned && run + kVec <= vocab) {
+        Load4(row + run, x[a]);
+      } else {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) fn(i + u * kThreads, x[u]);
+        for (int u = 0; u < kVec; ++u) x[a][u] = run + u < vocab ? Load(row[run + u]) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < kUnroll; ++a)
+#pragma unroll
+      for (int u = 0; u < kVec; ++u) {
+        const int64_t i = first + a * kStride + u;
+        if (i < vocab) fn(i, x[a][u]);
+      }
   }
-  for (; i < vocab; i += kThreads) fn(i, Load(row[i]));
+}
+
+// Token j of column `column` (j = 0, 1, ...: the column's order).
+__device__ inline int64_t ColumnToken(int column, int64_t j) {
+  return int64_t{kVec} * (column + int64_t{kThreads} * (j / kVec)) + j % kVec;
 }
 
 struct Shared {
@@ -326,11 +372,9 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const int column = sh.column;
   uint64_t base = sh.base;
-  const int64_t length = (vocab - column + kThreads - 1) / kThreads;
-  for (int64_t chunk = 0; chunk * kThreads < length; ++chunk) {
-    const int64_t j = chunk * kThreads + threadIdx.x;
-    const int64_t i = column + j * kThreads;
-    const uint64_t v = j < length ? kept(Load(row[i])) : 0;
+  for (int64_t chunk = 0; ColumnToken(column, chunk * kThreads) < vocab; ++chunk) {
+    const int64_t i = ColumnToken(column, chunk * kThreads + threadIdx.x);
+    const uint64_t v = i < vocab ? kept(Load(row[i])) : 0;
     uint64_t chunk_total;
     const uint64_t upto = BlockScan(v, sh, &chunk_total);
     if (base + upto - v <= target && target < base + upto) sh.token = static_cast<int>(i);

@@ -9,9 +9,10 @@
 //     >= top_p times the set's mass;
 //   * the draw: Philox4x32-10 (key (seed, 0), counter (offset, 0, 0, 0)) gives a 64-bit r;
 //     target = floor(mass * r / 2^64); the token is where the running mass of the kept
-//     tokens first exceeds the target, walking the vocabulary in "column order" (the tokens
-//     t, t + kColumns, t + 2 kColumns, ... for t = 0, 1, ...: how the CUDA kernel's threads
-//     hold the row).
+//     tokens first exceeds the target, walking the vocabulary in "column order": the tokens
+//     of column 0, then column 1, ..., where column t holds the tokens
+//     kVec * (t + kColumns * g) + u (g = 0, 1, ...; u < kVec) in increasing order: how the
+//     CUDA kernel's threads hold the row.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +29,9 @@
 
 namespace xla_kernels::sampling {
 
-// Threads of the CUDA kernel's block: also the stride of the draw's column order.
+// Threads of the CUDA kernel's block, each holding runs of kVec tokens: the draw's columns.
 constexpr int kColumns = 512;
+constexpr int kVec = 4;
 // A token's weight is an integer in units of 2^-40 of the most likely token's.
 constexpr int kWeightBits = 40;
 constexpr double kMaxWeight = 1099511627776.0;  // 2^40

@@ -77,11 +77,12 @@ int32_t SampleRow(const float* x, int64_t vocab, const Params& p, int64_t row) {
   const uint64_t target = MulHi64(mass_s, DrawBits(p.seeds[row], p.offsets[row]));
   uint64_t running = 0;
   for (int64_t column = 0; column < kColumns; ++column)
-    for (int64_t i = column; i < vocab; i += kColumns) {
-      if (!in_c(i) || keys[i] < threshold_p) continue;
-      running += q[i];
-      if (running > target) return static_cast<int32_t>(i);
-    }
+    for (int64_t run = kVec * column; run < vocab; run += int64_t{kVec} * kColumns)
+      for (int64_t i = run; i < run + kVec && i < vocab; ++i) {
+        if (!in_c(i) || keys[i] < threshold_p) continue;
+        running += q[i];
+        if (running > target) return static_cast<int32_t>(i);
+      }
   return static_cast<int32_t>(best);  // unreachable: target < the kept mass
 }
 
