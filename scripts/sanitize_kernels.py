@@ -44,6 +44,17 @@ def main() -> None:
         x = jnp.asarray(rng.standard_normal(shape), dtype)
         w = jnp.asarray(rng.standard_normal(shape[-1]), dtype)
         jax.block_until_ready(jax.grad(lambda x, w: rms_norm(x, w).sum(), (0, 1))(x, w))
+    from xla_kernels.kernels.sampling import sample
+
+    # Odd (unaligned) and 128k vocabularies, every dtype; greedy, each filter, all together.
+    for rows, vocab, dtype in ((3, 7, jnp.float32), (5, 1001, jnp.bfloat16),
+                               (2, 128256, jnp.float16), (4, 128256, jnp.float32)):
+        logits = jnp.asarray(rng.standard_normal((rows, vocab)), dtype)
+        f32 = jnp.float32
+        args = (jnp.linspace(0, 1.5, rows, dtype=f32), jnp.arange(rows, dtype=jnp.int32) * 20,
+                jnp.linspace(1, 0.5, rows, dtype=f32), jnp.linspace(0, 0.1, rows, dtype=f32),
+                jnp.arange(rows, dtype=jnp.uint32), jnp.zeros(rows, jnp.int32))
+        jax.block_until_ready(sample(logits, *args))
     from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_cases as ragged_cases
     from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_fused_cases
 
