@@ -29,8 +29,9 @@
 
 namespace xla_kernels::sampling {
 
-// Threads of the CUDA kernel's block, each holding runs of kVec tokens: the draw's columns.
-constexpr int kColumns = 512;
+// The draw's columns: the threads of the CUDA kernel's 8 blocks of 512 (per row), each
+// holding runs of kVec tokens.
+constexpr int kColumns = 4096;
 constexpr int kVec = 4;
 // A token's weight is an integer in units of 2^-40 of the most likely token's.
 constexpr int kWeightBits = 40;

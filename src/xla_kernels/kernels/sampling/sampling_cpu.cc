@@ -28,9 +28,9 @@ struct Params {
 
 // The token of one row of `vocab` logits (already f32).
 int32_t SampleRow(const float* x, int64_t vocab, const Params& p, int64_t row) {
-  int64_t best = -1;
+  int64_t best = -1;  // the largest key, ties to the lowest index; NaN skipped
   for (int64_t i = 0; i < vocab; ++i)
-    if (best < 0 ? x[i] == x[i] : x[i] > x[best]) best = i;
+    if (x[i] == x[i] && (best < 0 || OrderedKey(x[i]) > OrderedKey(x[best]))) best = i;
   if (best < 0) return 0;  // every logit NaN
   const float m = x[best];
   const RowRule rule = MakeRule(p.temperature[row], p.top_k[row], p.top_p[row], p.min_p[row],
