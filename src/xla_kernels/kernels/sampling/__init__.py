@@ -39,9 +39,9 @@ drawn; masses are exact integer sums; the draw is the inverse CDF of a 64-bit ra
 number over the kept tokens in a fixed order. The CPU and CUDA kernels compute the same
 integers and pick the **same token** (tests/gpu/test_sampling_gpu.py checks it).
 
-Kernels: CPU (``sampling_cpu.cc``: selection and sorting) and CUDA (``sampling.cu``: one
-512-thread block per row, sort-free: threshold searches by counting above pivots, see
-``docs/design/sampling.md``).
+Kernels: CPU (``sampling_cpu.cc``: selection and sorting) and CUDA (``sampling.cu``:
+sort-free, a row read by a cluster of 8 blocks of 512 threads on Hopper, threshold searches
+by counting above pivots; see ``docs/design/sampling.md``).
 
 Example:
     >>> import jax.numpy as jnp, numpy as np
