@@ -7,8 +7,11 @@ FlashInfer's ``flashinfer.sampling`` functions with per-request tensors. Setting
 * ``k50_p0.9``: top_k 50 then top_p 0.9 (ours also takes temperature 1.0 and min_p 0; its
   kernel scales by the temperature either way). FlashInfer:
   ``top_k_top_p_sampling_from_logits`` (its default ``filter_apply_order="top_k_first"``,
-  the order ours applies) and ``top_k_top_p_sampling_from_probs`` on probabilities computed
-  beforehand (the softmax is not timed: that variant shows FlashInfer's sampling alone).
+  the order ours applies) with per-request tensors ("FI logits"), the same with ``top_k`` a
+  Python int ("FI logits, k int": FlashInfer 0.7.2 then takes its fast path, a radix top-k
+  then top-p over the k survivors, for k <= 256 and vocabularies >= 65536; one k for the
+  whole batch), and ``top_k_top_p_sampling_from_probs`` on probabilities computed beforehand
+  ("FI probs"; the softmax is not timed: FlashInfer's sampling alone).
 * ``plain``: temperature 1.0, no filter. FlashInfer: ``sampling_from_logits``.
 
 Rows of logits are ``N(0, 2^2)`` draws, batch 1, 16, 64 and 256, f32 and bf16 (FlashInfer's
@@ -60,7 +63,8 @@ BATCHES = (1, 16, 64, 256)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 SETTINGS = {"k50_p0.9": dict(top_k=50, top_p=0.9), "plain": dict(top_k=0, top_p=1.0)}
 TOP_K_CHECK = 50
-FI_VARIANTS = {"k50_p0.9": ("fi_logits", "fi_probs"), "plain": ("fi_logits",)}
+FI_VARIANTS = {"k50_p0.9": ("fi_logits", "fi_logits_k_int", "fi_probs"),
+               "plain": ("fi_logits",)}
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -106,6 +110,9 @@ def fi_call(fi: Any, variant: str, setting: str, x: dict[str, torch.Tensor]
     if variant == "fi_logits":
         return lambda i: sampling.top_k_top_p_sampling_from_logits(x["logits"], top_k,
                                                                    x["top_p"])
+    if variant == "fi_logits_k_int":
+        k = int(top_k[0])
+        return lambda i: sampling.top_k_top_p_sampling_from_logits(x["logits"], k, x["top_p"])
     probs = torch.softmax(x["logits"].float(), dim=-1)
     return lambda i: sampling.top_k_top_p_sampling_from_probs(probs, top_k, x["top_p"])
 
@@ -140,9 +147,9 @@ def measure(cfg: dict[str, Any], device: torch.device, op: Any, fi: Any) -> dict
         except Exception as e:
             row[f"{name}_error"] = error_text(e)
             traceback.print_exc(limit=3)
-    fi_times = [row[f"{n}_us"] for n in ("fi_logits",) if f"{n}_us" in row]
-    if fi_times and "ours_us" in row:
-        row["fi_logits_over_ours"] = fi_times[0] / row["ours_us"]
+    for name in ("fi_logits", "fi_logits_k_int"):
+        if f"{name}_us" in row and "ours_us" in row:
+            row[f"{name}_over_ours"] = row[f"{name}_us"] / row["ours_us"]
     return row
 
 
@@ -164,22 +171,26 @@ def markdown(result: dict[str, Any]) -> str:
         f"{result['calls']} back-to-back calls after warm-up (GPU kept busy while the host "
         f"queues them), median of {result['repeats']}. Vocabulary {VOCAB}, logits N(0, 4), "
         "per-row tensors. k50_p0.9: top-k 50 then top-p 0.9 (FI logits: "
-        "top_k_top_p_sampling_from_logits; FI probs: top_k_top_p_sampling_from_probs on "
-        "probabilities computed before timing). plain: temperature 1, no filter (FI: "
-        "sampling_from_logits). 'FI/ours' is FI logits' time over ours (above 1: ours is "
-        "faster). GB/s: logits bytes read once per call over the time.",
+        "top_k_top_p_sampling_from_logits with per-request tensors; FI k int: the same with "
+        "top_k a Python int, FlashInfer's fast path; FI probs: "
+        "top_k_top_p_sampling_from_probs on probabilities computed before timing). plain: "
+        "temperature 1, no filter (FI: sampling_from_logits). 'FI/ours': FlashInfer's time "
+        "over ours (above 1: ours is faster). GB/s: logits bytes read once per call over the "
+        "time.",
         "",
-        "| setting | dtype | batch | ours µs | FI logits µs | FI probs µs | FI/ours | "
-        "ours GB/s | in top-50 (ours/FI) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| setting | dtype | batch | ours µs | FI logits µs | FI k int µs | FI probs µs | "
+        "FI/ours | FI k int/ours | ours GB/s | in top-50 (ours/FI/FI k int) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        check = "/".join(str(r.get(f"{n}_tokens_in_top_k", "—")) for n in ("ours", "fi_logits"))
+        check = "/".join(str(r.get(f"{n}_tokens_in_top_k", "—"))
+                         for n in ("ours", "fi_logits", "fi_logits_k_int"))
         lines.append(
             f"| {r['setting']} | {r['dtype']} | {r['batch']} | {fmt(r.get('ours_us'))} | "
-            f"{fmt(r.get('fi_logits_us'))} | {fmt(r.get('fi_probs_us'))} | "
-            f"{fmt(r.get('fi_logits_over_ours'), '.2f', 'x')} | {fmt(r.get('ours_gbs'), '.0f')} "
-            f"| {check} |")
+            f"{fmt(r.get('fi_logits_us'))} | {fmt(r.get('fi_logits_k_int_us'))} | "
+            f"{fmt(r.get('fi_probs_us'))} | {fmt(r.get('fi_logits_over_ours'), '.2f', 'x')} | "
+            f"{fmt(r.get('fi_logits_k_int_over_ours'), '.2f', 'x')} | "
+            f"{fmt(r.get('ours_gbs'), '.0f')} | {check} |")
     if result.get("fi_build_s") is not None:
         lines += ["", f"FlashInfer's first calls (JIT build or load): {result['fi_build_s']:.0f} s."
                   f" Ours: {fmt(result.get('ours_build_s'), '.0f')} s."]
@@ -210,7 +221,7 @@ def first_calls(op: Any, fi: Any, device: torch.device, result: dict[str, Any]) 
     for setting, names in FI_VARIANTS.items():
         for name in names:
             try:
-                fi_call(fi, name, setting, inputs(2, 1000, torch.float32, SETTINGS[setting],
+                fi_call(fi, name, setting, inputs(2, 65536, torch.float32, SETTINGS[setting],
                                                   device))(0)
             except Exception as e:
                 result.setdefault("fi_first_call_errors", {})[f"{setting} {name}"] = error_text(e)
@@ -265,6 +276,7 @@ def main() -> None:
         write(result, out, began)
         print(f"{cfg['setting']:>9s} {cfg['dtype']:>4s} batch {cfg['batch']:>3d}: ours "
               f"{fmt(row.get('ours_us'))} us, FI logits {fmt(row.get('fi_logits_us'))} us, "
+              f"FI k int {fmt(row.get('fi_logits_k_int_us'))} us, "
               f"FI probs {fmt(row.get('fi_probs_us'))} us", flush=True)
     print(markdown(result))
     print(f"wrote {out}/sampling.{{json,md}} in {result['seconds']:.0f} s")
