@@ -46,12 +46,14 @@ def main() -> None:
         jax.block_until_ready(jax.grad(lambda x, w: rms_norm(x, w).sum(), (0, 1))(x, w))
     from xla_kernels.kernels.sampling import sample
 
-    # Odd (unaligned) and 128k vocabularies, every dtype; greedy, each filter, all together.
+    # Odd (unaligned) and 128k vocabularies, every dtype; greedy, each filter, all together,
+    # top-k sets in shared memory (<= 1024 tokens) and not.
     for rows, vocab, dtype in ((3, 7, jnp.float32), (5, 1001, jnp.bfloat16),
                                (2, 128256, jnp.float16), (4, 128256, jnp.float32)):
         logits = jnp.asarray(rng.standard_normal((rows, vocab)), dtype)
         f32 = jnp.float32
-        args = (jnp.linspace(0, 1.5, rows, dtype=f32), jnp.arange(rows, dtype=jnp.int32) * 20,
+        top_k = jnp.asarray([(0, 50, 2000, 5, 300)[i % 5] for i in range(rows)], jnp.int32)
+        args = (jnp.linspace(0, 1.5, rows, dtype=f32), top_k,
                 jnp.linspace(1, 0.5, rows, dtype=f32), jnp.linspace(0, 0.1, rows, dtype=f32),
                 jnp.arange(rows, dtype=jnp.uint32), jnp.zeros(rows, jnp.int32))
         jax.block_until_ready(sample(logits, *args))

@@ -36,9 +36,10 @@ def on(platform: str, logits: np.ndarray, args: list[np.ndarray]) -> np.ndarray:
 
 def mixed_rows(rng: np.random.Generator, rows: int) -> list[np.ndarray]:
     """Per-row settings that differ row to row: greedy, each filter alone, all together,
-    off-range values."""
+    off-range values; top-k sets that fit the kernel's shared-memory candidates (<= 1024)
+    and larger ones."""
     temperature = rng.choice([0.0, 0.5, 1.0, 1.7], rows).astype(np.float32)
-    top_k = rng.choice([0, 1, 5, 50, 1000, -3, 10**9], rows).astype(np.int32)
+    top_k = rng.choice([0, 1, 5, 50, 1000, 5000, -3, 10**9], rows).astype(np.int32)
     top_p = rng.choice([1.0, 0.9, 0.5, 0.0, 1.5], rows).astype(np.float32)
     min_p = rng.choice([0.0, 0.05, 0.3, 2.0], rows).astype(np.float32)
     seeds = rng.integers(0, 2**32, rows, dtype=np.uint64).astype(np.uint32)

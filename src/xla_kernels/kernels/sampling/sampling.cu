@@ -42,6 +42,9 @@ constexpr int kValuePivots = 8;  // of which evenly spaced in value (the rest: i
 constexpr int kMaxPasses = 40;   // a guard: a search ends within 12 passes (32-bit keys)
 constexpr int kUnroll = 4;       // runs of kVec tokens each thread loads at once
 constexpr int kSlots = kPivots + 1;  // most values one reduction combines
+// Top-k survivors a block keeps in shared memory (top-p and the draw then read them, not the
+// row) when the row's top-k set holds at most this many tokens.
+constexpr int kCandidates = 1024;
 constexpr unsigned kFull = 0xffffffffu;
 static_assert(kColumns % kThreads == 0, "columns come in whole blocks");
 
@@ -75,7 +78,15 @@ __device__ inline void Load4(const __half* p, float (&x)[kVec]) {
   x[3] = b.y;
 }
 
+struct Candidates {
+  int count;
+  int index[kCandidates];
+  uint32_t key[kCandidates];
+  uint64_t weight[kCandidates];
+};
+
 struct Shared {
+  Candidates c;
   uint64_t warps[kWarps][kSlots];
   uint64_t part[2][kSlots];               // this block's results, read by the cluster
   uint64_t gathered[kSlots][kRanks];      // the cluster's blocks' results
@@ -269,13 +280,14 @@ __device__ inline void Pivots(uint32_t lo, uint32_t hi, uint32_t (&pivot)[kPivot
 }
 
 // The largest key v of a member whose value at and above it, F(v), meets the goal, given
-// F(lo) meets it and no member lies above hi. Members and values: every token with value 1
-// (kCount, top-k: goal k) or the tokens of C with their weights (top-p). kCount may stop
-// early: when exactly k tokens lie at or above a pivot, that pivot gives the same set as the
-// k-th largest key.
-template <bool kCount, typename T, int kCluster>
-__device__ uint32_t Search(const T* __restrict__ logits, int64_t vocab, const RowState& r,
-                           uint32_t lo, uint32_t hi, double goal, Row<kCluster>& row) {
+// F(lo) meets it and no member lies above hi. `members(fn)` calls fn(key, value) for this
+// thread's members: every token with value 1 (kCount, top-k: goal k), or the tokens of C with
+// their weights (top-p). *at gets F(answer) (UINT64_MAX if the guard stopped the search).
+// kCount may stop early: when exactly k tokens lie at or above a pivot, that pivot gives the
+// same set as the k-th largest key.
+template <bool kCount, int kCluster, typename Members>
+__device__ uint32_t Search(Members&& members, uint32_t lo, uint32_t hi, double goal,
+                           Row<kCluster>& row, uint64_t* at) {
   auto meets = [&](uint64_t f) {
     return kCount ? f >= static_cast<uint64_t>(goal) : Reaches(f, goal);
   };
@@ -285,11 +297,8 @@ __device__ uint32_t Search(const T* __restrict__ logits, int64_t vocab, const Ro
     Pivots(lo, hi, pivot);
     uint64_t acc[kSlots] = {};  // acc[j]: members at or above pivot[j]; last: all in
     uint32_t low = UINT_MAX, high = 0;
-    ForRow(logits, vocab, row, [&](int, int64_t, float x) {
-      const uint32_t key = OrderedKey(x);
+    members([&](uint32_t key, uint64_t value) {
       if (key < lo || key > hi) return;
-      uint64_t value = 1;
-      if (!kCount && !InC(r, x, key, &value)) return;
       acc[kPivots] += value;
 #pragma unroll
       for (int j = 0; j < kPivots; ++j) acc[j] += key >= pivot[j] ? value : 0;
@@ -302,7 +311,10 @@ __device__ uint32_t Search(const T* __restrict__ logits, int64_t vocab, const Ro
     low = ~static_cast<uint32_t>(bounds[0]);
     high = static_cast<uint32_t>(bounds[1]);
     if (low > high) break;  // no member left in the bracket: cannot happen
-    if (low == high) return low;
+    if (low == high) {
+      *at = above + acc[kPivots];
+      return low;
+    }
     // F is non-increasing: the pivots that meet the goal lie below those that do not.
     uint32_t new_lo = lo, new_hi = hi;
     uint64_t at_lo = above + acc[kPivots], new_above = above;
@@ -319,13 +331,22 @@ __device__ uint32_t Search(const T* __restrict__ logits, int64_t vocab, const Ro
         new_above = f;
       }
     }
-    if (kCount && at_lo == static_cast<uint64_t>(goal)) return new_lo;
+    if (kCount && at_lo == static_cast<uint64_t>(goal)) {
+      *at = at_lo;
+      return new_lo;
+    }
     // No member lies in [new_lo, low) or (high, new_hi]: F(lo) and F(hi + 1) stay.
     lo = max(new_lo, low);
     hi = min(new_hi, high);
     above = new_above;
   }
+  *at = UINT64_MAX;
   return lo;
+}
+
+// The column-order rank of token i within its block: by column, then by index.
+__device__ inline uint64_t DrawOrder(int i) {
+  return (static_cast<uint64_t>((i / kVec) % kColumns) << 32) | static_cast<uint32_t>(i);
 }
 
 // The token of one row; every block of the row returns here (the caller then waits for the
@@ -370,9 +391,65 @@ __device__ void SampleRow(const T* __restrict__ logits, int64_t vocab, float tem
   r.threshold_p = 0;
 
   // 2. top-k.
-  if (r.rule.top_k)
-    r.threshold_k = Search<true>(logits, vocab, r, kmin, kmax,
-                                 static_cast<double>(r.rule.k), row);
+  uint64_t top_k_count = UINT64_MAX;  // tokens at or above the top-k threshold
+  if (r.rule.top_k) {
+    auto every = [&](auto&& fn) {
+      ForRow(logits, vocab, row, [&](int, int64_t, float x) { fn(OrderedKey(x), 1); });
+    };
+    r.threshold_k = Search<true>(every, kmin, kmax, static_cast<double>(r.rule.k), row,
+                                 &top_k_count);
+  }
+
+  // Few top-k survivors: each block copies its own to shared memory in one pass; top-p and
+  // the draw then read those.
+  if (top_k_count <= kCandidates) {
+    Candidates& c = sh.c;
+    if (threadIdx.x == 0) c.count = 0;
+    __syncthreads();
+    ForRow(logits, vocab, row, [&](int, int64_t i, float x) {
+      const uint32_t key = OrderedKey(x);
+      uint64_t q;
+      if (key < r.threshold_k || !InC(r, x, key, &q)) return;
+      const int slot = atomicAdd(&c.count, 1);
+      c.index[slot] = static_cast<int>(i);
+      c.key[slot] = key;
+      c.weight[slot] = q;
+    });
+    __syncthreads();
+    const int n = c.count;
+    auto candidates = [&](auto&& fn) {
+      for (int e = threadIdx.x; e < n; e += kThreads) fn(c.key[e], c.weight[e]);
+    };
+    if (r.rule.top_p) {
+      uint64_t mass[1] = {0};
+      candidates([&](uint32_t, uint64_t q) { mass[0] += q; });
+      Reduce<false>(mass, row);
+      uint64_t unused;
+      r.threshold_p = Search<false>(candidates, r.threshold_k, kmax,
+                                    TopPGoal(r.rule, mass[0]), row, &unused);
+    }
+    uint64_t mine = 0;
+    candidates([&](uint32_t key, uint64_t q) { mine += key >= r.threshold_p ? q : 0; });
+    uint64_t block_total;
+    BlockScan(mine, sh, &block_total);
+    uint64_t below, all;
+    ClusterPrefix(block_total, row, &below, &all);
+    const uint64_t target = MulHi64(all, DrawBits(seed, offset));
+    if (!(below <= target && target < below + block_total)) return;  // another block's
+    if (threadIdx.x == 0) sh.token = argmax;  // kept if nothing is found: cannot happen
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      if (c.key[e] < r.threshold_p) continue;
+      const uint64_t order = DrawOrder(c.index[e]);
+      uint64_t before = below;  // the kept mass ahead of e in the draw's order
+      for (int f = 0; f < n; ++f)
+        if (c.key[f] >= r.threshold_p && DrawOrder(c.index[f]) < order) before += c.weight[f];
+      if (before <= target && target < before + c.weight[e]) sh.token = c.index[e];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *token = sh.token;
+    return;
+  }
 
   // 3. top-p over what top-k and min-p keep.
   if (r.rule.top_p) {
@@ -382,8 +459,16 @@ __device__ void SampleRow(const T* __restrict__ logits, int64_t vocab, float tem
       if (InC(r, x, OrderedKey(x), &q)) mass[0] += q;
     });
     Reduce<false>(mass, row);
-    r.threshold_p = Search<false>(logits, vocab, r, r.rule.top_k ? r.threshold_k : kmin, kmax,
-                                  TopPGoal(r.rule, mass[0]), row);
+    auto in_c = [&](auto&& fn) {
+      ForRow(logits, vocab, row, [&](int, int64_t, float x) {
+        const uint32_t key = OrderedKey(x);
+        uint64_t q;
+        if (InC(r, x, key, &q)) fn(key, q);
+      });
+    };
+    uint64_t unused;
+    r.threshold_p = Search<false>(in_c, r.rule.top_k ? r.threshold_k : kmin, kmax,
+                                  TopPGoal(r.rule, mass[0]), row, &unused);
   }
 
   // 4. the draw: which column (the running mass in column order: logical block, then
