@@ -223,7 +223,17 @@ def test_the_torch_operator_draws_the_same_tokens(rng):
     np.testing.assert_array_equal(got.numpy(), want)
 
 
-def test_under_jit_and_vmap_of_rows(rng):
+def test_the_torch_operator_passes_opcheck_and_compiles(rng):
+    op = torch_op(sample)
+    args = (torch.from_numpy(rng.standard_normal((4, 50)).astype(np.float32)),
+            *(torch.from_numpy(a.view(np.int32) if a.dtype == np.uint32 else a)
+              for a in per_row(4, 0.9, top_k=10, top_p=0.8, seed_base=1)))
+    torch.library.opcheck(op, args)
+    compiled = torch.compile(lambda *a: op(*a) + 1, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(*args), op(*args) + 1)
+
+
+def test_under_jit(rng):
     logits = rng.standard_normal((4, 64)).astype(np.float32)
     args = per_row(4, 1.0, top_p=0.8, seed_base=2)
     want = np.asarray(sample(logits, *args))
