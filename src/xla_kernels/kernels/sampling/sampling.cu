@@ -1,6 +1,6 @@
 // sample on NVIDIA GPUs, sort-free. A row is read by kRanks (8) logical blocks of 512 threads:
-// on Hopper a cluster of 8 blocks (one per SM, combining their sums through distributed
-// shared memory), elsewhere one block doing the 8 in turn. Thread t of logical block r holds
+// on Hopper, with fewer rows than SMs, a cluster of 8 blocks (one per SM, combining their
+// sums through distributed shared memory); otherwise one block doing the 8 in turn. Thread t of logical block r holds
 // the runs of 4 tokens of column c = 512 r + t (sampling_core.h: 16-byte loads of f32,
 // coalesced; also the draw's order). Each step is one pass over the row (L2 or HBM):
 //   1. the largest logit (ties: lowest index) and the smallest/largest ordered key;
@@ -541,13 +541,17 @@ ffi::Error LaunchError() {
   return ffi::Error::Internal(std::string(kOp) + ": launch failed: " + cudaGetErrorString(e));
 }
 
-// Whether the current device runs clusters (compute capability 9.0 or later).
-bool HasClusters() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
+// Whether `rows` rows go to clusters of kRanks blocks: on Hopper and later, while there are
+// fewer rows than SMs (one block per row would leave SMs idle; with as many rows as SMs a
+// block per row fills the GPU and needs no cluster barriers). Either way the token is the
+// same: the columns do not change.
+bool UseClusters(int64_t rows) {
+  int device = 0, major = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
     return false;
-  return major >= 9;
+  return major >= 9 && rows < sms;
 }
 
 struct Args {
@@ -565,7 +569,7 @@ struct Args {
 template <typename T>
 void Launch(cudaStream_t stream, int64_t rows, const Args& a) {
   const T* logits = static_cast<const T*>(a.logits);
-  if (HasClusters()) {
+  if (UseClusters(rows)) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(static_cast<unsigned>(rows * kRanks));
     config.blockDim = dim3(kThreads);
