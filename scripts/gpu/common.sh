@@ -9,6 +9,7 @@ export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # XLA takes memory as needed (the tests and benchmarks also use torch on the same card).
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export XLA_KERNELS_CACHE_DIR=${XLA_KERNELS_CACHE_DIR:-/tmp/xla-kernels-cache}
+export XK_RESULTS_DIR=$out  # where GPU tests that measure leave their numbers
 status=0
 step() { echo; echo "=== $1"; }
 
@@ -32,3 +33,13 @@ for name in ("jax", "jaxlib", "torch", "torchax", "triton"):
     except Exception as e:
         print(name, "missing:", e)'
 } > "$out/env.txt" 2>&1
+
+# serve_run NAME SECONDS OPTIONS...: one serve-bench run on the GPU with a time limit,
+# writing OUT_DIR/serve_NAME.json and .txt (the last lines of its output).
+serve_run() {
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" python3 -m xla_kernels.cli serve-bench --platform gpu --no-progress \
+    --json "$out/serve_$name.json" "$@" 2>&1 | tail -25 | tee "$out/serve_$name.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+}
