@@ -30,7 +30,7 @@ def test_doctests_pass():
 
 
 def test_an_undeclared_variable_is_refused_with_where_to_declare_it():
-    with pytest.raises(KeyError, match="add it to xla_kernels.env.VARIABLES"):
+    with pytest.raises(KeyError, match=r"add it to xla_kernels\.env\.VARIABLES"):
         env.get("XLA_KERNELS_NOT_A_SETTING")
 
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,27 @@ inline xla::ffi::Span<const int64_t> FusedCacheDims(xla::ffi::Span<const int64_t
   if (dims.size() != 5) return dims;
   *storage = {dims[0], dims[1], dims[2] * dims[3], dims[4]};
   return {storage->data(), storage->size()};
+}
+
+// Element strides of a paged cache's rows (block, slot, kv head) and the value rows' offset
+// from the key rows', for the layouts the attention kernels take (paged_cache.cuh walks the
+// cache with them):
+//   "vllm"   [num_blocks, block_size, num_kv_heads, head_dim]
+//   "pallas" [num_kv_heads, num_blocks, block_size, head_dim]
+//   "fused"  [num_blocks, block_size, 2 * num_kv_heads, head_dim]: one array, kv head h's key
+//            row at 2h and its value row at 2h + 1, so values start head_dim elements in.
+struct PagedCacheStrides {
+  int64_t block, slot, head, value_offset;
+};
+
+inline PagedCacheStrides StridesOfPagedCache(std::string_view layout, int64_t num_blocks,
+                                             int64_t block_size, int64_t num_kv_heads,
+                                             int64_t head_dim) {
+  if (layout == "pallas")
+    return {block_size * head_dim, head_dim, num_blocks * block_size * head_dim, 0};
+  const int64_t rows = layout == "fused" ? 2 : 1;  // head rows per kv head and slot
+  return {block_size * num_kv_heads * rows * head_dim, num_kv_heads * rows * head_dim,
+          rows * head_dim, layout == "fused" ? head_dim : 0};
 }
 
 }  // namespace xla_kernels
