@@ -20,8 +20,8 @@ Configurations that need another setting of an environment variable the kernels 
 once per process (``XLA_KERNELS_RAGGED_WGMMA=0``: the mma.sync prefill kernel on a Hopper
 card) run in a child process with that setting.
 
-The whole gate (first-use builds of the kernels included, ~2 minutes) fits one 10-minute
-GPU call; ``scripts/gpu/gate.sh`` runs it.
+The whole gate, first-use builds of the kernels included, is sized for one 10-minute GPU
+call (27 configurations, 5 rounds of 0.25 s each); ``scripts/gpu/gate.sh`` runs it.
 
 Example:
     $ python benchmarks/gate.py --write                 # record the baseline of this card
@@ -349,10 +349,37 @@ def measure_in_child(configs: list[Config], args: argparse.Namespace) -> dict[st
         raw = Path(tmp) / "raw.json"
         cmd = [sys.executable, __file__, "--raw-out", str(raw), "--rounds", str(args.rounds),
                "--budget", str(args.budget), *(["--smoke"] if args.smoke else []),
+               *(["--src", str(args.src)] if args.src else []),
                "--exact", *[c.name for c in configs]]
         print(f"  child: {' '.join(f'{k}={v}' for k, v in configs[0].env)}", flush=True)
         subprocess.run(cmd, env=env, check=True)
         return json.loads(raw.read_text())
+
+
+# The ops the configurations call, by module: built ahead in parallel (``--prebuild``).
+OPS = {"simple_add": ("simple_add",), "rms_norm": ("rms_norm",),
+       "kv_cache": ("reshape_and_cache", "reshape_and_cache_fused"),
+       "paged_attention": ("paged_attention",),
+       "ragged_paged_attention": ("ragged_paged_attention", "ragged_paged_attention_fused")}
+
+
+def prebuild(src: Path | None) -> None:
+    """Builds every op's CUDA library at once, one process per op (first-use builds one by
+    one would take most of a 10-minute call); a failed build shows again when it is used."""
+    began = time.perf_counter()
+    env = {**os.environ, **({"PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+                            if src else {})}
+    procs = []
+    for module, ops in OPS.items():
+        for op in ops:
+            code = (f"from xla_kernels.kernels.{module} import {op}\n"
+                    f"from xla_kernels.runtime.library import load_kernel\n"
+                    f"load_kernel({op}, 'cuda')")
+            procs.append((op, subprocess.Popen([sys.executable, "-c", code], env=env)))
+    failed = [op for op, p in procs if p.wait() != 0]
+    print(f"  prebuilt {len(procs) - len(failed)}/{len(procs)} ops in "
+          f"{time.perf_counter() - began:.0f} s" + (f"; failed: {failed}" if failed else ""),
+          flush=True)
 
 
 def run_all(configs: list[Config], args: argparse.Namespace) -> dict[str, Any]:
@@ -488,6 +515,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="smallest slowdown that fails (default: %(default)s)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes: checks the script on any backend, times nothing real")
+    parser.add_argument("--src", type=Path,
+                        help="time the xla_kernels package under this folder (e.g. a base "
+                             "commit's src/) instead of the one on the path")
+    parser.add_argument("--no-prebuild", action="store_true",
+                        help="build each kernel on first use instead of all at once first")
     parser.add_argument("--list", action="store_true", help="print the configurations")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.budget <= 0:
@@ -497,6 +529,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.src:  # before anything imports xla_kernels
+        args.src = args.src.resolve()
+        sys.path.insert(0, str(args.src))
     configs = select(CONFIGS, args.only, args.exact)
     if args.list:
         for c in configs:
@@ -512,10 +547,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gate: no baseline at {path}; record one with --write", file=sys.stderr)
         return 2
     began = time.perf_counter()
+    if not (args.smoke or args.no_prebuild):
+        prebuild(args.src)
     results = run_all(configs, args)
+    import xla_kernels
     from xla_kernels.bench import device_description
 
-    record = {**device_description(), "card": card,
+    record = {**device_description(), "card": card, "package": str(Path(
+                  xla_kernels.__file__).parent),
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "commit": git_commit(), "rounds": args.rounds, "budget_s": args.budget,
               "smoke": args.smoke, "configs": results}

@@ -118,3 +118,13 @@ def test_write_then_compare_passes_and_a_doctored_baseline_fails(tmp_path):
     baseline.write_text(json.dumps(record))
     fast = run(tmp_path)
     assert fast.returncode == 0 and "gate: passed" in fast.stdout, fast.stdout + fast.stderr
+
+
+def test_src_times_the_package_under_that_folder(tmp_path):
+    """``--src`` (a base commit's src/, for a before/after run on one machine) is the package
+    that is timed, and the run records it."""
+    src = Path(__file__).parents[1] / "src"
+    wrote = run(tmp_path, "--write", "--src", str(src), "--rounds", "1")
+    assert wrote.returncode == 0, wrote.stdout + wrote.stderr
+    record = json.loads((tmp_path / "cpu" / "gate.json").read_text())
+    assert record["package"] == str(src.resolve() / "xla_kernels")

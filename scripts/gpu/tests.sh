@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU tests, one part per call (each under 10 minutes on one H100; with several visible GPUs
-# the tests are dealt over them, one pytest process per card: scripts/gpu_test_shards.py).
+# GPU tests, one part per call (parts sized for one 10-minute call on one H100: the ragged
+# attention file whole outlasts one, so it is two parts; with several visible GPUs the tests
+# are dealt over them, one pytest process per card: scripts/gpu_test_shards.py).
 #
 #   bash scripts/gpu/tests.sh OUT_DIR PART [pytest options...]
 #
@@ -16,6 +17,7 @@
 #   wgmma-unit    tests/gpu/wgmma_unit_check.cu (nvcc, sm_90a): one S = Q K^T and one
 #                 O = P V wgmma tile against the host, isolated from the attention kernel
 #   demo          python -m xla_kernels.demo
+# GPU_SHARDS=N deals the tests over N pytest processes instead of one per visible GPU.
 # Writes OUT_DIR/gpu_tests_PART.txt (and the shards' logs), OUT_DIR/env.txt.
 source "$(dirname "$0")/common.sh" "${1:-}"
 part=${2:?usage: tests.sh OUT_DIR core|ragged-wgmma|ragged-rest|torch-python|wgmma-unit|demo [...]}

@@ -97,4 +97,19 @@ inline PagedCacheStrides StridesOfPagedCache(std::string_view layout, int64_t nu
           rows * head_dim, layout == "fused" ? head_dim : 0};
 }
 
+// The CPU kernels' walk of a paged cache (the CUDA kernels' is paged_cache.cuh): the element
+// offset, from kv head 0's, of token t's row for a sequence whose block table row is
+// `table` (t below the table's capacity), or -1 where the token's block id is outside
+// [0, num_blocks): the token holds no data and no address is formed.
+struct HostPagedCache {
+  int64_t num_blocks, block_size, stride_block, stride_slot, stride_head;
+
+  int64_t RowOffset(const int32_t* table, int64_t t) const {
+    const int64_t blk = table[t / block_size];
+    if (blk < 0 || blk >= num_blocks) return -1;
+    return blk * stride_block + (t % block_size) * stride_slot;
+  }
+  int64_t HeadOffset(int64_t kvh) const { return kvh * stride_head; }
+};
+
 }  // namespace xla_kernels
