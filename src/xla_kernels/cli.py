@@ -397,9 +397,9 @@ def async_dispatch_env(async_scheduling: bool, platform: str | None, frontend: s
 
     Measured on 2 H200s, 1b preset, JAX, async scheduling: the tp 2 decode step 4.81 ->
     2.76 ms (the host's dispatch was the limit), tp 1 tokens/s +2.6 %
-    (``benchmarks/results/h200x2/f4be8cb/``). Left alone where it was not shown to help: the
-    synchronous engine waits every step (JAX gained nothing; torchax lost 6-14 %), and
-    torchax with async scheduling was not measured with it.
+    (``benchmarks/results/latest/h200x2/dispatch_variants.md``). Left alone where it was not
+    shown to help: the synchronous engine waits every step (JAX gained nothing; torchax lost
+    6-14 %), and torchax with async scheduling was not measured with it.
 
     Example:
         >>> async_dispatch_env(True, "gpu", "jax", {})

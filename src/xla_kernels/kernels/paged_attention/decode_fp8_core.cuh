@@ -102,7 +102,7 @@ __device__ __forceinline__ void stage_q_fp8(const T* qg, int nh, unsigned char* 
 // values (e4m3x4_to_f16x2 converts both pairs of a 32-bit word in place), where e4m3 -> bf16
 // costs three more instructions per pair (f16 -> 2 x f32 -> bf16x2: 512 of the 1631 loop
 // instructions of a d 128 tile in the SASS; fp8 decode 1.46x -> 1.81x the bf16 kernel at
-// d 256, PERFORMANCE.md). bf16 query rows are staged as f16 times a power of two per row
+// d 256, the design notes). bf16 query rows are staged as f16 times a power of two per row
 // (q_row_scale), exact for every element at least 2^-28 times the row's largest |q|
 // (smaller ones fall into f16's subnormals), and S is scaled back (exactly) before the
 // softmax; P in [0, 1] is rounded to f16 rather than bf16 (3 more bits).

@@ -80,7 +80,7 @@ inline std::string launch_typed(cudaStream_t stream, const Params& p, KernelArgs
   a.cta_tile = kWarps * Core::NW;
   const int64_t pairs = p.num_seqs * p.num_kv_heads * a.chunks;
   // Partitions fill at most kPartitionCtasPerSm CTAs per SM: more resident CTAs add
-  // partials and a reduce kernel without adding bandwidth (PERFORMANCE.md: d 64 at 4 CTAs/SM).
+  // partials and a reduce kernel without adding bandwidth (the design notes: d 64 at 4 CTAs/SM).
   const int64_t slots =
       static_cast<int64_t>(sms) * (ctas_per_sm < kPartitionCtasPerSm ? ctas_per_sm
                                                                      : kPartitionCtasPerSm);

@@ -18,7 +18,7 @@ struct MmaCore {
   // K/V rows unpadded, 16-byte chunks swizzled (swz_chunk): conflict-free ldmatrix, and
   // every row starts on a 128-byte line of shared memory. (Rows padded to D + 8 elements
   // made the cp.async of a row straddle shared-memory lines, and the hardware then asked
-  // L2 for 1.5x the row's sectors; PERFORMANCE.md.)
+  // L2 for 1.5x the row's sectors; the design notes.)
   static constexpr bool kSwizzle = true;
   static constexpr int RS = D;
   static constexpr int QRS = D + 8;            // Q rows in shared memory (padded)

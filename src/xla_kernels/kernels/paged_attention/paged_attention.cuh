@@ -31,7 +31,7 @@
 //    16-byte cp.async, kStages deep, so ~2 tiles per warp are in flight while it computes.
 //    Staged rows are unpadded, their 16-byte chunks XOR-swizzled (swz_chunk), so each row
 //    starts on a 128-byte line of shared memory: a cp.async whose destination straddles
-//    lines is split, and L2 then served 1.5x the sectors (PERFORMANCE.md).
+//    lines is split, and L2 then served 1.5x the sectors (the design notes).
 //    Rows of masked tokens (beyond L, outside the window, invalid block id) are zero-filled
 //    with plain shared stores and never read from global memory.
 //  * Math: bf16/f16 use mma.sync m16n8k16 (f32 accumulate): S = Q K^T with the q heads as the

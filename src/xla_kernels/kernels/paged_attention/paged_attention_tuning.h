@@ -1,5 +1,5 @@
 // paged_attention's tuning decisions, one table: each value with the reason it was chosen
-// (the measurements are in the kernel's design notes). The kernels read these and nothing
+// (the measurements: docs/design/paged_attention.md). The kernels read these and nothing
 // else; a new value is tried by editing it here and running benchmarks/gate.py.
 #pragma once
 

@@ -19,7 +19,7 @@ __device__ __forceinline__ int tile_block(const Args& a, int s, int t0, int lo, 
 // The producer warpgroup (ptid 0..127): tiles 0 .. ntiles - 1 of K and V into the stages,
 // 8 threads per token, so that a warp's cp.async reads 4 whole 128-byte lines (with 2
 // threads per token it read 16 rows of 32 bytes, one sector per L2 request: 7-15 % slower
-// prefill, PERFORMANCE.md). In pass u < N / 16, lanes 8 q .. 8 q + 7 of warp pw copy token
+// prefill, the design notes). In pass u < N / 16, lanes 8 q .. 8 q + 7 of warp pw copy token
 // j = 16 u + 4 pw + q of the tile, chunk `part` = lane % 8 of each 64-column panel (SW128
 // puts chunk c of row j at 16 (c ^ (j % 8)); j % 8 does not depend on u, so the
 // destinations are one offset plus constants). Each token's source offset is computed
@@ -99,7 +99,7 @@ __device__ __forceinline__ void produce_kv(const Args& a, const Work& w, int kvh
 // into the raw ring at unit + 2048 (u kF + f) + 16 ptid (consecutive threads, consecutive
 // 16 bytes), with cp.async (masked tokens are zero-filled, nothing read) kRawUnits - 1
 // units ahead of the unit it converts, so later units' loads are in flight while it
-// converts (a synchronous producer kept one tile's load latency per tile: PERFORMANCE.md).
+// converts (a synchronous producer kept one tile's load latency per tile: the design notes).
 // It converts exactly the chunks it copied, so no barrier is needed among the producer
 // threads (cp.async.wait_group orders a thread's own copies before its reads), each to two
 // 16-byte chunks (exact: e4m3x2_to; K to T, V to f16), stored where produce_kv's copies
@@ -127,7 +127,7 @@ __device__ __forceinline__ void produce_kv_fp8(const Args& a, const Work& w, int
   // rows: a multiple of 8, the same swizzle), so that ptxas keeps two addresses, not 16.
   // With kSwapHalves (8 threads per token), threads of parts 4..7 (the second panel) store
   // their two chunks in the other order, so that a quarter warp's 16-byte stores (one
-  // token's 8 parts) hit 8 different bank groups instead of 4 twice (+3-5 %, PERFORMANCE.md).
+  // token's 8 parts) hit 8 different bank groups instead of 4 twice (+3-5 %, the design notes).
   constexpr bool kSwapHalves = kTpt == 8;
   const int swap = kSwapHalves && part >= 4 ? 1 : 0;
   const uint32_t swap8 = 8u * swap;
