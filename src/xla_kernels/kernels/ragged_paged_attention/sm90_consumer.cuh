@@ -17,7 +17,7 @@ template <typename T, int D, int N, bool kFp8>
 __device__ __forceinline__ void sm90_load_q(
     uint32_t (&qf)[Sm90Config<D, N, kFp8>::kQSmem ? 1 : D / 16][4], const Args& a,
     const Work& w, const TileRows& tr, int kvh, int cw, int wr0, int pr0, uint32_t q_s,
-    int ct, int lane) {
+    int tid, int wgi, int lane) {
   using C = Sm90Config<D, N, kFp8>;
   const T* qg = static_cast<const T*>(a.q);
   if constexpr (C::kQSmem) {
@@ -25,7 +25,7 @@ __device__ __forceinline__ void sm90_load_q(
     // cp.async, all in flight at once (zeros past the tile's rows), then waits once (loads
     // into registers and st.shared waited for a load per two chunks: 3 % slower prefill).
     constexpr int kCpr = D / 8, kRows = 128 / kCpr;  // 16-byte chunks per row; rows per pass
-    const int ch = ct % kCpr;
+    const int ct = tid - 128 * wgi, ch = ct % kCpr;
 #pragma unroll
     for (int r = ct / kCpr; r < 64; r += kRows) {
       const bool valid = wr0 + r < tr.r_end;
@@ -188,8 +188,7 @@ __device__ __forceinline__ void sm90_consume(const Args& a, const Work& w, const
 
   uint32_t qf[C::kQSmem ? 1 : D / 16][4];
   const uint32_t q_s = q_base + cw * C::kQWgBytes;
-  const int ct = tid - 128 * wgi;
-  sm90_load_q<T, D, N, kFp8>(qf, a, w, tr, kvh, cw, wr0, pr0, q_s, ct, lane);
+  sm90_load_q<T, D, N, kFp8>(qf, a, w, tr, kvh, cw, wr0, pr0, q_s, tid, wgi, lane);
 
   const uint64_t kv_desc_k = wg::sw128_desc(kv_s, 16, 1024);
   const uint64_t kv_desc_v = wg::sw128_desc(kv_s, C::kKvPanel, 1024);
@@ -296,7 +295,8 @@ __device__ __forceinline__ void sm90_consume(const Args& a, const Work& w, const
   if (cw == 0) turn_begin();  // consumer 1's last arrival
 
   if (!live) return;
-  sm90_store_output<T, D, N, kFp8>(o, st, a, w, tr, kvh, cw, wr0, pr0, q_s, ct, wwarp, lane);
+  sm90_store_output<T, D, N, kFp8>(o, st, a, w, tr, kvh, cw, wr0, pr0, q_s, tid, wgi, wwarp,
+                                   lane);
 }
 
 }  // namespace xla_kernels::ragged_paged_attention::detail

@@ -16,7 +16,7 @@ template <typename T, int D, int N, bool kFp8>
 __device__ __forceinline__ void sm90_store_output(
     const float (&o)[Sm90Config<D, N, kFp8>::kOH][Sm90Config<D, N, kFp8>::kOW], Sm90Stats st,
     const Args& a, const Work& w, const TileRows& tr, int kvh, int cw, int wr0, int pr0,
-    uint32_t q_s, int ct, int wwarp, int lane) {
+    uint32_t q_s, int tid, int wgi, int wwarp, int lane) {
   using C = Sm90Config<D, N, kFp8>;
   constexpr int OH = C::kOH, OW = C::kOW;
   const int g0 = lane >> 2, tig = lane & 3, pr1 = pr0 + 8;
@@ -50,7 +50,7 @@ __device__ __forceinline__ void sm90_store_output(
     // Thread ct copies chunk ch of rows ct / kCpr + kRows k (the Q staging's mapping); the
     // packed row's (query row, head) advanced by kRows without a division per row.
     constexpr int kCpr = D / 8, kRows = 128 / kCpr;
-    const int ch = ct % kCpr;
+    const int ct = tid - 128 * wgi, ch = ct % kCpr;
     const int step_rows = kRows / a.G, step_heads = kRows % a.G;
     int pr = wr0 + ct / kCpr;
     int64_t row = static_cast<int64_t>(w.start) + pr / a.G;
