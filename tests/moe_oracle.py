@@ -1,4 +1,4 @@
-"""fused_moe's float64 oracle and input makers, shared by tests/test_moe.py and
+"""fused_moe's float64 oracle, shared by tests/test_moe.py and tests/gpu/test_moe_gpu.py.
 tests/gpu/test_moe_gpu.py. Written from the op's documented semantics, apart from the
 kernels and from kernels/moe/reference.py."""
 
@@ -8,8 +8,6 @@ import math
 from typing import Any
 
 import numpy as np
-
-from xla_kernels import dtypes
 
 TOL = {"f32": 1e-5, "bf16": 2e-2, "f16": 4e-3}
 
@@ -67,18 +65,3 @@ def dequantize_f64(q: Any, scale: Any, block_shape: tuple[int, int]) -> np.ndarr
     if bn == 0:
         return q * scale[:, r, 0]
     return q * scale[:, r // bn, c // bk]
-
-
-def make(rng: np.random.Generator, tokens: int, hidden: int, experts: int, inter: int,
-         dtype: str, logits_dtype: str = "f32") -> dict[str, np.ndarray]:
-    """Random inputs whose output has entries of order one."""
-    np_dtype = dtypes.to_numpy(dtype)
-    return {
-        "hidden": rng.standard_normal((tokens, hidden)).astype(np_dtype),
-        "router_logits": (2 * rng.standard_normal((tokens, experts))).astype(
-            dtypes.to_numpy(logits_dtype)),
-        "w13": (rng.standard_normal((experts, 2 * inter, hidden)) / math.sqrt(hidden)
-                ).astype(np_dtype),
-        "w2": (rng.standard_normal((experts, hidden, inter)) * 2 / math.sqrt(inter)
-               ).astype(np_dtype),
-    }

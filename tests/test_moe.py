@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import xla_kernels as xk
-from moe_oracle import TOL, dequantize_f64, make, moe_f64, rel, routing_f64
+from moe_oracle import TOL, dequantize_f64, moe_f64, rel, routing_f64
 from toolchain import requires_nvcc
 from xla_kernels import builder
 from xla_kernels.kernels.moe import (
@@ -25,11 +25,17 @@ from xla_kernels.kernels.moe import (
     route_xla,
     scale_shape,
 )
+from xla_kernels.kernels.moe.testing import make_inputs
 from xla_kernels.kernels.moe.workspace import MAX_EXPERTS, MAX_TOP_K, workspace_sizes
 from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
 from xla_kernels.runtime.library import load_kernel
 
 ARGS = ("hidden", "router_logits", "w13", "w2")
+
+
+def make(rng, tokens, hidden, experts, inter, dtype, logits_dtype="f32"):
+    return make_inputs(rng, tokens=tokens, hidden=hidden, experts=experts, intermediate=inter,
+                       dtype=dtype, logits_dtype=logits_dtype)
 # (tokens, hidden, experts, intermediate, top_k): one token; fewer tokens than top_k and
 # most experts never routed; hidden not a multiple of 8; Mixtral- and Qwen-like ratios.
 SHAPES = [(1, 64, 8, 32, 2), (2, 24, 16, 8, 4), (7, 13, 4, 5, 2), (33, 128, 8, 48, 2),
@@ -349,3 +355,11 @@ def test_cuda_kernel_compiles_for_sm80(op, tmp_path):
     path = builder.build_library(op.name, kernel.resolved_sources(), platform="cuda",
                                  cuda_archs=["80"], cache_dir=tmp_path)
     assert path.exists()
+
+
+def test_experts_no_token_routes_to_are_never_read(rng):
+    x = make_inputs(rng, tokens=6, hidden=16, experts=8, intermediate=8, dtype="bf16",
+                    poison_experts=(1, 4, 5))
+    out = fused_moe(*(x[k] for k in ARGS), top_k=3)
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    assert rel(out, moe_f64(*(x[k] for k in ARGS), top_k=3)) < TOL["bf16"]
