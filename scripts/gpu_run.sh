@@ -141,6 +141,7 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
                          | tee "$out/command_buffers.txt" || status=1 ;;
       flashinfer) python3 benchmarks/flashinfer_decode.py --out "$out" $quick 2>&1 \
                     | tee "$out/flashinfer_decode.txt" || status=1 ;;
+      moe) python3 benchmarks/moe.py --out "$out" 2>&1 | tee "$out/moe.txt" || status=1 ;;
       *) echo "unknown bench step $name"; status=1 ;;
     esac
   done
