@@ -26,6 +26,7 @@ def test_tiny_run_writes_the_table_and_agrees_with_ragged_dot(tmp_path):
     for r in rows:
         assert all(r[f"{p}_ms"] > 0 for p in ("ours", "ragged_dot", "loop")), r
         assert r["err_vs_ragged_dot"] < 2e-2, r
-        assert r["experts_hit"] == (2 if r["tokens"] == 1 else 8)
+        hit = r["experts_hit"]
+        assert hit == 2 if r["tokens"] == 1 else 2 <= hit <= 8, r
     table = (tmp_path / "moe.md").read_text()
     assert "| tiny | bf16 | 1 | 2 |" in table and "Calls that failed" not in table
