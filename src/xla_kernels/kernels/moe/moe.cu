@@ -30,17 +30,30 @@ namespace {
 //   bn: output columns per CTA: 128, or 64 when 128 would give fewer CTAs than SMs (decode
 //       with few experts hit, e.g. Mixtral's down projection at one token: 2 x 32 CTAs);
 //       bm 128 with the gated GEMM takes 64 (two accumulators per output: 128 f32 registers).
-//   stages: 4 for bm 16 (weight streaming wants bytes in flight), 3 otherwise (shared memory).
+//   stages: bm 16 streams weights, and the bytes in flight per SM bound its bandwidth (about
+//       one CTA per SM at decode sizes): as many stages as fit in 140 KB of shared memory
+//       (3 to 8; A100 allows 163 KB per CTA);
+//       3 for bm 64 and 128 (compute bound; their tiles are large).
 struct Tiles {
-  int bm, bn1, bn2, stages;
+  int bm, bn1, bn2;
 };
+
+template <typename T, bool kFp8, bool kGated, int BM, int BN>
+constexpr int Stages() {
+  if constexpr (BM != 16) {
+    return 3;
+  } else {
+    using C = GemmConfig<T, kFp8, kGated, BM, BN, 1>;
+    constexpr int fit = (140 * 1024 - C::kConvBytes) / C::kStageBytes;
+    return fit < 3 ? 3 : fit > 8 ? 8 : fit;
+  }
+}
 
 Tiles ChooseTiles(int64_t pairs, int64_t experts, int64_t inter, int64_t hidden, int sms) {
   const int64_t active = experts < pairs ? experts : pairs;
   const int64_t avg = CeilDiv(pairs, active);
   Tiles t{};
   t.bm = avg <= 16 ? 16 : avg <= 64 ? 64 : 128;
-  t.stages = t.bm == 16 ? 4 : 3;
   const int64_t m_tiles = active * CeilDiv(avg, t.bm);
   auto bn = [&](int64_t n) { return t.bm == 16 && m_tiles * CeilDiv(n, 128) < sms ? 64 : 128; };
   t.bn1 = t.bm == 128 ? 64 : bn(inter);
@@ -58,8 +71,9 @@ int SmCount() {
   return count;
 }
 
-template <typename T, bool kFp8, bool kGated, int BM, int BN, int kStages>
+template <typename T, bool kFp8, bool kGated, int BM, int BN>
 cudaError_t LaunchGemm(cudaStream_t stream, const GemmParams& p, int64_t max_tiles) {
+  constexpr int kStages = Stages<T, kFp8, kGated, BM, BN>();
   using C = GemmConfig<T, kFp8, kGated, BM, BN, kStages>;
   auto kernel = GroupedGemmKernel<T, kFp8, kGated, BM, BN, kStages>;
   // Per launch, as paged_attention does: the attribute belongs to the current device.
@@ -76,13 +90,13 @@ cudaError_t DispatchGemm(cudaStream_t stream, const GemmParams& p, const Tiles& 
                          int64_t pairs, int64_t experts) {
   const int64_t active = experts < pairs ? experts : pairs;
   const int64_t max_tiles = CeilDiv(pairs, t.bm) + active;
-  if (t.bm == 16 && bn == 64) return LaunchGemm<T, kFp8, kGated, 16, 64, 4>(stream, p, max_tiles);
-  if (t.bm == 16) return LaunchGemm<T, kFp8, kGated, 16, 128, 4>(stream, p, max_tiles);
-  if (t.bm == 64) return LaunchGemm<T, kFp8, kGated, 64, 128, 3>(stream, p, max_tiles);
+  if (t.bm == 16 && bn == 64) return LaunchGemm<T, kFp8, kGated, 16, 64>(stream, p, max_tiles);
+  if (t.bm == 16) return LaunchGemm<T, kFp8, kGated, 16, 128>(stream, p, max_tiles);
+  if (t.bm == 64) return LaunchGemm<T, kFp8, kGated, 64, 128>(stream, p, max_tiles);
   if constexpr (kGated) {
-    return LaunchGemm<T, kFp8, kGated, 128, 64, 3>(stream, p, max_tiles);
+    return LaunchGemm<T, kFp8, kGated, 128, 64>(stream, p, max_tiles);
   } else {
-    return LaunchGemm<T, kFp8, kGated, 128, 128, 3>(stream, p, max_tiles);
+    return LaunchGemm<T, kFp8, kGated, 128, 128>(stream, p, max_tiles);
   }
 }
 
