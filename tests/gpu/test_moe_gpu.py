@@ -25,6 +25,7 @@ SHAPES = {
     "odd hidden and intermediate": (9, 13, 4, 20, 2),
     "fp8 element loads": (7, 24, 4, 40, 2),
     "one expert": (5, 64, 1, 32, 1),
+    "per-pair outputs at an odd offset": (3, 64, 4, 5, 1),
     "fewer tokens than top_k": (2, 128, 32, 64, 8),
 }
 

@@ -267,6 +267,10 @@ __global__ void __launch_bounds__(kThreads)
   cuda_mma::cp_async_wait<0>();
 
   T* out = static_cast<T*>(p.out);
+  // Two adjacent columns go out in one 4-byte store when every pair is 4-byte aligned: N
+  // even (row * N + col is even) and `out` itself aligned (the per-pair outputs start
+  // pairs * intermediate elements into the workspace, which may be odd).
+  const bool paired = N % 2 == 0 && reinterpret_cast<uintptr_t>(out) % 4 == 0;
 #pragma unroll
   for (int mi = 0; mi < C::kMi; ++mi) {
 #pragma unroll
@@ -277,18 +281,22 @@ __global__ void __launch_bounds__(kThreads)
       const float weight = kGated ? 1.f : p.topk_weights[p.sorted_pairs[row]];
 #pragma unroll
       for (int ni = 0; ni < C::kNi; ++ni) {
+        const int64_t col = n0 + wn * C::kWarpCols + ni * 8 + 2 * (lane % 4);
+        float v[2];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int64_t col = n0 + wn * C::kWarpCols + ni * 8 + 2 * (lane % 4) + c;
-          if (col >= N) continue;
           const float g = acc[mi][ni][half_row * 2 + c];
-          float v;
           if constexpr (kGated) {
-            v = Activate(p.activation, g) * acc_up[mi][ni][half_row * 2 + c];
+            v[c] = Activate(p.activation, g) * acc_up[mi][ni][half_row * 2 + c];
           } else {
-            v = g * weight;
+            v[c] = g * weight;
           }
-          out[row * N + col] = FromF32<T>(v);
+        }
+        if (paired && col + 1 < N) {
+          *reinterpret_cast<uint32_t*>(out + row * N + col) = cuda_mma::pack2<T>(v[0], v[1]);
+        } else {
+          if (col < N) out[row * N + col] = FromF32<T>(v[0]);
+          if (col + 1 < N) out[row * N + col + 1] = FromF32<T>(v[1]);
         }
       }
     }

@@ -52,9 +52,10 @@ def sanitize_cases(platform: str = "gpu") -> None:
     rng = np.random.default_rng(0)
     device = jax.devices(platform)[0]
     # (tokens, hidden, experts, intermediate, top_k): bm 16 / bn 64, bm 16 / bn 128, bm 64,
-    # bm 128, odd hidden and intermediate, one expert.
+    # bm 128, odd hidden and intermediate, one expert, per-pair outputs at an odd offset
+    # (pairs * intermediate odd: unpaired stores).
     shapes = [(1, 256, 8, 128, 2), (16, 256, 128, 256, 8), (128, 128, 8, 64, 2),
-              (300, 64, 8, 32, 2), (5, 13, 4, 20, 2), (3, 24, 1, 8, 1)]
+              (300, 64, 8, 32, 2), (5, 13, 4, 20, 2), (3, 24, 1, 8, 1), (3, 64, 4, 5, 1)]
     for tokens, hidden, experts, inter, top_k in shapes:
         for dtype in ("bf16", "f16"):
             x = make_inputs(rng, tokens=tokens, hidden=hidden, experts=experts,
