@@ -296,6 +296,27 @@ def test_torch_eager_operator_matches_float64(rng):
     assert rel(out.float().numpy(), want) < TOL["bf16"]
 
 
+def opcheck_and_compile_checks() -> None:
+    import torch
+
+    from xla_kernels.frontends.torch import torch_op
+
+    op = torch_op(fused_moe)
+    x = make_inputs(np.random.default_rng(0), tokens=5, hidden=16, experts=4, intermediate=8,
+                    dtype="f32")
+    args = tuple(torch.from_numpy(x[k]) for k in ARGS)
+    torch.library.opcheck(op, args, {"top_k": 2})
+    compiled = torch.compile(lambda *a: op(*a, top_k=2).sin(), fullgraph=True,
+                             backend="aot_eager")
+    torch.testing.assert_close(compiled(*args), op(*args, top_k=2).sin())
+
+
+def test_torch_opcheck_and_compile():
+    from test_torch_frontend import in_fresh_python
+
+    in_fresh_python("opcheck_and_compile_checks", module="test_moe")
+
+
 def test_torchax_lowers_to_the_op(rng):
     import torch
 
