@@ -335,6 +335,20 @@ def test_torchax_lowers_to_the_op(rng):
     assert rel(got, moe_f64(*(x[k] for k in ARGS), top_k=2)) < TOL["f32"]
 
 
+def test_export_with_a_symbolic_token_count_runs_at_every_size(rng):
+    import jax.numpy as jnp
+
+    x = make(rng, 7, 16, 4, 8, "f32")
+    (t,) = jax.export.symbolic_shape("t")
+    program = xk.deserialize(xk.serialize(xk.export(
+        lambda h, r, a, b: fused_moe(h, r, a, b, top_k=2),
+        jax.ShapeDtypeStruct((t, 16), jnp.float32), jax.ShapeDtypeStruct((t, 4), jnp.float32),
+        x["w13"], x["w2"], platforms=["cpu"])))
+    for tokens in (1, 7):
+        args = [x["hidden"][:tokens], x["router_logits"][:tokens], x["w13"], x["w2"]]
+        assert rel(program.call(*args), moe_f64(*args, top_k=2)) < TOL["f32"]
+
+
 SHARDED = textwrap.dedent("""
     import os
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"

@@ -57,7 +57,7 @@ Example:
 from __future__ import annotations
 
 from xla_kernels.attrs import Attr
-from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
+from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor, is_symbolic
 
 from .reference import ACTIVATIONS, dequantize, fp8_quantize, fused_moe_ragged_dot, fused_moe_xla
 from .reference import route as route_xla
@@ -97,7 +97,7 @@ def _check_common(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, top_k:
         raise Invalid("top_k", f"must be in 1 .. {min(experts, MAX_TOP_K)} for {experts} "
                       f"experts, got {int(top_k)}",
                       f"route each token to between 1 and min(experts, {MAX_TOP_K}) experts")
-    if tokens * int(top_k) > MAX_PAIRS:
+    if not is_symbolic(tokens) and tokens * int(top_k) > MAX_PAIRS:
         raise Invalid("hidden", f"tokens * top_k = {tokens * int(top_k)} is above {MAX_PAIRS}",
                       "split the tokens into several calls")
     if activation not in ACTIVATIONS:

@@ -23,20 +23,22 @@ constexpr int64_t kMinTileRows = 16;
 
 // The int32 workspace, in order: topk_ids [pairs], sorted_pairs [pairs] (pair t * top_k + j
 // of each row, rows grouped by expert), row_of_pair [pairs], expert_offsets [experts + 1],
-// tiles [2 * max_tiles] ((expert, first row) per tile), tile_count [1].
+// tiles [2 * max_tiles] ((expert, first row) per tile), tile_count [1]. Tiles of at least
+// kMinTileRows rows of one expert: at most one partial tile per expert. The formulas use no
+// comparison (a symbolic token count exports) and are at least 1 (XLA allocates no empty
+// operand).
 inline int64_t MaxTiles(int64_t pairs, int64_t experts) {
-  return (pairs + kMinTileRows - 1) / kMinTileRows + (experts < pairs ? experts : pairs);
+  return (pairs + kMinTileRows - 1) / kMinTileRows + experts;
 }
 inline int64_t WorkspaceI32(int64_t pairs, int64_t experts) {
   return 3 * pairs + (experts + 1) + 2 * MaxTiles(pairs, experts) + 1;
 }
 // The f32 workspace: topk_weights [pairs].
-inline int64_t WorkspaceF32(int64_t pairs) { return pairs > 0 ? pairs : 1; }
+inline int64_t WorkspaceF32(int64_t pairs) { return pairs + 1; }
 // The workspace in hidden's dtype: the activation rows [pairs, intermediate] (sorted order),
 // then each row's weighted second-GEMM output [pairs, hidden].
 inline int64_t WorkspaceAct(int64_t pairs, int64_t intermediate, int64_t hidden) {
-  const int64_t n = pairs * (intermediate + hidden);
-  return n > 0 ? n : 1;
+  return pairs * (intermediate + hidden) + 1;
 }
 
 XK_HOST_DEVICE inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -9,11 +9,12 @@ kernels keep the routing, the sort, the activations and the per-pair outputs the
 * hidden's dtype: the activation rows ``[pairs, intermediate]`` and each pair's weighted
   output ``[pairs, hidden]``.
 
-``pairs = tokens * top_k``. Each size is at least 1 (XLA allocates no empty operand).
+``pairs = tokens * top_k``. Each size is at least 1 (XLA allocates no empty operand) and
+computed without comparisons, so that a symbolic token count (``xk.export``) goes through.
 
 Example:
     >>> workspace_sizes(tokens=4, experts=8, top_k=2, intermediate=16, hidden=32)
-    (52, 8, 384)
+    (52, 9, 385)
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ MIN_TILE_ROWS: int = LIMITS["kMinTileRows"]  # type: ignore[assignment]
 
 
 def max_tiles(pairs: int, experts: int) -> int:
-    """Tiles of at most MIN_TILE_ROWS rows of one expert that ``pairs`` rows can need."""
-    return -(-pairs // MIN_TILE_ROWS) + min(experts, pairs)
+    """Tiles of at most MIN_TILE_ROWS rows of one expert that ``pairs`` rows can need (at
+    most one partial tile per expert)."""
+    return -(-pairs // MIN_TILE_ROWS) + experts
 
 
 def workspace_sizes(tokens: int, experts: int, top_k: int, intermediate: int,
@@ -40,4 +42,4 @@ def workspace_sizes(tokens: int, experts: int, top_k: int, intermediate: int,
     """Elements of the (int32, float32, hidden-dtype) workspaces of one call."""
     pairs = tokens * top_k
     i32 = 3 * pairs + experts + 1 + 2 * max_tiles(pairs, experts) + 1
-    return i32, max(pairs, 1), max(pairs * (intermediate + hidden), 1)
+    return i32, pairs + 1, pairs * (intermediate + hidden) + 1
