@@ -92,19 +92,20 @@ def weights(model: str, fp8: bool) -> dict[str, Any]:
     return {"w13": q13, "w2": q2, "w13_scale": s13, "w2_scale": s2}
 
 
-def layer(peer: str, w: dict[str, Any], top_k: int) -> Any:
-    """The jitted layer of one implementation: (hidden, router_logits) -> out."""
-    fp8 = "w13_scale" in w
-    scales = {"w13_scale": w["w13_scale"], "w2_scale": w["w2_scale"],
-              "block_shape": BLOCK} if fp8 else {}
+def layer(peer: str, fp8: bool, top_k: int) -> Any:
+    """The jitted layer of one implementation: (hidden, router_logits, *weights) -> out. The
+    weights are arguments, not closed-over constants (they must not be baked into the
+    program)."""
     if peer == "ours":
         if fp8:
-            return jax.jit(lambda x, r: fused_moe_fp8(x, r, w["w13"], w["w2"], w["w13_scale"],
-                                                      w["w2_scale"], top_k=top_k,
-                                                      block_shape=BLOCK))
-        return jax.jit(lambda x, r: fused_moe(x, r, w["w13"], w["w2"], top_k=top_k))
+            return jax.jit(lambda x, r, a, b, sa, sb: fused_moe_fp8(
+                x, r, a, b, sa, sb, top_k=top_k, block_shape=BLOCK))
+        return jax.jit(lambda x, r, a, b: fused_moe(x, r, a, b, top_k=top_k))
     fn = fused_moe_ragged_dot if peer == "ragged_dot" else fused_moe_xla
-    return jax.jit(lambda x, r: fn(x, r, w["w13"], w["w2"], top_k=top_k, **scales))
+    if fp8:
+        return jax.jit(lambda x, r, a, b, sa, sb: fn(x, r, a, b, top_k=top_k, w13_scale=sa,
+                                                     w2_scale=sb, block_shape=BLOCK))
+    return jax.jit(lambda x, r, a, b: fn(x, r, a, b, top_k=top_k))
 
 
 def measure(model: str, tokens: int, w: dict[str, Any], peers: tuple[str, ...],
@@ -122,11 +123,12 @@ def measure(model: str, tokens: int, w: dict[str, Any], peers: tuple[str, ...],
                            "tokens": tokens, "experts_hit": hit,
                            "routed_gb": routed_bytes / 1e9, "tflop": flops / 1e12}
     outs = {}
+    args = (x, logits, *(w[k] for k in ("w13", "w2", "w13_scale", "w2_scale") if k in w))
     for peer in peers:
         try:
-            fn = layer(peer, w, top_k)
-            outs[peer] = np.asarray(fn(x, logits), np.float32)
-            row[f"{peer}_ms"] = 1e3 * budgeted_seconds(fn, (x, logits), budget)
+            fn = layer(peer, fp8, top_k)
+            outs[peer] = np.asarray(fn(*args), np.float32)
+            row[f"{peer}_ms"] = 1e3 * budgeted_seconds(fn, args, budget)
         except Exception as e:  # recorded (out of memory, an unsupported lowering)
             row[f"{peer}_ms"] = None
             row[f"{peer}_error"] = str(e).splitlines()[0][:200]
