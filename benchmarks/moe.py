@@ -20,7 +20,7 @@ the time as a share of the card's HBM bandwidth (H100 SXM 3.35 TB/s, H200 4.8 TB
 the routed FLOPs (2 * tokens * top_k * 3 * hidden * intermediate) per second as a share of
 989 TF/s dense bf16. ``err`` is ours against ragged_dot (relative norm).
 
-Writes ``moe.json`` and ``moe.md`` to ``--out``.
+Writes ``moe.json`` and ``moe.md`` to ``--out``, again after every row.
 
 Example:
     $ python benchmarks/moe.py --out benchmarks/results/latest/h100
@@ -194,19 +194,23 @@ def main() -> None:
     device = device_description()
     bw = hbm_tbs(device["device"])
     start = time.perf_counter()
-    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+
+    def write() -> None:  # after every row: a run cut short keeps what it measured
+        result = {"device": device, "hbm_tbs": bw, "peak_tflops": PEAK_TFLOPS, "rows": rows,
+                  "seconds": time.perf_counter() - start}
+        (args.out / "moe.json").write_text(json.dumps(result, indent=1))
+        (args.out / "moe.md").write_text(markdown(rows, device, peers))
+
     for model in args.models:
         for kind in args.weights:
             w = weights(model, kind == "fp8")
-            rows += [measure(model, t, w, peers, args.budget, bw) for t in args.tokens]
+            for t in args.tokens:
+                rows.append(measure(model, t, w, peers, args.budget, bw))
+                write()
             del w
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = {"device": device, "hbm_tbs": bw, "peak_tflops": PEAK_TFLOPS, "rows": rows,
-              "seconds": time.perf_counter() - start}
-    (args.out / "moe.json").write_text(json.dumps(result, indent=1))
-    (args.out / "moe.md").write_text(markdown(rows, device, peers))
     print(markdown(rows, device, peers))
-
 
 if __name__ == "__main__":
     main()
