@@ -1,8 +1,9 @@
 """fused_moe's CUDA kernels against the float64 oracle and the CPU kernel: every tile
-configuration the host picks (decode: 16-row tiles with 64 or 128 columns; 64- and 128-row
-prefill tiles), odd sizes (element-wise loads), one expert, no tokens, experts never routed
-(their weights NaN), fp8 per-channel and block scales, torch eager on CUDA with NaN left in
-the allocator, and the compute-sanitizer cases."""
+configuration the host picks for bf16/f16 (decode: 16-row tiles with 64 or 128 columns; 64-
+and 128-row prefill tiles) and the f32 CUDA-core path, odd sizes (element-wise loads), one
+expert, no tokens, experts never routed (their weights NaN), fp8 per-channel and block
+scales, torch eager on CUDA with NaN left in the allocator, and the compute-sanitizer
+cases."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def gpu(x):
     return [jax.device_put(a, jax.devices("gpu")[0]) for a in x]
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_cuda_matches_float64(rng, dtype, name):
     tokens, hidden, experts, inter, top_k = SHAPES[name]
@@ -73,7 +74,7 @@ def test_no_tokens(rng):
     assert fused_moe(*gpu([x[k] for k in ARGS]), top_k=2).shape == (0, 64)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("block_shape", [(0, 0), (128, 128)])
 @pytest.mark.parametrize("name", ["decode bm16 bn64", "decode qwen-like bm16 bn128", "bm64",
                                   "prefill bm128", "fp8 element loads"])
@@ -88,12 +89,6 @@ def test_cuda_fp8_matches_float64_on_the_dequantized_weights(rng, dtype, block_s
     got = fused_moe_fp8(*gpu([x["hidden"], x["router_logits"], q13, q2, s13, s2]),
                         top_k=top_k, block_shape=block_shape)
     assert rel(got, want) < TOL[dtype]
-
-
-def test_f32_is_refused_on_cuda_with_the_fix(rng):
-    x = make_inputs(rng, tokens=2, hidden=16, experts=4, intermediate=8, dtype="f32")
-    with pytest.raises(Exception, match=r"argument 'hidden': f32 runs on the CPU only.*Fix:"):
-        jax.block_until_ready(fused_moe(*gpu([x[k] for k in ARGS]), top_k=2))
 
 
 def test_torch_eager_cuda_with_poisoned_memory(rng):

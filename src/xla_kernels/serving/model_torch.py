@@ -167,7 +167,7 @@ class MoE(nn.Module):
 
         logits = self.gate(x)
         w13, w2 = self.experts.w13_weight, self.experts.w2_weight
-        if kernel_runs(self.attention, _interop().jax_view(x).dtype):
+        if kernel_runs(self.attention):
             return torch.ops.xla_kernels.fused_moe(x, logits, w13, w2, top_k=self.top_k)
         return _interop().call_jax(self._xla, x, logits, w13, w2)
 

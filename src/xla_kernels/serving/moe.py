@@ -1,8 +1,7 @@
 """The serving models' mixture-of-experts layer (presets with ``num_experts > 0``), for both
 frontends: the router's logits, then ``fused_moe`` (``--attention xla-kernels``: the library's
 custom calls) or its plain-XLA fallback ``fused_moe_xla`` (``--attention plain-xla``, and the
-dense reference). The CUDA kernel takes bf16 and f16: a float32 model on a GPU (the
-float32 check of a bf16 run) uses the fallback there.
+dense reference).
 
 Example:
     >>> import jax.numpy as jnp
@@ -22,15 +21,9 @@ from typing import Any
 from xla_kernels.serving.config import ModelConfig
 
 
-def kernel_runs(implementation: str, dtype: Any) -> bool:
-    """Whether ``fused_moe``'s kernel computes the layer: asked for, and a dtype the current
-    backend's kernel takes (the CPU kernel takes float32 too)."""
-    import jax
-    import jax.numpy as jnp
-
-    if implementation != "xla-kernels":
-        return False
-    return jnp.dtype(dtype) != jnp.float32 or jax.default_backend() == "cpu"
+def kernel_runs(implementation: str) -> bool:
+    """Whether ``fused_moe``'s kernel computes the layer (``--attention xla-kernels``)."""
+    return implementation == "xla-kernels"
 
 
 def moe(implementation: str, config: ModelConfig, x: Any, router: Any, w13: Any,
@@ -41,7 +34,7 @@ def moe(implementation: str, config: ModelConfig, x: Any, router: Any, w13: Any,
 
     rows = x.reshape(-1, x.shape[-1])
     logits = rows @ router.T
-    fn = fused_moe if kernel_runs(implementation, x.dtype) else fused_moe_xla
+    fn = fused_moe if kernel_runs(implementation) else fused_moe_xla
     return fn(rows, logits, w13, w2, top_k=config.experts_per_token).reshape(x.shape)
 
 

@@ -21,7 +21,8 @@ weight layout::
   vLLM also rounds the gate/up rows to the dtype before the activation and each expert's
   weighted output before the sum; here they stay f32 (the CUDA kernel rounds the weighted
   outputs to the dtype, as vLLM does, and sums in f32).
-* dtypes: bf16, f16, f32 (f32 on the CPU only); w13/w2 in hidden's dtype.
+* dtypes: bf16, f16, f32; w13/w2 in hidden's dtype. On CUDA, f32 runs on CUDA cores
+  without tiling (for float32 checks, not for speed).
 * ``fused_moe_fp8``: weight-only fp8. ``w13``/``w2`` are ``f8e4m3fn`` with f32 scales, the
   weights being the stored values times their scale (vLLM's dequantization):
   ``block_shape=(0, 0)``: one scale per output channel, ``w13_scale`` [experts,
@@ -29,7 +30,7 @@ weight layout::
   (DeepSeek's 128x128): one scale per block of bn output rows x bk input columns,
   ``w13_scale`` [experts, ceil(2 * intermediate / bn), ceil(hidden / bk)], ``w2_scale``
   [experts, ceil(hidden / bn), ceil(intermediate / bk)]. Activations stay in hidden's dtype
-  (bf16 or f16 on CUDA); the CUDA kernel rounds each dequantized weight to that dtype.
+  the CUDA kernel rounds each dequantized bf16/f16 weight to that dtype.
 * Limits (``moe_limits.h``): experts <= 1024, top_k <= min(32, experts).
 
 Kernels: CPU (``moe_cpu.cc``: the experts one after the other, each over its routed tokens)
@@ -66,7 +67,6 @@ from .workspace import MAX_EXPERTS, MAX_PAIRS, MAX_TOP_K, workspace_sizes
 DTYPES = ("bf16", "f16", "f32")
 LOGIT_DTYPES = ("f32", "bf16", "f16")
 FP8 = "f8e4m3fn"
-_CUDA_DTYPES = ("bf16", "f16", "f32", FP8)
 
 
 def _check_common(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, top_k: int,
@@ -186,7 +186,7 @@ fused_moe = Op(
     output_names=_OUTPUT_NAMES,
     sharding_rule=_sharding_rule,
     kernels={"cpu": Kernel(["moe_cpu.cc"], handler="XkFusedMoeCpu"),
-             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeCuda", dtypes=_CUDA_DTYPES)},
+             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeCuda")},
     doc=__doc__ or "",
 )
 
@@ -204,7 +204,7 @@ fused_moe_fp8 = Op(
     output_names=_OUTPUT_NAMES,
     sharding_rule=_sharding_rule,
     kernels={"cpu": Kernel(["moe_cpu.cc"], handler="XkFusedMoeFp8Cpu"),
-             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeFp8Cuda", dtypes=_CUDA_DTYPES)},
+             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeFp8Cuda")},
     doc="fused_moe with fp8 e4m3 weights and their f32 scales (see fused_moe).",
 )
 

@@ -4,12 +4,14 @@
 // Handlers XkFusedMoeCuda and XkFusedMoeFp8Cuda: decode and validate (moe_ffi.h, shared with
 // the CPU handlers), pick the tiles (the table below), then five launches on XLA's stream:
 // routing, the sort by expert, GEMM1 + activation, GEMM2 + routing weight, the per-token sum.
+// bf16/f16 run the tensor-core GEMMs of moe_gemm.cuh; f32 runs SimtGemmKernel (CUDA cores).
 // Command-buffer (CUDA graph) compatible: which tiles exist is decided on the device.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "moe_ffi.h"
 #include "moe_gemm.cuh"
@@ -100,6 +102,16 @@ cudaError_t DispatchGemm(cudaStream_t stream, const GemmParams& p, const Tiles& 
   }
 }
 
+template <bool kFp8, bool kGated>
+cudaError_t LaunchSimt(cudaStream_t stream, const GemmParams& p, int64_t pairs,
+                       int64_t experts) {
+  const int64_t active = experts < pairs ? experts : pairs;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(pairs, kSimtRows) + active),
+                  static_cast<unsigned>(CeilDiv(p.N, kSimtThreads)));
+  SimtGemmKernel<kFp8, kGated><<<grid, kSimtThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 template <typename L>
 void LaunchRoute(cudaStream_t stream, const Shape& s, const void* logits, int32_t* ids,
                  float* weights) {
@@ -134,7 +146,9 @@ cudaError_t Run(cudaStream_t stream, const Shape& s, const void* hidden, const v
     case ffi::DataType::F16: LaunchRoute<__half>(stream, s, logits, ids, topk_weights); break;
     default: LaunchRoute<float>(stream, s, logits, ids, topk_weights); break;
   }
-  const Tiles t = ChooseTiles(P, E, s.inter, s.hidden, SmCount());
+  constexpr bool kSimt = std::is_same_v<T, float>;
+  const Tiles t = kSimt ? Tiles{kSimtRows, kSimtThreads, kSimtThreads}
+                        : ChooseTiles(P, E, s.inter, s.hidden, SmCount());
   SortKernel<<<1, kSortThreads, 0, stream>>>(ids, static_cast<int>(P), static_cast<int>(E),
                                              t.bm, sorted_pairs, row_of_pair, offsets, tiles,
                                              tile_count);
@@ -162,7 +176,11 @@ cudaError_t Run(cudaStream_t stream, const Shape& s, const void* hidden, const v
   g1.N = s.inter;
   g1.a_async = s.hidden * 2 % 16 == 0 && Aligned16(hidden);
   g1.w_async = s.hidden * kWBytes % 16 == 0 && Aligned16(w13);
-  err = DispatchGemm<T, kFp8, true>(stream, g1, t, t.bn1, P, E);
+  if constexpr (kSimt) {
+    err = LaunchSimt<kFp8, true>(stream, g1, P, E);
+  } else {
+    err = DispatchGemm<T, kFp8, true>(stream, g1, t, t.bn1, P, E);
+  }
   if (err != cudaSuccess) return err;
 
   GemmParams g2 = g;
@@ -174,7 +192,11 @@ cudaError_t Run(cudaStream_t stream, const Shape& s, const void* hidden, const v
   g2.N = s.hidden;
   g2.a_async = s.inter * 2 % 16 == 0 && Aligned16(act);
   g2.w_async = s.inter * kWBytes % 16 == 0 && Aligned16(w2);
-  err = DispatchGemm<T, kFp8, false>(stream, g2, t, t.bn2, P, E);
+  if constexpr (kSimt) {
+    err = LaunchSimt<kFp8, false>(stream, g2, P, E);
+  } else {
+    err = DispatchGemm<T, kFp8, false>(stream, g2, t, t.bn2, P, E);
+  }
   if (err != cudaSuccess) return err;
 
   const dim3 grid(static_cast<unsigned>(s.tokens),
@@ -189,28 +211,32 @@ ffi::Error Execute(cudaStream_t stream, const char* op, const Shape& s, const vo
                    const float* w2_scale, ffi::Result<ffi::AnyBuffer>& out,
                    ffi::Result<ffi::AnyBuffer>& ws_i32, ffi::Result<ffi::AnyBuffer>& ws_f32,
                    ffi::Result<ffi::AnyBuffer>& ws_act) {
-  if (s.dtype != ffi::DataType::BF16 && s.dtype != ffi::DataType::F16)
-    return InvalidArgument(op, "hidden", "f32 runs on the CPU only",
-                           "cast hidden and the weights to bf16 or f16 on CUDA");
   if (CeilDiv(s.hidden, 64) > 65535 || CeilDiv(s.inter, 64) > 65535 || s.tokens > 0x7fffffff)
     return InvalidArgument(op, "hidden", "too large for one launch", "split the call");
   if (s.pairs == 0) return ffi::Error::Success();
   auto* i32 = static_cast<int32_t*>(ws_i32->untyped_data());
   auto* f32 = static_cast<float*>(ws_f32->untyped_data());
   cudaError_t err;
-  const bool bf16 = s.dtype == ffi::DataType::BF16;
-  if (s.fp8) {
-    err = bf16 ? Run<__nv_bfloat16, true>(stream, s, hidden, logits, w13, w2, w13_scale,
-                                          w2_scale, out->untyped_data(), i32, f32,
-                                          ws_act->untyped_data())
-               : Run<__half, true>(stream, s, hidden, logits, w13, w2, w13_scale, w2_scale,
-                                   out->untyped_data(), i32, f32, ws_act->untyped_data());
-  } else {
-    err = bf16 ? Run<__nv_bfloat16, false>(stream, s, hidden, logits, w13, w2, nullptr, nullptr,
-                                           out->untyped_data(), i32, f32,
-                                           ws_act->untyped_data())
-               : Run<__half, false>(stream, s, hidden, logits, w13, w2, nullptr, nullptr,
-                                    out->untyped_data(), i32, f32, ws_act->untyped_data());
+  void* o = out->untyped_data();
+  void* act = ws_act->untyped_data();
+  switch (s.dtype) {
+    case ffi::DataType::BF16:
+      err = s.fp8 ? Run<__nv_bfloat16, true>(stream, s, hidden, logits, w13, w2, w13_scale,
+                                             w2_scale, o, i32, f32, act)
+                  : Run<__nv_bfloat16, false>(stream, s, hidden, logits, w13, w2, nullptr,
+                                              nullptr, o, i32, f32, act);
+      break;
+    case ffi::DataType::F16:
+      err = s.fp8 ? Run<__half, true>(stream, s, hidden, logits, w13, w2, w13_scale, w2_scale,
+                                      o, i32, f32, act)
+                  : Run<__half, false>(stream, s, hidden, logits, w13, w2, nullptr, nullptr, o,
+                                       i32, f32, act);
+      break;
+    default:  // f32 (Decode accepts f32, bf16 and f16 only)
+      err = s.fp8 ? Run<float, true>(stream, s, hidden, logits, w13, w2, w13_scale, w2_scale, o,
+                                     i32, f32, act)
+                  : Run<float, false>(stream, s, hidden, logits, w13, w2, nullptr, nullptr, o,
+                                      i32, f32, act);
   }
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string(op) + ": launch failed: " + cudaGetErrorString(err));

@@ -27,6 +27,8 @@ __device__ __forceinline__ float ToF32(__nv_bfloat16 x) { return __bfloat162floa
 template <typename T>
 __device__ __forceinline__ T FromF32(float x);
 template <>
+__device__ __forceinline__ float FromF32<float>(float x) { return x; }
+template <>
 __device__ __forceinline__ __half FromF32<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromF32<__nv_bfloat16>(float x) {

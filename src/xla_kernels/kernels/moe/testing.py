@@ -57,7 +57,7 @@ def sanitize_cases(platform: str = "gpu") -> None:
     shapes = [(1, 256, 8, 128, 2), (16, 256, 128, 256, 8), (128, 128, 8, 64, 2),
               (300, 64, 8, 32, 2), (5, 13, 4, 20, 2), (3, 24, 1, 8, 1), (3, 64, 4, 5, 1)]
     for tokens, hidden, experts, inter, top_k in shapes:
-        for dtype in ("bf16", "f16"):
+        for dtype in ("bf16", "f16", "f32"):
             x = make_inputs(rng, tokens=tokens, hidden=hidden, experts=experts,
                             intermediate=inter, dtype=dtype)
             args = [jax.device_put(x[k], device) for k in ARGS]
