@@ -35,7 +35,7 @@ config. Without a GPU (or with ``--smoke``) it runs two tiny configs (on the CPU
 timed with ``time.perf_counter``), which checks the script itself.
 
 Example:
-    $ python benchmarks/flashinfer_decode.py --out benchmarks/results/h100
+    $ python benchmarks/flashinfer_decode.py --out benchmarks/results/latest/h100
     $ python benchmarks/flashinfer_decode.py --out /tmp/fi --smoke
 """
 

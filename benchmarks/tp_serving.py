@@ -28,7 +28,7 @@ markdown. Exit code 0, unless a JSON is there but unreadable (then 1, after writ
 rest).
 
 Example:
-    $ python benchmarks/tp_serving.py --out benchmarks/results/h200x2
+    $ python benchmarks/tp_serving.py --out benchmarks/results/latest/h200x2
     $ python benchmarks/tp_serving.py --dir /tmp/tp-runs --out /tmp/tp-report --n 2
 """
 

@@ -21,7 +21,8 @@
 # outlasts one call on one GPU, e.g. GPU_TESTS_K="wgmma or fp8"; the tests are dealt over
 # every visible GPU, one pytest process each, unless GPU_SHARDS says how many),
 # SERVE_STEPS (names of the serve runs below, in order), BENCH_STEPS (names of the benchmarks below, in order: BENCH_STEPS=paged
-# runs only the paged-attention peers matrix), TP_STEPS (names of the tp runs below, in
+# runs only the paged-attention peers matrix; BENCH_STEPS=sampling, named only, runs
+# benchmarks/sampling.py: sample vs FlashInfer's sampling), TP_STEPS (names of the tp runs below, in
 # order; default: attention 1b_tp1_jax 1b_tp2_jax 1b_tp1_torchax 1b_tp2_torchax compare;
 # 1b_tp2_jax_checked, the --tp 2 run with the f32 token-for-token check, and
 # 1b_tp1_jax_async / 1b_tp2_jax_async (--async-scheduling) only when named, e.g.
@@ -141,6 +142,8 @@ if [ "$mode" = bench ] || [ "$mode" = all ]; then
                          | tee "$out/command_buffers.txt" || status=1 ;;
       flashinfer) python3 benchmarks/flashinfer_decode.py --out "$out" $quick 2>&1 \
                     | tee "$out/flashinfer_decode.txt" || status=1 ;;
+      sampling) python3 benchmarks/sampling.py --out "$out" 2>&1 \
+                  | tee "$out/sampling.txt" || status=1 ;;
       moe) python3 benchmarks/moe.py --out "$out" 2>&1 | tee "$out/moe.txt" || status=1 ;;
       *) echo "unknown bench step $name"; status=1 ;;
     esac

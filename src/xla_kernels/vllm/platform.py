@@ -4,10 +4,9 @@ vLLM asks every ``vllm.platform_plugins`` entry point which platform to run, and
 out-of-tree answer wins over its built-in detection. :func:`detect` answers
 :class:`XlaKernelsPlatform` unless the machine has a TPU (then tpu-inference's own platform
 runs, untouched) or ``XLA_KERNELS_VLLM=0``. The platform is tpu-inference's ``TpuPlatform``
-(the same runner, model loaders and JAX/torchax model paths) with three changes: the attention
-backend defaults to xla-kernels' (``--attention-backend xla_kernels``), the patches in
-:mod:`xla_kernels.vllm.patches` are applied (TPU-only assumptions), and a page size that our
-ops cannot split is refused early.
+(the same runner, model loaders and JAX/torchax model paths) with two changes: the patches in
+:mod:`xla_kernels.vllm.patches` are applied (TPU-only assumptions, and the default attention
+backend runs xla-kernels' ops), and a page size that our ops cannot split is refused early.
 """
 
 from __future__ import annotations
@@ -52,18 +51,14 @@ _registered = False
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point (``xla_kernels.vllm:register``); vLLM may call it
-    more than once per process."""
+    """``vllm.general_plugins`` entry point (``xla_kernels.vllm:register``): applies
+    :mod:`xla_kernels.vllm.patches`. vLLM runs it in every process it starts (the API
+    server, a spawned EngineCore, workers), and may run it more than once per process."""
     global _registered
     if _registered or not active():
         return
-    from tpu_inference.layers.common.attention_backend import register_attention_backend
-
     from . import patches
-    from .backend import NAME, VLLM_BACKEND_PATH, XlaKernelsAttentionBackend
 
-    register_attention_backend(NAME, attention=XlaKernelsAttentionBackend,
-                               vllm_backend=VLLM_BACKEND_PATH)
     patches.apply_all()
     _registered = True
 
@@ -83,7 +78,6 @@ def _platform_class():
         @classmethod
         def check_and_update_config(cls, vllm_config) -> None:
             register()
-            _select_backend(vllm_config)
             super().check_and_update_config(vllm_config)
             from .attention import sub_block_size
 
@@ -91,19 +85,6 @@ def _platform_class():
 
     XlaKernelsPlatform.__module__ = __name__
     return XlaKernelsPlatform
-
-
-def _select_backend(vllm_config) -> None:
-    """Make xla-kernels' backend the default: as if ``--attention-backend xla_kernels`` was
-    given, unless the user named another backend that tpu-inference registered."""
-    from tpu_inference.layers.common.attention_backend import is_registered_attention_backend
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    from .backend import NAME
-
-    config = vllm_config.attention_config
-    if not is_registered_attention_backend(config.backend):
-        config.backend = AttentionBackendEnum[NAME.upper()]
 
 
 def __getattr__(name: str):
