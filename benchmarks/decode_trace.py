@@ -258,7 +258,7 @@ def main() -> None:
 
     pa = load_script(Path(__file__).with_name("paged_attention.py"))
     results = {"device": device_description(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-               "pdl": os.environ.get("XLA_KERNELS_PDL", "1"), "configs": []}
+               "configs": []}
     for text in args.configs:
         shape, *heads = text.split("/")
         seqs, context = (int(x) for x in shape.split("x"))

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
+from .. import env as environment
 from ..errors import BuildError, CompilerNotFoundError
 from .cache import (
     check_entry,
@@ -71,10 +72,6 @@ __all__ = [
 
 Platform = Literal["cpu", "cuda"]
 
-#: Environment variables the compilers read that change what they produce; part of the key.
-_ENV_AFFECTING_BUILDS = (
-    "CPATH", "CPLUS_INCLUDE_PATH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN",
-)
 
 
 def ffi_include_dir() -> Path:
@@ -291,7 +288,7 @@ def build_library(
             archs = arch_specific_archs(archs)
         gencode = gencode_flags(archs, ptx=origin == "fallback")
         target = ", " + ", ".join(f"sm_{a}" for a in archs) + (" + PTX" * (origin == "fallback"))
-    env = [f"{k}={os.environ[k]}" for k in _ENV_AFFECTING_BUILDS if k in os.environ]
+    env = environment.build_env()
     requested = [] if cuda_archs is None else [str(cuda_archs)]
     key = compute_key(
         fields={"name": [name], "platform": [platform], "flags": flags,

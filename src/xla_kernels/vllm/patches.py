@@ -133,9 +133,9 @@ def device_memory_limit(upstream):
     is host memory, and vLLM takes ``gpu_memory_utilization`` of this for weights and cache."""
     if _jax_has_tpu():
         return upstream()
-    import os
+    from xla_kernels import env
 
-    return int(float(os.environ.get(MEMORY_ENV, "4")) * (1 << 30))
+    return int(float(env.get(MEMORY_ENV)) * (1 << 30))
 
 
 def drop_tpu_compile_options(upstream, *args, **kwargs):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import glob
 import os
 
+from xla_kernels import env
+
 ENV = "XLA_KERNELS_VLLM"
 """``0`` keeps vLLM's own platform detection; ``1`` selects ours even where a TPU is seen."""
 
@@ -21,7 +23,7 @@ ENV = "XLA_KERNELS_VLLM"
 def tpu_present() -> bool:
     """Whether this host has TPU chips (the device files libtpu opens), or JAX is told to
     use one."""
-    platforms = os.environ.get("JAX_PLATFORMS", "")
+    platforms = env.get("JAX_PLATFORMS") or ""
     if platforms:
         return "tpu" in platforms.split(",")
     return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
@@ -29,7 +31,7 @@ def tpu_present() -> bool:
 
 def active() -> bool:
     """Whether vLLM should run on :class:`XlaKernelsPlatform`."""
-    choice = os.environ.get(ENV, "")
+    choice = env.get(ENV) or ""
     if choice in ("0", "1"):
         return choice == "1"
     return not tpu_present()

@@ -2,7 +2,7 @@
 // moe_gemm.cuh (design and roofline in docs/design/moe.md).
 //
 // Handlers XkFusedMoeCuda and XkFusedMoeFp8Cuda: decode and validate (moe_ffi.h, shared with
-// the CPU handlers), pick the tiles (the table below), then five launches on XLA's stream:
+// the CPU handlers), pick the tiles (moe_tuning.h), then five launches on XLA's stream:
 // routing, the sort by expert, GEMM1 + activation, GEMM2 + routing weight, the per-token sum.
 // bf16/f16 run the tensor-core GEMMs of moe_gemm.cuh; f32 runs SimtGemmKernel (CUDA cores).
 // Command-buffer (CUDA graph) compatible: which tiles exist is decided on the device.
@@ -17,51 +17,13 @@
 #include "moe_gemm.cuh"
 #include "moe_limits.h"
 #include "moe_routing.cuh"
+#include "moe_tuning.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace xla_kernels::moe {
 namespace {
-
-// Tile sizes, one decision per call from what the host knows (tokens * top_k pairs over the
-// experts; the real split is only known on the device):
-//   bm: rows per tile = the expected rows per routed expert (pairs / min(experts, pairs)),
-//       rounded up to 16, 64 or 128. Decode (a few rows per expert) then reads each weight
-//       tile once; prefill gets the largest tile the registers allow.
-//   bn: output columns per CTA: 128, or 64 when 128 would give fewer CTAs than SMs (decode
-//       with few experts hit, e.g. Mixtral's down projection at one token: 2 x 32 CTAs);
-//       bm 128 with the gated GEMM takes 64 (two accumulators per output: 128 f32 registers).
-//   stages: bm 16 streams weights, and the bytes in flight per SM bound its bandwidth (about
-//       one CTA per SM at decode sizes): as many stages as fit in 140 KB of shared memory
-//       (3 to 8; A100 allows 163 KB per CTA);
-//       3 for bm 64 and 128 (compute bound; their tiles are large).
-struct Tiles {
-  int bm, bn1, bn2;
-};
-
-template <typename T, bool kFp8, bool kGated, int BM, int BN>
-constexpr int Stages() {
-  if constexpr (BM != 16) {
-    return 3;
-  } else {
-    using C = GemmConfig<T, kFp8, kGated, BM, BN, 1>;
-    constexpr int fit = (140 * 1024 - C::kConvBytes) / C::kStageBytes;
-    return fit < 3 ? 3 : fit > 8 ? 8 : fit;
-  }
-}
-
-Tiles ChooseTiles(int64_t pairs, int64_t experts, int64_t inter, int64_t hidden, int sms) {
-  const int64_t active = experts < pairs ? experts : pairs;
-  const int64_t avg = CeilDiv(pairs, active);
-  Tiles t{};
-  t.bm = avg <= 16 ? 16 : avg <= 64 ? 64 : 128;
-  const int64_t m_tiles = active * CeilDiv(avg, t.bm);
-  auto bn = [&](int64_t n) { return t.bm == 16 && m_tiles * CeilDiv(n, 128) < sms ? 64 : 128; };
-  t.bn1 = t.bm == 128 ? 64 : bn(inter);
-  t.bn2 = bn(hidden);
-  return t;
-}
 
 int SmCount() {
   static const int count = [] {
@@ -75,7 +37,7 @@ int SmCount() {
 
 template <typename T, bool kFp8, bool kGated, int BM, int BN>
 cudaError_t LaunchGemm(cudaStream_t stream, const GemmParams& p, int64_t max_tiles) {
-  constexpr int kStages = Stages<T, kFp8, kGated, BM, BN>();
+  constexpr int kStages = tuning::Stages<T, kFp8, kGated, BM, BN>();
   using C = GemmConfig<T, kFp8, kGated, BM, BN, kStages>;
   auto kernel = GroupedGemmKernel<T, kFp8, kGated, BM, BN, kStages>;
   // Per launch, as paged_attention does: the attribute belongs to the current device.
@@ -88,8 +50,8 @@ cudaError_t LaunchGemm(cudaStream_t stream, const GemmParams& p, int64_t max_til
 }
 
 template <typename T, bool kFp8, bool kGated>
-cudaError_t DispatchGemm(cudaStream_t stream, const GemmParams& p, const Tiles& t, int bn,
-                         int64_t pairs, int64_t experts) {
+cudaError_t DispatchGemm(cudaStream_t stream, const GemmParams& p, const tuning::Tiles& t,
+                         int bn, int64_t pairs, int64_t experts) {
   const int64_t active = experts < pairs ? experts : pairs;
   const int64_t max_tiles = CeilDiv(pairs, t.bm) + active;
   if (t.bm == 16 && bn == 64) return LaunchGemm<T, kFp8, kGated, 16, 64>(stream, p, max_tiles);
@@ -147,8 +109,8 @@ cudaError_t Run(cudaStream_t stream, const Shape& s, const void* hidden, const v
     default: LaunchRoute<float>(stream, s, logits, ids, topk_weights); break;
   }
   constexpr bool kSimt = std::is_same_v<T, float>;
-  const Tiles t = kSimt ? Tiles{kSimtRows, kSimtThreads, kSimtThreads}
-                        : ChooseTiles(P, E, s.inter, s.hidden, SmCount());
+  const tuning::Tiles t = kSimt ? tuning::Tiles{kSimtRows, kSimtThreads, kSimtThreads}
+                                : tuning::ChooseTiles(P, E, s.inter, s.hidden, SmCount());
   SortKernel<<<1, kSortThreads, 0, stream>>>(ids, static_cast<int>(P), static_cast<int>(E),
                                              t.bm, sorted_pairs, row_of_pair, offsets, tiles,
                                              tile_count);
