@@ -14,16 +14,18 @@ prefills and the first token) and one with ``new_tokens``; decode tokens/s = req
 (new_tokens - 1) / (t_full - t_first). Both runs follow a warm-up run, so no step compiles
 (tpu-inference compiles its buckets at start-up; the warm-up catches the rest).
 
-``--nvtx`` marks the 1-token and full runs as NVTX ranges (``first``, ``full``); run under
-Nsight Systems, ``benchmarks/nsys_window.py`` then gives the GPU's busy time in each, and the
-decode step's device time and host share follow from their difference.
+``--kernel-trace`` then runs the two once more under torch.profiler (CUPTI records every
+kernel in the process, XLA's included): each device's busy time (the union of its kernel,
+memset and copy intervals) in the 1-token and the full run gives the decode step's device
+time, ``(busy(full) - busy(first)) / (new_tokens - 1)``, and its host share,
+``1 - device / wall`` against the untraced runs' step.
 
 Writes ``vllm_throughput.json`` to ``--out``.
 
 Example:
     $ python benchmarks/vllm_throughput.py --out OUT
     $ python benchmarks/vllm_throughput.py --out OUT --tensor-parallel-size 2
-    $ nsys profile -t cuda,nvtx -o OUT/vllm python benchmarks/vllm_throughput.py --out OUT --nvtx
+    $ python benchmarks/vllm_throughput.py --out OUT --kernel-trace
 """
 
 from __future__ import annotations
@@ -45,6 +47,50 @@ LLAMA3_8B = {
 }
 
 
+def busy_us(events: list[dict]) -> dict[str, float]:
+    """Per device, the union of the events' intervals (µs): overlapping work counts once.
+
+    Example:
+        >>> busy_us([{"ts": 0, "dur": 5, "args": {"device": 0}},
+        ...          {"ts": 3, "dur": 4, "args": {"device": 0}},
+        ...          {"ts": 20, "dur": 1, "args": {"device": 0}},
+        ...          {"ts": 0, "dur": 2, "args": {"device": 1}}])
+        {'0': 8.0, '1': 2.0}
+    """
+    by_device: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        device = str(e.get("args", {}).get("device", 0))
+        by_device.setdefault(device, []).append((float(e["ts"]), float(e["ts"] + e["dur"])))
+    busy = {}
+    for device, spans in sorted(by_device.items()):
+        total, reach = 0.0, float("-inf")
+        for start, end in sorted(spans):
+            start = max(start, reach)
+            if end > start:
+                total += end - start
+                reach = end
+        busy[device] = total
+    return busy
+
+
+def device_step(run, new_tokens: int, wall_step_ms: float) -> dict:
+    """The decode step's device time per device and host share: ``run(n)`` (a generate of
+    ``n`` tokens per request) traced for 1 and ``new_tokens`` tokens."""
+    from decode_trace import record
+
+    busy = {n: busy_us(record(lambda n=n: run(n))) for n in (1, new_tokens)}
+    per_device = {}
+    for device in busy[new_tokens]:
+        step_ms = (busy[new_tokens][device] - busy[1].get(device, 0.0)) / (new_tokens - 1) / 1e3
+        per_device[device] = {"busy_ms": {"first": round(busy[1].get(device, 0.0) / 1e3, 3),
+                                          "full": round(busy[new_tokens][device] / 1e3, 3)},
+                              "device_step_ms": round(step_ms, 3),
+                              "host_share": round(1 - step_ms / wall_step_ms, 4)}
+    return {"method": "torch.profiler CUDA activity (CUPTI), busy = union of kernel, memset "
+                      "and copy intervals per device; wall step from the untraced runs",
+            "wall_step_ms": wall_step_ms, "devices": per_device}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -57,8 +103,9 @@ def main() -> None:
     parser.add_argument("--memory-fraction", type=float, default=0.85)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
-    parser.add_argument("--nvtx", action="store_true",
-                        help="mark the timed runs as NVTX ranges 'first' and 'full'")
+    parser.add_argument("--kernel-trace", action="store_true",
+                        help="also measure the decode step's device time and host share "
+                             "(torch.profiler's CUDA activity, after the timed runs)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     for name, value in {"TPU_NAME": "none", "TPU_ACCELERATOR_TYPE": "none",
@@ -84,22 +131,15 @@ def main() -> None:
                    kv_cache_dtype=args.kv_cache_dtype, **kwargs)
     engine_start = time.perf_counter() - start
 
-    def timed(new_tokens: int, name: str = "") -> tuple[float, list]:
+    def timed(new_tokens: int) -> tuple[float, list]:
         params = vllm.SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-        if name and args.nvtx:
-            import torch.cuda.nvtx as nvtx  # NVTX marks only: torch touches no GPU here
-
-            nvtx.range_push(name)
         begin = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - begin
-        if name and args.nvtx:
-            nvtx.range_pop()
-        return elapsed, outputs
+        return time.perf_counter() - begin, outputs
 
     warm_s, _ = timed(args.new_tokens)
-    first_s, _ = timed(1, "first")
-    full_s, outputs = timed(args.new_tokens, "full")
+    first_s, _ = timed(1)
+    full_s, outputs = timed(args.new_tokens)
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     decode_tokens = args.requests * (args.new_tokens - 1)
     engine = llm.llm_engine
@@ -126,6 +166,9 @@ def main() -> None:
         "tokens_per_s": round(generated / full_s, 1),
         "attention_traces": dict(attention.TRACES),
     }
+    if args.kernel_trace:
+        result["device_step"] = device_step(lambda n: timed(n), args.new_tokens,
+                                            result["decode_step_ms"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vllm_throughput.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

@@ -13,10 +13,9 @@
 #                                               (benchmarks/vllm_throughput.py) and
 #                                               serve-bench --preset 8b on the same workload,
 #                                               over TP GPUs (default 1)
-#   bash scripts/gpu_vllm.sh profile OUT        the vLLM half of bench under Nsight Systems:
-#                                               the decode step's device time and host share
-#                                               (needs an nsys that writes reports: the lent
-#                                               machines' one stops at a .qdstrm file)
+#   bash scripts/gpu_vllm.sh profile OUT [TP]   the vLLM half of bench, then its decode step's
+#                                               device time and host share (torch.profiler's
+#                                               CUDA activity: every kernel, XLA's included)
 set -uo pipefail
 job=${1:?usage: gpu_vllm.sh install|check|serve|bench|profile ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
@@ -62,17 +61,12 @@ case $job in
       > "$arg/serve_bench_8b_tp$tp.log" 2>&1 || status=1
     tail -25 "$arg/serve_bench_8b_tp$tp.log" ;;
   profile)
+    tp=${3:-1}
     mkdir -p "$arg"
-    timeout 420 nsys profile -t cuda,nvtx --force-overwrite true -o "$arg/vllm_8b" \
-      python3 benchmarks/vllm_throughput.py --out "$arg" --nvtx > "$arg/vllm_profile.log" 2>&1 \
-      || status=1
-    timeout 120 nsys export --type sqlite --force-overwrite true -o "$arg/vllm_8b.sqlite" \
-      "$arg/vllm_8b.nsys-rep" >> "$arg/vllm_profile.log" 2>&1 || status=1
-    python3 benchmarks/nsys_window.py "$arg/vllm_8b.sqlite" \
-      --throughput "$arg/vllm_throughput.json" --out "$arg/vllm_host_share.json" || status=1
-    mv "$arg/vllm_throughput.json" "$arg/vllm_throughput_nsys.json"
-    rm -f "$arg/vllm_8b.sqlite" "$arg/vllm_8b.nsys-rep"
-    tail -5 "$arg/vllm_profile.log" ;;
+    timeout 420 python3 benchmarks/vllm_throughput.py --out "$arg" --tensor-parallel-size "$tp" \
+      --kernel-trace > "$arg/vllm_profile_tp$tp.log" 2>&1 || status=1
+    [ -f "$arg/vllm_throughput.json" ] && mv "$arg/vllm_throughput.json" "$arg/vllm_host_share_tp$tp.json"
+    tail -25 "$arg/vllm_profile_tp$tp.log" ;;
   *) echo "gpu_vllm.sh: unknown job '$job' (install, check, serve, bench or profile)" >&2; exit 2 ;;
 esac
 exit $status
