@@ -301,11 +301,22 @@ _lib_lock = threading.Lock()
 _verified: set[int] = set()  # handler addresses whose API version was checked
 
 
-def _build() -> Path:
-    """Compile ``eager_ffi.cc`` (plain C++, no CUDA), or take it from the build cache."""
-    from xla_kernels.builder import build_library
+def runtime_spec() -> Any:
+    """The :class:`~xla_kernels.builder.BuildSpec` of the eager runtime (``eager_ffi.cc``,
+    plain C++, no CUDA): prebuilt in the wheel, cached, or built on first use.
 
-    return build_library("xk_eager", [_SOURCE], platform="cpu")
+    Example:
+        >>> runtime_spec().name
+        'xk_eager'
+    """
+    from xla_kernels.builder import BuildSpec
+
+    return BuildSpec.create("xk_eager", [_SOURCE], platform="cpu")
+
+
+def _build() -> Path:
+    """The eager runtime's library: prebuilt, cached or built now (:func:`runtime_spec`)."""
+    return runtime_spec().load_path()
 
 
 def _load() -> ctypes.CDLL:
