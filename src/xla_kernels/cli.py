@@ -217,6 +217,7 @@ def doctor(target: str | None, try_register: bool, imports: Sequence[str] = ()) 
     width = max(map(len, kernels.values()), default=0)
     _print_table("declared ops (target: platforms with kernels, declaring module):",
                  [(name, f"{kernels[name]:<{width}}  {op.module}") for name, op in ops.items()])
+    _print_table("libraries (where each comes from, and why):", library_rows(ops))
     if target is None:
         _print_registrations()
         return 0
@@ -256,6 +257,39 @@ def doctor(target: str | None, try_register: bool, imports: Sequence[str] = ()) 
               "Pass --register to build and register it now.")
     _print_registrations()
     return status
+
+
+def _resolution(spec: Any) -> str:
+    try:
+        found = spec.resolve()
+    except XlaKernelsError as e:
+        return f"unresolved: {e}"
+    where = {"prebuilt": f"prebuilt {found.path}", "cache": f"cache {found.path}",
+             "build": "built on first use (needs the compilers)"}[found.kind]
+    return where if found.kind == "prebuilt" else f"{where}: {found.reason}"
+
+
+def library_rows(ops: dict[str, Op]) -> list[tuple[str, str]]:
+    """Per op and platform (and for the eager runtime and the torch dispatcher), the
+    library a call would load, and why it is not a prebuilt one where it is not."""
+    from xla_kernels.runtime import eager
+    from xla_kernels.runtime.library import kernel_spec
+
+    rows = []
+    for name, op in ops.items():
+        for platform in sorted(op.kernels):
+            try:
+                rows.append((f"{name} [{platform}]", _resolution(kernel_spec(op, platform))))
+            except XlaKernelsError as e:
+                rows.append((f"{name} [{platform}]", f"unresolved: {e}"))
+    rows.append(("eager runtime", _resolution(eager.runtime_spec())))
+    try:
+        from xla_kernels.frontends.torch import native
+    except ImportError:
+        rows.append(("torch dispatcher", "torch is not installed"))
+    else:
+        rows.append(("torch dispatcher", _resolution(native.library_spec())))
+    return rows
 
 
 def _print_registrations() -> None:
