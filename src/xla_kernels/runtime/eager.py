@@ -416,7 +416,9 @@ def _verify(address: int, op: str) -> None:
             f"{op}: the handler was built against XLA FFI API "
             f"{meta.api_version[0]}.{meta.api_version[1]}, the eager runtime implements "
             f"{ours[0]}.{ours[1]}. Fix: rebuild both against the same jaxlib "
-            "(jax.ffi.include_dir()).")
+            "(jax.ffi.include_dir()): with a prebuilt eager runtime, set "
+            "XLA_KERNELS_BUILD=always, or build the handler against the runtime's headers "
+            "(XLA_KERNELS_FFI_INCLUDE_DIR).")
     _verified.add(address)
 
 
