@@ -13,7 +13,9 @@ made and synchronised), ``first_call_s`` (the rest: import xla_kernels and the o
 random inputs made and copied to the GPU, the call, synchronised), ``wall_s`` (the parent's
 clock around the whole process). Writes ``benchmarks/results/latest/<card>/first_call.{json,md}``.
 
-    python3 benchmarks/first_call.py --wheel dist/xla_kernels-0.1.0-py3-none-linux_x86_64.whl
+    python3 benchmarks/first_call.py --frontends jax --out /tmp/fc     # < 10 min each
+    python3 benchmarks/first_call.py --frontends torch --out /tmp/fc   # (rows are merged)
+    python3 benchmarks/first_call.py --merge a/first_call.json b/first_call.json
 """
 
 from __future__ import annotations
@@ -174,14 +176,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="run these (rows of other frontends already in first_call.json "
                              "are kept: run jax and torch as two calls within a time limit)")
     parser.add_argument("--skip-jit", action="store_true", help="prebuilt runs only")
+    parser.add_argument("--merge", nargs="*", type=Path, default=[], metavar="JSON",
+                        help="only merge these first_call.json files (of one wheel) into --out")
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                         help="cpu: a smoke test of this script on a machine without a GPU")
     args = parser.parse_args(argv)
-    if args.wheel is None or not args.wheel.is_file():
-        parser.error("no wheel: build it with `make wheel` and carry dist/")
     out = args.out or ROOT / "benchmarks" / "results" / "latest" / card_name()
     out.mkdir(parents=True, exist_ok=True)
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        result = {**parts[0], "rows": sorted(
+            {(r["op"], r["frontend"]): r for part in parts for r in part["rows"]}.values(),
+            key=lambda r: (OPS.index(r["op"]) if r["op"] in OPS else 99, r["frontend"]))}
+        (out / "first_call.json").write_text(json.dumps(result, indent=1) + "\n")
+        (out / "first_call.md").write_text(markdown(result))
+        print(markdown(result))
+        return 0
+    if args.wheel is None or not args.wheel.is_file():
+        parser.error("no wheel: build it with `make wheel` and carry dist/")
     work = Path(tempfile.mkdtemp(prefix="xk-first-call-"))
     python = make_venv(work, args.wheel.resolve())
     base = {k: v for k, v in os.environ.items() if not k.startswith("XLA_KERNELS_")}
