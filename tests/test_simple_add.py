@@ -11,9 +11,9 @@ from xla_kernels.frontends.torch import torch_op
 from xla_kernels.kernels.simple_add import simple_add
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_jax_sum_matches_float64(rng, dtype):
-    a, b = (rng.standard_normal((3, 5)).astype(dtype) for _ in range(2))
+def test_jax_sum_matches_float64(rng):
+    # float32 inputs: their exact sum, rounded once, is within 2**-24 of the float64 sum.
+    a, b = (rng.standard_normal((3, 5)).astype(np.float32) for _ in range(2))
     out = np.asarray(simple_add(jnp.asarray(a), jnp.asarray(b)))
     np.testing.assert_allclose(out, a.astype(np.float64) + b, rtol=1e-6)
 
