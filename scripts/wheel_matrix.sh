@@ -53,6 +53,19 @@ for torch_version in $TORCHES; do
     env -u CXX -u XLA_KERNELS_NVCC -u PYTHONPATH PATH="$(cd "$bare_bin" && pwd)" \
       XLA_KERNELS_CACHE_DIR="$cache" XLA_KERNELS_BUILD=never \
       "$venv/bin/python" -m pytest -q -p no:cacheprovider $tests -k "$deselect"
+    # Torch eager calls must have run on the prebuilt torch dispatcher, not on its fallback.
+    env -u CXX -u XLA_KERNELS_NVCC -u PYTHONPATH PATH="$(cd "$bare_bin" && pwd)" \
+      XLA_KERNELS_CACHE_DIR="$cache" XLA_KERNELS_BUILD=never "$venv/bin/python" -c "
+import torch
+from xla_kernels.builder import used_libraries
+from xla_kernels.frontends.torch import torch_op
+from xla_kernels.frontends.torch.native import native_status
+from xla_kernels.kernels.simple_add import simple_add
+assert torch_op(simple_add)(torch.ones(3), torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
+assert native_status().startswith('active: ') and '_prebuilt' in native_status(), native_status()
+kinds = {name: r.kind for (name, _), r in used_libraries().items()}
+assert set(kinds.values()) == {'prebuilt'}, kinds
+print('torch dispatcher and kernels prebuilt:', sorted(kinds))"
     if [ -e "$cache" ]; then
       echo "error: torch $torch_version, jax $jax_version: the build cache was written:" >&2
       ls -la "$cache" >&2
