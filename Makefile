@@ -6,8 +6,10 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU wheel of torch; on a GPU machine, override with e.g. TORCH_SPEC=torch==2.11.0.
-TORCH_SPEC ?= torch==2.13.0
+# torch 2.12.1: the newest torch that torchax 0.0.13 imports under (torch 2.13 removed
+# named-tensor overloads that torchax's tables name). PyPI ships its CUDA build, which runs
+# on CPU-only machines too; override with e.g. TORCH_SPEC=torch==2.11.0 on a GPU machine.
+TORCH_SPEC ?= torch==2.12.1
 PYTEST_ARGS ?=
 
 # Other torch interpreters whose torch dispatcher library `make wheel` also prebuilds.

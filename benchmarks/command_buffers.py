@@ -33,7 +33,7 @@ has no command buffers: those columns read False / 0.
 Writes ``command_buffers.json`` and ``command_buffers.md`` to ``--out`` after each setting.
 
 Example:
-    $ python benchmarks/command_buffers.py --out benchmarks/results/h100
+    $ python benchmarks/command_buffers.py --out benchmarks/results/latest/h100
     $ python benchmarks/command_buffers.py --out /tmp/cb --platform cpu --quick
 """
 

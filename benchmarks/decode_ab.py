@@ -1,7 +1,7 @@
-"""A/B of a compile-time switch of the decode kernels, timed by CUPTI (decode_trace.py).
+"""A/B of two builds of the decode kernels (nvcc flags), timed by CUPTI (decode_trace.py).
 
 Runs :mod:`decode_trace` in fresh processes that alternate between build A (``--a-flags``,
-default none) and build B (``--b-flags``, e.g. ``-DXK_DECODE_L2_PREFETCH=0``), ``--rounds`` times
+default none) and build B (``--b-flags``, e.g. ``-Xptxas=-O2``), ``--rounds`` times
 (A1 B1 A2 B2 ...). The flags reach nvcc through ``NVCC_APPEND_FLAGS``, which is part of
 the kernel build cache's key, so each build is compiled once and then reused. Alternating
 processes spread slow drifts (clocks, temperature) over both builds.
@@ -15,10 +15,8 @@ Writes ``decode_ab.json`` and ``decode_ab.md`` (plus each round's ``decode_trace
 JSON and log) to ``--out``.
 
 Example (on the GPU machine):
-    $ python benchmarks/decode_ab.py --out /tmp/ab --b-flags=-DXK_DECODE_L2_PREFETCH=0 \\
+    $ python benchmarks/decode_ab.py --out /tmp/ab --b-flags=-Xptxas=-O2 \\
         --configs 128x8192 32x2048 8x32768 32x2048/8/256
-    $ python benchmarks/decode_ab.py --out /tmp/fp8stages --b-flags=-DXK_DECODE_FP8_STAGES=3 \\
-        --rounds 2 --configs 32x2048 32x4096 128x8192 8x32768
 """
 
 from __future__ import annotations

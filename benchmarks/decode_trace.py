@@ -5,7 +5,7 @@ Why: the paged-attention matrix timed our kernel 2-4 % slower inside chained XLA
 than the same handler called eagerly on torch's stream (CUDA events), while Nsight Compute
 showed one grid, one byte count and one isolated duration for both launches. Kernel
 timestamps settle such questions: on the H100 the kernel took the same time in both
-(benchmarks/results/h100/decode_l2_734c3f4/). This script records what the GPU ran in
+(docs/design/paged_attention.md, "Timing methods"). This script records what the GPU ran in
 four phases of one config, each ``--programs`` x ``CHAIN`` calls queued back to back
 after a warm-up:
 
@@ -258,7 +258,7 @@ def main() -> None:
 
     pa = load_script(Path(__file__).with_name("paged_attention.py"))
     results = {"device": device_description(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
-               "pdl": os.environ.get("XLA_KERNELS_PDL", "1"), "configs": []}
+               "configs": []}
     for text in args.configs:
         shape, *heads = text.split("/")
         seqs, context = (int(x) for x in shape.split("x"))

@@ -5,7 +5,7 @@ With ``--run`` it runs ``serve-bench`` (default ``--preset 1b --frontend jax
 --async-scheduling --no-reference`` on the GPU) once per ``--tp`` and ``--variants`` entry,
 each in its own process with the variant's environment (``VARIANTS`` below: ``XLA_FLAGS``
 appended to any already set, the PjRt client's async dispatch, ...), writing
-``serve_dispatch_tp<t>_<variant>.{json,txt}``; ``scripts/gpu_run.sh OUT tp`` does this in
+``serve_dispatch_tp<t>_<variant>.{json,txt}``; ``scripts/gpu/tp.sh OUT dispatch`` does this in
 its ``dispatch`` step. Then (or with only ``--dir``) it tabulates, per run: the tokens/s
 and the median decode step of
 the engine, its host time per step (with async scheduling: scheduling, the batch's copy,
@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Variant name -> environment of its serve-bench run (gpu_run.sh runs them all by default).
+# Variant name -> environment of its serve-bench run (scripts/gpu/tp.sh runs them all).
 # "base" is serve-bench as it comes: with --async-scheduling --frontend jax on a GPU (this
 # script's default) that includes the PjRt client's async dispatch (cli.async_dispatch_env);
 # "sync_dispatch" turns it off. (An "async_dispatch" variant, which set the variable to 1,
@@ -173,7 +173,7 @@ def main() -> None:
                                                           if r["variant"] in VARIANTS
                                                           else len(VARIANTS), r["variant"]))
     text = ("# serve-bench under XLA runtime variants\n\n"
-            "Method: benchmarks/dispatch_variants.py over `gpu_run.sh OUT tp` (step "
+            "Method: benchmarks/dispatch_variants.py over `scripts/gpu/tp.sh` (step "
             "`dispatch`), one serve-bench process per row on one machine.\n\n"
             + table(rows) + "\n")
     (out / "dispatch_variants.md").write_text(text)

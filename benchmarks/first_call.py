@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The op each case calls: every shipped op.
 OPS = ("simple_add", "rms_norm", "rms_norm_bwd", "reshape_and_cache", "reshape_and_cache_fused",
-       "paged_attention", "ragged_paged_attention", "ragged_paged_attention_fused")
+       "paged_attention", "ragged_paged_attention", "ragged_paged_attention_fused", "sample")
 
 # Runs in the fresh venv: one op, one frontend, timed from interpreter start.
 CHILD = r'''
@@ -54,7 +54,7 @@ t1 = time.perf_counter()
 
 import xla_kernels
 from xla_kernels.kernels import kv_cache, paged_attention as pa, ragged_paged_attention as rpa
-from xla_kernels.kernels import rms_norm as rn, simple_add as sa
+from xla_kernels.kernels import rms_norm as rn, sampling, simple_add as sa
 from xla_kernels.kernels.paged_attention import testing as pa_testing
 from xla_kernels.kernels.ragged_paged_attention import testing as rpa_testing
 from xla_kernels.kernels.paged_cache import join_fused
@@ -69,7 +69,12 @@ new = rng.standard_normal((3, 2, 128)).astype(p["query"].dtype)
 slots = np.array([0, 17, 33], np.int32)
 f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
 x, w = f32(8, 256), f32(256)
+rows = 4
 cases = {
+    "sample": (sampling.sample, [f32(rows, 32000), np.ones(rows, np.float32),
+                                 np.full(rows, 50, np.int32), np.full(rows, 0.9, np.float32),
+                                 np.zeros(rows, np.float32), np.arange(rows, dtype=np.uint32),
+                                 np.zeros(rows, np.int32)], {}),
     "simple_add": (sa.simple_add, [f32(1024), f32(1024)], {}),
     "rms_norm": (rn.rms_norm, [x, w], {}),
     "rms_norm_bwd": (rn.rms_norm_bwd, [x, w, f32(8, 256)], {}),

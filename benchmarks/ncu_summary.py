@@ -1,6 +1,6 @@
 """Nsight Compute's raw metrics of a profile as one short row per kernel (markdown).
 
-The numbers the kernels' ``PERFORMANCE.md`` predictions are checked against, read from
+The numbers the kernels' design notes (``docs/design/``) check their predictions against, read from
 ``ncu``'s raw page (one row per profiled kernel, one column per metric): duration,
 registers, DRAM bytes and GB/s, how busy the issue slots and the tensor pipe were, warps
 resident per SM, warp instructions executed, and the largest stall reasons (warps stalled
@@ -13,7 +13,7 @@ Example:
     $ python benchmarks/ncu_summary.py /tmp/decode.ncu-rep --kernels paged_attention_main
     | report | kernel | grid | µs | regs | DRAM GB/s | issue % | tensor % | warps/SM | ...
     $ python benchmarks/ncu_summary.py \\
-        benchmarks/results/h100/ragged_774f06c/profile_a881c31/ncu_raw.csv.gz --stalls 3
+        tests/fixtures/ncu/ragged_chunked_ours_vs_fa3_raw.csv.gz --stalls 3
 """
 
 from __future__ import annotations

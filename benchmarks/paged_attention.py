@@ -51,7 +51,7 @@ Writes ``paged_attention.json`` and ``paged_attention.md`` to ``--out`` after ev
 (a cut run keeps the finished ones) and, if matplotlib is there, ``paged_attention.png``.
 
 Example:
-    $ python benchmarks/paged_attention.py --out benchmarks/results/h100 --matrix peers
+    $ python benchmarks/paged_attention.py --out benchmarks/results/latest/h100 --matrix peers
     $ python benchmarks/paged_attention.py --out /tmp/pa --smoke
 """
 

@@ -1,6 +1,6 @@
 """A/B timing of ragged_paged_attention under environment variants, FA3 alongside.
 
-The kernel reads its switches (``XLA_KERNELS_RAGGED_WGMMA``, ``XLA_KERNELS_RAGGED_WGMMA_TILE``)
+The kernel reads ``XLA_KERNELS_RAGGED_WGMMA`` (its choice of the Hopper or the mma.sync kernel)
 at every launch, and XLA records the launch in its command buffer on a program's first run,
 so each variant gets a freshly jitted program, compiled and first run with its environment
 set. Every variant (and FlashAttention-3's paged call, where it applies) is timed twice,
@@ -9,8 +9,8 @@ JSON line per configuration, in TFLOP/s.
 
 Example (on the GPU machine):
     $ python benchmarks/ragged_env_ab.py --configs "prefill 4x4096,chunked 8x512 of 8192" \\
-        --variants "t64:XLA_KERNELS_RAGGED_WGMMA_TILE=64;t128:XLA_KERNELS_RAGGED_WGMMA_TILE=128"
-    prefill 4x4096 {"t64": [404.6, 403.4], "t128": [381.1, 376.8], "fa3": [469.9, 464.4]}
+        --variants "wgmma:;mma:XLA_KERNELS_RAGGED_WGMMA=0"
+    prefill 4x4096 {"wgmma": [..., ...], "mma": [..., ...], "fa3": [..., ...]}
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ def parse_variants(spec: str) -> dict[str, dict[str, str]]:
     """``"name:VAR=value,VAR=value;name2:..."`` as {name: {VAR: value}}.
 
     Example:
-        >>> parse_variants("base:;t128:XLA_KERNELS_RAGGED_WGMMA_TILE=128")
-        {'base': {}, 't128': {'XLA_KERNELS_RAGGED_WGMMA_TILE': '128'}}
+        >>> parse_variants("base:;mma:XLA_KERNELS_RAGGED_WGMMA=0")
+        {'base': {}, 'mma': {'XLA_KERNELS_RAGGED_WGMMA': '0'}}
     """
     variants: dict[str, dict[str, str]] = {}
     for part in spec.split(";"):

@@ -28,12 +28,12 @@ head, plus Q and the output) and the GB/s it implies. Implementations:
   cuDNN accepts the call; only for batches with one q_len (decode without a mask, whole
   prompts with a causal mask), where its mask semantics match ours unambiguously.
 
-Writes ``ragged_paged_attention.json`` and ``.md`` to ``--out``; measured tables are in
-``benchmarks/results/<device>/`` (see
-``src/xla_kernels/kernels/ragged_paged_attention/PERFORMANCE.md``).
+Writes ``ragged_paged_attention.json`` and ``.md`` to ``--out``; the latest measured tables
+are in ``benchmarks/results/latest/<card>/`` (quoted by docs/kernels/ragged_paged_attention.md;
+design notes: docs/design/ragged_paged_attention.md).
 
 Example:
-    $ python benchmarks/ragged_paged_attention.py --out benchmarks/results/h100 --quick
+    $ python benchmarks/ragged_paged_attention.py --out benchmarks/results/latest/h100 --quick
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/local"))
+    parser.add_argument("--out", type=Path, default=Path("."), help="output directory")
     parser.add_argument("--quick", action="store_true", help="a few configurations")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per impl and config")
     parser.add_argument("--configs", default="",

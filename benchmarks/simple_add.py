@@ -3,7 +3,7 @@
 Writes ``simple_add.json`` and ``simple_add.md`` to ``--out``.
 
 Example:
-    $ python benchmarks/simple_add.py --out benchmarks/results/h100
+    $ python benchmarks/simple_add.py --out benchmarks/results/latest/h100
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ are the last q_len tokens of its kv_len (causal).
 (``--xla_force_host_platform_device_count``), which checks the script, not the speed.
 
 Example:
-    $ python benchmarks/tp_attention.py --n 2 --out benchmarks/results/h100x2
+    $ python benchmarks/tp_attention.py --n 2 --out benchmarks/results/latest/h100x2
     $ python benchmarks/tp_attention.py --smoke --out /tmp/tp-smoke
 """
 

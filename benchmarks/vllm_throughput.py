@@ -14,10 +14,16 @@ prefills and the first token) and one with ``new_tokens``; decode tokens/s = req
 (new_tokens - 1) / (t_full - t_first). Both runs follow a warm-up run, so no step compiles
 (tpu-inference compiles its buckets at start-up; the warm-up catches the rest).
 
+``--nvtx`` marks the 1-token and full runs as NVTX ranges (``first``, ``full``); run under
+Nsight Systems, ``benchmarks/nsys_window.py`` then gives the GPU's busy time in each, and the
+decode step's device time and host share follow from their difference.
+
 Writes ``vllm_throughput.json`` to ``--out``.
 
 Example:
     $ python benchmarks/vllm_throughput.py --out OUT
+    $ python benchmarks/vllm_throughput.py --out OUT --tensor-parallel-size 2
+    $ nsys profile -t cuda,nvtx -o OUT/vllm python benchmarks/vllm_throughput.py --out OUT --nvtx
 """
 
 from __future__ import annotations
@@ -49,6 +55,10 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=None,
                         help="vLLM's page size (default: tpu-inference's choice)")
     parser.add_argument("--memory-fraction", type=float, default=0.85)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    parser.add_argument("--nvtx", action="store_true",
+                        help="mark the timed runs as NVTX ranges 'first' and 'full'")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     for name, value in {"TPU_NAME": "none", "TPU_ACCELERATOR_TYPE": "none",
@@ -69,18 +79,27 @@ def main() -> None:
     llm = vllm.LLM(model=str(model_dir), load_format="dummy", dtype="bfloat16",
                    skip_tokenizer_init=True, max_model_len=args.prompt_len + args.new_tokens,
                    max_num_seqs=args.requests, max_num_batched_tokens=args.token_budget,
-                   gpu_memory_utilization=args.memory_fraction, seed=0, **kwargs)
+                   gpu_memory_utilization=args.memory_fraction, seed=0,
+                   tensor_parallel_size=args.tensor_parallel_size,
+                   kv_cache_dtype=args.kv_cache_dtype, **kwargs)
     engine_start = time.perf_counter() - start
 
-    def timed(new_tokens: int) -> tuple[float, list]:
+    def timed(new_tokens: int, name: str = "") -> tuple[float, list]:
         params = vllm.SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+        if name and args.nvtx:
+            import torch.cuda.nvtx as nvtx  # NVTX marks only: torch touches no GPU here
+
+            nvtx.range_push(name)
         begin = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - begin, outputs
+        elapsed = time.perf_counter() - begin
+        if name and args.nvtx:
+            nvtx.range_pop()
+        return elapsed, outputs
 
     warm_s, _ = timed(args.new_tokens)
-    first_s, _ = timed(1)
-    full_s, outputs = timed(args.new_tokens)
+    first_s, _ = timed(1, "first")
+    full_s, outputs = timed(args.new_tokens, "full")
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     decode_tokens = args.requests * (args.new_tokens - 1)
     engine = llm.llm_engine
@@ -91,6 +110,8 @@ def main() -> None:
         "platform": type(current_platform).__name__,
         "device": current_platform.get_device_name(0),
         "model": "Llama-3-8B dimensions, load_format=dummy, bf16",
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "requests": args.requests, "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens, "token_budget": args.token_budget,
         "block_size": engine.vllm_config.cache_config.block_size,

@@ -10,7 +10,7 @@ shard's output one after the other and a last line with the summed counts. The e
 is the worst shard's (0 only if every shard passed). With one GPU (or ``--shards 1``) it is
 a plain pytest run.
 
-Example (on the GPU machine; ``scripts/gpu_run.sh OUT tests`` runs this):
+Example (on the GPU machine; ``scripts/gpu/tests.sh OUT PART`` runs this):
     $ python3 scripts/gpu_test_shards.py --out /tmp/out -- -m gpu -p no:cacheprovider tests/
     $ python3 scripts/gpu_test_shards.py --out /tmp/out --shards 1 -- -m gpu tests/gpu/
 """

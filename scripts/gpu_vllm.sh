@@ -4,15 +4,21 @@
 #
 #   bash scripts/gpu_vllm.sh install WHEEL_DIR  carried wheels -> .site-vllm (the packages the
 #                                               GPU image lacks; --no-deps, once per machine)
-#   bash scripts/gpu_vllm.sh check OUT          vllm.LLM on a tiny Llama, both model paths,
+#   bash scripts/gpu_vllm.sh check OUT          vllm.LLM on a tiny Llama, both model paths, an
+#                                               fp8 KV cache, and tp=2 where 2 GPUs are seen:
 #                                               greedy tokens vs transformers f32
-#   bash scripts/gpu_vllm.sh serve OUT TOKDIR   vllm serve + the openai client, texts vs
+#   bash scripts/gpu_vllm.sh serve OUT [TOKDIR] vllm serve + the openai client, texts vs
 #                                               transformers f32 (TOKDIR: SmolLM2's tokenizer)
-#   bash scripts/gpu_vllm.sh bench OUT          Llama-3-8B shape, 64 x 2000 + 256 tokens: vLLM
+#   bash scripts/gpu_vllm.sh bench OUT [TP]     Llama-3-8B shape, 64 x 2000 + 256 tokens: vLLM
 #                                               (benchmarks/vllm_throughput.py) and
-#                                               serve-bench --preset 8b on the same workload
+#                                               serve-bench --preset 8b on the same workload,
+#                                               over TP GPUs (default 1)
+#   bash scripts/gpu_vllm.sh profile OUT        the vLLM half of bench under Nsight Systems:
+#                                               the decode step's device time and host share
+#                                               (needs an nsys that writes reports: the lent
+#                                               machines' one stops at a .qdstrm file)
 set -uo pipefail
-job=${1:?usage: gpu_vllm.sh install|check|serve|bench ARG}
+job=${1:?usage: gpu_vllm.sh install|check|serve|bench|profile ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
@@ -28,26 +34,45 @@ case $job in
       "$arg"/*.whl || status=1 ;;
   check)
     mkdir -p "$arg"
-    for impl in flax_nnx vllm; do
+    cases=("flax_nnx" "vllm" "flax_nnx --kv-cache-dtype fp8")
+    gpus=$(nvidia-smi -L | wc -l)
+    [ "$gpus" -ge 2 ] && cases+=("flax_nnx --tensor-parallel-size 2" "vllm --tensor-parallel-size 2")
+    for case in "${cases[@]}"; do
+      name=$(echo "tiny $case" | sed 's/--kv-cache-dtype /kv_/; s/--tensor-parallel-size /tp/; s/ /_/g')
+      # shellcheck disable=SC2086  # the case's options split into words
       timeout 300 python3 -m xla_kernels.vllm.check --model tiny --platform gpu \
-        --model-impl $impl --json "$arg/vllm_check_tiny_$impl.json" > "$arg/vllm_check_$impl.log" 2>&1
-      rc=$?; echo "check tiny $impl: exit $rc"; tail -2 "$arg/vllm_check_$impl.log"
+        --model-impl $case --json "$arg/vllm_check_$name.json" > "$arg/vllm_check_$name.log" 2>&1
+      rc=$?; echo "check $name: exit $rc"; tail -1 "$arg/vllm_check_$name.log"
       [ $rc -eq 0 ] || status=1
     done ;;
   serve)
     mkdir -p "$arg"
-    timeout 420 python3 benchmarks/vllm_serve.py --tokenizer "${3:?TOKDIR}" --out "$arg" \
+    timeout 420 python3 benchmarks/vllm_serve.py ${3:+--tokenizer "$3"} --out "$arg" \
       > "$arg/vllm_serve.log" 2>&1 || status=1
     tail -30 "$arg/vllm_serve.log" ;;
   bench)
+    tp=${3:-1}
     mkdir -p "$arg"
-    timeout 330 python3 benchmarks/vllm_throughput.py --out "$arg" > "$arg/vllm_throughput.log" \
-      2>&1 || status=1
-    tail -25 "$arg/vllm_throughput.log"
-    timeout 240 python3 -m xla_kernels.cli serve-bench --preset 8b --platform gpu \
-      --async-scheduling --no-reference --no-progress --json "$arg/serve_bench_8b.json" \
-      > "$arg/serve_bench_8b.log" 2>&1 || status=1
-    tail -25 "$arg/serve_bench_8b.log" ;;
-  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, serve or bench)" >&2; exit 2 ;;
+    timeout 330 python3 benchmarks/vllm_throughput.py --out "$arg" --tensor-parallel-size "$tp" \
+      > "$arg/vllm_throughput_tp$tp.log" 2>&1 || status=1
+    [ -f "$arg/vllm_throughput.json" ] && mv "$arg/vllm_throughput.json" "$arg/vllm_throughput_tp$tp.json"
+    tail -25 "$arg/vllm_throughput_tp$tp.log"
+    timeout 240 python3 -m xla_kernels.cli serve-bench --preset 8b --platform gpu --tp "$tp" \
+      --async-scheduling --no-reference --no-progress --json "$arg/serve_bench_8b_tp$tp.json" \
+      > "$arg/serve_bench_8b_tp$tp.log" 2>&1 || status=1
+    tail -25 "$arg/serve_bench_8b_tp$tp.log" ;;
+  profile)
+    mkdir -p "$arg"
+    timeout 420 nsys profile -t cuda,nvtx --force-overwrite true -o "$arg/vllm_8b" \
+      python3 benchmarks/vllm_throughput.py --out "$arg" --nvtx > "$arg/vllm_profile.log" 2>&1 \
+      || status=1
+    timeout 120 nsys export --type sqlite --force-overwrite true -o "$arg/vllm_8b.sqlite" \
+      "$arg/vllm_8b.nsys-rep" >> "$arg/vllm_profile.log" 2>&1 || status=1
+    python3 benchmarks/nsys_window.py "$arg/vllm_8b.sqlite" \
+      --throughput "$arg/vllm_throughput.json" --out "$arg/vllm_host_share.json" || status=1
+    mv "$arg/vllm_throughput.json" "$arg/vllm_throughput_nsys.json"
+    rm -f "$arg/vllm_8b.sqlite" "$arg/vllm_8b.nsys-rep"
+    tail -5 "$arg/vllm_profile.log" ;;
+  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, serve, bench or profile)" >&2; exit 2 ;;
 esac
 exit $status

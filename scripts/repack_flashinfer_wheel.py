@@ -6,8 +6,8 @@ that it fits the device tool's 64 MiB carry next to the repository.
 (``BatchDecodeWithPagedKVCacheWrapper``, the peer of ``benchmarks/flashinfer_decode.py``)
 builds none of the folders in :data:`DROP`; the repacked wheel (41 MB) built all four
 decode variants (bf16/fp8, with and without tensor cores) on an H200 on 2026-11-26
-(``benchmarks/results/h200/f8cba58/``). The dropped files also leave the wheel's
-``RECORD``, so pip installs it as a normal wheel.
+(``benchmarks/results/latest/h200/flashinfer_decode.md`` was measured with it). The dropped
+files also leave the wheel's ``RECORD``, so pip installs it as a normal wheel.
 
 Example (here, before a device call that carries ``.whl-fi``):
     $ python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \\

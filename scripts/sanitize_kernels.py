@@ -1,6 +1,9 @@
 """Small runs of every shipped CUDA kernel, for compute-sanitizer (memcheck, racecheck).
 
-Run as ``compute-sanitizer --tool memcheck python3 scripts/sanitize_kernels.py``.
+Run as ``compute-sanitizer --tool memcheck python3 scripts/sanitize_kernels.py``. One kernel's
+cases alone, e.g. sample's: ``compute-sanitizer --tool racecheck python3 -c "import sys;
+sys.path.insert(0, 'scripts'); import numpy, sanitize_kernels as s;
+s.sample_cases(numpy.random.default_rng(0))"``.
 """
 
 from __future__ import annotations
@@ -44,12 +47,29 @@ def main() -> None:
         x = jnp.asarray(rng.standard_normal(shape), dtype)
         w = jnp.asarray(rng.standard_normal(shape[-1]), dtype)
         jax.block_until_ready(jax.grad(lambda x, w: rms_norm(x, w).sum(), (0, 1))(x, w))
+    sample_cases(rng)
     from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_cases as ragged_cases
     from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_fused_cases
 
     ragged_cases()
     sanitize_fused_cases()
     print("sanitize run finished")
+
+
+def sample_cases(rng: np.random.Generator) -> None:
+    """sample's CUDA kernel: odd (unaligned) and 128k vocabularies, every dtype; greedy, each
+    filter, all together, top-k sets in shared memory (<= 1024 tokens) and not."""
+    from xla_kernels.kernels.sampling import sample
+
+    for rows, vocab, dtype in ((3, 7, jnp.float32), (5, 1001, jnp.bfloat16),
+                               (2, 128256, jnp.float16), (4, 128256, jnp.float32)):
+        logits = jnp.asarray(rng.standard_normal((rows, vocab)), dtype)
+        f32 = jnp.float32
+        top_k = jnp.asarray([(0, 50, 2000, 5, 300)[i % 5] for i in range(rows)], jnp.int32)
+        args = (jnp.linspace(0, 1.5, rows, dtype=f32), top_k,
+                jnp.linspace(1, 0.5, rows, dtype=f32), jnp.linspace(0, 0.1, rows, dtype=f32),
+                jnp.arange(rows, dtype=jnp.uint32), jnp.zeros(rows, jnp.int32))
+        jax.block_until_ready(sample(logits, *args))
 
 
 if __name__ == "__main__":

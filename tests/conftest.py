@@ -41,7 +41,7 @@ def _jax_has_gpu() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _jax_has_gpu():
         return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU visible to JAX (scripts/gpu_run.sh)")
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU visible to JAX (scripts/gpu/tests.sh)")
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)

@@ -153,3 +153,30 @@ def test_following_the_explained_fix_runs_a_plain_jax_export(tmp_path):
     assert ("explained: xla_kernels.simple_add: no handler is registered for platform cpu in "
             "this process") in proc.stdout
     assert "after fix: [2.0, 2.0, 2.0]" in proc.stdout
+
+
+def test_the_pinned_torch_imports_torchax_plainly():
+    """`make demo` / `make test` pin torch below 2.13 (Makefile TORCH_SPEC, the torchax
+    extra), where a plain `import torchax` works and doctor says nothing is wrong."""
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    pytest.importorskip("torchax")
+    torch_version = Version(importlib.metadata.version("torch"))
+    if torch_version >= Version("2.13"):
+        pytest.skip(f"torch {torch_version} is outside the pin (<2.13): the two tests above "
+                    "cover what doctor says there")
+    plain = subprocess.run([sys.executable, "-c", "import torchax, torchax.ops.jaten"],
+                           capture_output=True, text=True)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+
+
+def test_makefile_and_extra_pin_a_torch_torchax_imports_under():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = next(line for line in (root / "Makefile").read_text().splitlines()
+                if line.startswith("TORCH_SPEC ?="))
+    assert spec.split("==")[1].startswith("2.12"), spec
+    assert '"torch>=2.5,<2.13"' in (root / "pyproject.toml").read_text()

@@ -1,7 +1,7 @@
-"""benchmarks/ncu_summary.py on real Nsight Compute exports committed under
-benchmarks/results/ (the a881c31 ragged profile, ours vs FA3): the numbers its
-PERFORMANCE.md quotes come back out, the details page is refused with its fix, and the
-command line works."""
+"""benchmarks/ncu_summary.py on real Nsight Compute exports kept under tests/fixtures/ncu/
+(an H100 profile of the ragged kernel against FA3 on chunked 8 x 512 of 8192): the numbers
+docs/design/ragged_paged_attention.md quotes come back out, the details page is refused with
+its fix, and the command line works."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from xla_kernels.bench import load_script
 
 ROOT = Path(__file__).parents[1]
 SCRIPT = ROOT / "benchmarks" / "ncu_summary.py"
-RESULTS = ROOT / "benchmarks" / "results" / "h100"
-RAGGED = RESULTS / "ragged_774f06c" / "profile_a881c31" / "ncu_raw.csv.gz"
-DETAILS = RESULTS / "decode_l2_734c3f4" / "ncu_128x8192_ours_vs_cudnn_3478849.csv.gz"
+FIXTURES = ROOT / "tests" / "fixtures" / "ncu"
+RAGGED = FIXTURES / "ragged_chunked_ours_vs_fa3_raw.csv.gz"
+DETAILS = FIXTURES / "decode_details_page.csv.gz"
 
 ncu_summary = load_script(SCRIPT)
 
@@ -29,7 +29,7 @@ def test_doctests_pass():
 
 
 def test_ragged_profile_gives_the_numbers_performance_md_quotes():
-    # ragged_paged_attention/PERFORMANCE.md, sixth session: ours 1.34 ms, FA3 1.06 ms; tensor
+    # docs/design/ragged_paged_attention.md, the profile: ours 1.34 ms, FA3 1.06 ms; tensor
     # pipe 51.3 % vs 65.2 %; 371 M vs 308 M warp instructions; short scoreboard 1.42 vs 0.61,
     # long scoreboard 1.13 vs 0.98, mio throttle 0.53 vs 0.28 stalls per issue.
     rows = ncu_summary.kernel_rows(ncu_summary.raw_table(RAGGED))
@@ -58,7 +58,7 @@ def test_table_filters_kernels_and_orders_stalls(tmp_path):
     plain = tmp_path / "raw.csv"
     plain.write_bytes(gzip.decompress(RAGGED.read_bytes()))
     assert ncu_summary.table([plain], kernels="wgmma", stalls=2).replace(
-        "raw.csv", "ncu_raw.csv.gz") == text
+        "raw.csv", RAGGED.name) == text
 
 
 def test_details_page_and_non_reports_are_refused_with_the_fix(tmp_path):

@@ -1,4 +1,4 @@
-"""benchmarks/tp_serving.py (the tp 2 vs tp 1 serving comparison of ``gpu_run.sh OUT tp``)
+"""benchmarks/tp_serving.py (the tp 2 vs tp 1 serving comparison of ``scripts/gpu/tp.sh``)
 on small hand-written serve-bench JSONs: its counts, ratios, exit codes and doctests."""
 
 from __future__ import annotations

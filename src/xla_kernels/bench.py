@@ -86,14 +86,14 @@ def budgeted_seconds(fn: Callable[..., Any], args: tuple, budget: float, *, call
 @contextlib.contextmanager
 def environment(**values: str | None) -> Iterator[None]:
     """Sets environment variables (``None`` removes one) for the ``with`` block and restores
-    their previous values after it, e.g. a kernel switch read at launch for one variant of
-    an A/B timing.
+    their previous values after it, e.g. ``XLA_KERNELS_RAGGED_WGMMA=0`` (read at launch) for
+    one variant of a timing.
 
     Example:
-        >>> with environment(XK_DOCTEST_SWITCH="0"):
-        ...     os.environ["XK_DOCTEST_SWITCH"]
+        >>> with environment(BENCH_DOCTEST_VARIABLE="0"):
+        ...     os.environ["BENCH_DOCTEST_VARIABLE"]
         '0'
-        >>> "XK_DOCTEST_SWITCH" in os.environ
+        >>> "BENCH_DOCTEST_VARIABLE" in os.environ
         False
     """
     def apply(settings: dict[str, str | None]) -> None:

@@ -445,6 +445,15 @@ def _serve_bench_parser(sub: Any) -> None:
     srv.add_argument("--tp", default="1",
                      help="tensor parallel degree: split the kv heads over the platform's "
                           "first N devices (default 1)")
+    srv.add_argument("--temperature", default="0",
+                     help="sampling temperature; 0 (default) picks greedily, above 0 draws with "
+                          "the sample op (needs --no-reference)")
+    srv.add_argument("--top-k", help="keep the k most likely tokens (default: off)")
+    srv.add_argument("--top-p", default="1", help="keep the most likely tokens of this mass "
+                                                  "(default 1: off)")
+    srv.add_argument("--min-p", default="0", help="keep tokens at least this times as likely as "
+                                                  "the most likely (default 0: off)")
+    srv.add_argument("--sampling-seed", help="request i draws with seed SEED + i (default 0)")
     srv.add_argument("--async-scheduling", action="store_true",
                      help="keep one step in flight: schedule and dispatch step N + 1 while "
                           "the device runs step N; with --frontend jax on a GPU this also "
@@ -465,9 +474,9 @@ def async_dispatch_env(async_scheduling: bool, platform: str | None, frontend: s
 
     Measured on 2 H200s, 1b preset, JAX, async scheduling: the tp 2 decode step 4.81 ->
     2.76 ms (the host's dispatch was the limit), tp 1 tokens/s +2.6 %
-    (``benchmarks/results/h200x2/f4be8cb/``). Left alone where it was not shown to help: the
-    synchronous engine waits every step (JAX gained nothing; torchax lost 6-14 %), and
-    torchax with async scheduling was not measured with it.
+    (``benchmarks/results/latest/h200x2/dispatch_variants.md``). Left alone where it was not
+    shown to help: the synchronous engine waits every step (JAX gained nothing; torchax lost
+    6-14 %), and torchax with async scheduling was not measured with it.
 
     Example:
         >>> async_dispatch_env(True, "gpu", "jax", {})
@@ -498,13 +507,14 @@ def serve_bench(args: argparse.Namespace) -> int:
         shuffle_blocks=args.shuffle_blocks, reference=not args.no_reference,
         breakdown=not args.no_breakdown, progress=not args.no_progress,
         json_path=args.json_path, plot_path=args.plot_path, profile_dir=args.profile_dir,
-        async_scheduling=args.async_scheduling, **_whole_numbers(args))
+        async_scheduling=args.async_scheduling, **_whole_numbers(args), **_reals(args))
     result = run(options)
     config = result["config"]
     rows = [("config", f"{config['preset']} {config['dtype']}, {config['frontend']}, "
                        f"{config['attention']}, {config['device']}"
                        + (f" x {config['tp']} (tp)" if config["tp"] > 1 else "")
-                       + (", async scheduling" if config["async_scheduling"] else "")),
+                       + (", async scheduling" if config["async_scheduling"] else "")
+                       + _sampling_text(config["sampling"])),
             ("tokens/s", f"{result['tokens_per_s']} ({result['generated_tokens']} tokens "
                          f"in {result['wall_s']} s, {result['steps_run']} steps)"),
             ("decode step", f"{result['decode_step_ms']} ms"),
@@ -529,8 +539,33 @@ def serve_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampling_text(sampling: dict[str, Any]) -> str:
+    """``, sampled (...)`` for a run that draws tokens, empty for a greedy one.
+
+    Example:
+        >>> _sampling_text({"temperature": 0.7, "top_k": 50, "top_p": 0.9, "min_p": 0.0,
+        ...                 "seed": 3})
+        ', sampled (temperature 0.7, top-k 50, top-p 0.9, min-p 0, seed 3)'
+    """
+    if not sampling["temperature"] > 0:
+        return ""
+    return (f", sampled (temperature {sampling['temperature']:g}, top-k {sampling['top_k']}, "
+            f"top-p {sampling['top_p']:g}, min-p {sampling['min_p']:g}, seed "
+            f"{sampling['seed']})")
+
+
 SERVE_BENCH_WHOLE_NUMBERS = ("requests", "prompt_len", "new_tokens", "arrival_every", "seed",
-                             "block_size", "num_blocks", "max_num_seqs", "token_budget", "tp")
+                             "block_size", "num_blocks", "max_num_seqs", "token_budget", "tp",
+                             "top_k", "sampling_seed")
+SERVE_BENCH_REALS = ("temperature", "top_p", "min_p")
+
+
+def _reals(args: argparse.Namespace) -> dict[str, float]:
+    """serve-bench's decimal options, parsed; a bad one is a one-line error naming it."""
+    from xla_kernels.serving.options import parse_real
+
+    return {name: parse_real("--" + name.replace("_", "-"), getattr(args, name))
+            for name in SERVE_BENCH_REALS}
 
 
 def _whole_numbers(args: argparse.Namespace) -> dict[str, int | None]:

@@ -276,11 +276,12 @@ def test_random_garbage_metadata_matches_the_oracle(rng, dtype):
 
 # --------------------------------------------------------------------------- the sm_90a path
 # bf16/f16 (head_dim 64/128/256) run the wgmma kernel on an H100 (ragged_paged_attention_sm90.cuh)
-# unless XLA_KERNELS_RAGGED_WGMMA=0; scripts/ragged_wgmma_check.sh runs this file with
-# XLA_KERNELS_RAGGED_WGMMA=require (a call the wgmma kernel should serve fails if it cannot)
-# and again with =0. The tests above cover it too; these add long prefills (several 128-row
-# CTAs and 64-token tiles per sequence, diagonal and fully-unmasked tiles), GQA 1/4/8, every
-# block size and layout, softcap, windows and invalid block ids on long sequences.
+# unless XLA_KERNELS_RAGGED_WGMMA=0; scripts/gpu/tests.sh (parts ragged-wgmma, ragged-rest)
+# runs this file with XLA_KERNELS_RAGGED_WGMMA=require (a call the wgmma kernel should serve
+# fails if it cannot); test_wgmma_and_mma_sync_kernels_agree sets =0 for one call. The
+# tests above cover it too; these add long prefills (several 128-row CTAs and 64-token
+# tiles per sequence, diagonal and fully-unmasked tiles), GQA 1/4/8, every block size and
+# layout, softcap, windows and invalid block ids on long sequences.
 
 WGMMA = [(dtype, d, layout, group, (16, 32, 64)[i % 3]) for i, (dtype, d, layout, group) in
          enumerate(itertools.product(("bf16", "f16"), (64, 128, 256), ("vllm", "pallas"),
@@ -368,18 +369,14 @@ def test_wgmma_and_mma_sync_kernels_agree(rng, monkeypatch):
 
 @pytest.mark.parametrize("dtype,head_dim,window", [("bf16", 128, 0), ("f16", 128, 150),
                                                     ("f16", 64, 0), ("bf16", 64, 90)])
-def test_wgmma_both_tile_lengths(rng, monkeypatch, dtype, head_dim, window):
-    """Both K/V tile lengths at head_dim 64 and 128 (the default takes 128 tokens; 64 is
-    the A/B switch's), with and without ping-pong of the consumers and their register
-    splits; a window gives the two consumer warpgroups different first tiles."""
+def test_wgmma_128_token_tiles_with_and_without_a_window(rng, dtype, head_dim, window):
+    """The 128-token K/V tiles of head_dim 64 and 128 (ping-pong of the consumers, their
+    register split); a window gives the two consumer warpgroups different first tiles."""
     x = make_inputs(rng, q_lens=[1100, 200, 1], kv_lens=[1100, 1300, 300], num_q_heads=8,
                     num_kv_heads=2, head_dim=head_dim, block_size=32, dtype=dtype,
                     sliding_window=window)
     attrs = dict(scale=0.1, sliding_window=window)
-    ref = reference(x, **attrs)
-    for tile in ("64", "128"):
-        monkeypatch.setenv("XLA_KERNELS_RAGGED_WGMMA_TILE", tile)
-        check(run_jax(x, fresh=True, **attrs), ref, dtype, f"tile {tile}")
+    check(run_jax(x, fresh=True, **attrs), reference(x, **attrs), dtype, "tile 128")
 
 
 # ------------------------------------------------------------------ fp8 KV cache

@@ -31,19 +31,42 @@ def test_entry_points_are_installed():
                for e in entry_points(group="vllm.general_plugins"))
 
 
-def test_register_makes_our_backend_the_default_of_both_model_paths():
-    from tpu_inference.layers.common import attention_backend, attention_interface
+def test_register_makes_the_default_backend_run_ours_on_both_model_paths(monkeypatch):
+    """Both model paths reach RPAAttentionBackend (the JAX-native models through
+    attention()'s default, the PyTorch models through the name "rpa"); after register() its
+    methods are ours, and the name a spawned EngineCore unpickles is still the plain "rpa"."""
+    import jax.numpy as jnp
+    from tpu_inference.layers.common import attention_backend
 
     import xla_kernels.vllm
-    from xla_kernels.vllm.backend import NAME, XlaKernelsAttentionBackend
+    from xla_kernels.vllm import attention
+    from xla_kernels.vllm.backend import XlaKernelsAttentionBackend
 
     xla_kernels.vllm.register()
-    # PyTorch models: --attention-backend xla_kernels (the platform's default) resolves here.
-    assert isinstance(attention_backend.create_attention_backend(NAME),
-                      XlaKernelsAttentionBackend)
-    # JAX-native models call attention() without a backend: its default is now ours.
-    defaults = attention_interface.attention.__defaults__
-    assert any(isinstance(d, XlaKernelsAttentionBackend) for d in defaults)
+    rpa = attention_backend.create_attention_backend("rpa")
+    ours = XlaKernelsAttentionBackend()
+    assert (rpa.get_kv_cache_shape(64, 16, 4, 128, jnp.bfloat16)
+            == ours.get_kv_cache_shape(64, 16, 4, 128, jnp.bfloat16))
+    calls = []
+    monkeypatch.setattr(attention, "attend", lambda *a, **k: calls.append(k) or ("cache", "out"))
+    assert rpa.attention("cache", "q", "k", "v", _Metadata(), _Metadata(), _Mesh(),
+                         **_ATTENTION_KWARGS) == ("cache", "out")
+    assert calls and calls[0]["scale"] == 0.125
+
+
+class _Metadata:
+    seq_lens = block_tables = query_start_loc = request_distribution = None
+
+
+class _Mesh:
+    def __init__(self):
+        self.shape = {"data": 1, "model": 1}
+
+
+_ATTENTION_KWARGS = dict(head_dim_original=128, sm_scale=0.125, attention_chunk_size=None,
+                         q_scale=None, k_scale=None, v_scale=None, sinks=None,
+                         update_kv_cache=True, use_causal_mask=True, attn_logits_soft_cap=None,
+                         decode_query_size=1)
 
 
 def test_core_never_imports_vllm():

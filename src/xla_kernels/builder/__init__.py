@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from filelock import FileLock, Timeout
 
+from .. import env as environment
 from ..errors import BuildError, CompilerNotFoundError
 from . import prebuilt
 from .cache import (
@@ -78,10 +79,6 @@ __all__ = [
 
 Platform = Literal["cpu", "cuda"]
 
-#: Environment variables the compilers read that change what they produce; part of the key.
-_ENV_AFFECTING_BUILDS = (
-    "CPATH", "CPLUS_INCLUDE_PATH", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN",
-)
 
 
 def installed_ffi_include_dir() -> Path:
@@ -96,7 +93,7 @@ def ffi_include_dir() -> Path:
     """The XLA FFI headers builds compile against: ``$XLA_KERNELS_FFI_INCLUDE_DIR`` (e.g.
     an older jaxlib's, so that one library serves every newer jaxlib), else the installed
     jaxlib's (:func:`installed_ffi_include_dir`)."""
-    override = os.environ.get("XLA_KERNELS_FFI_INCLUDE_DIR")
+    override = environment.get("XLA_KERNELS_FFI_INCLUDE_DIR")
     return Path(override).expanduser() if override else installed_ffi_include_dir()
 
 
@@ -406,7 +403,7 @@ class BuildSpec:
             gencode = gencode_flags(archs, ptx=origin == "fallback")
             target = (", " + ", ".join(f"sm_{a}" for a in archs)
                       + (" + PTX" * (origin == "fallback")))
-        env = [f"{k}={os.environ[k]}" for k in _ENV_AFFECTING_BUILDS if k in os.environ]
+        env = environment.build_env()
         requested = [] if self.cuda_archs is None else [",".join(self.cuda_archs)]
         compat_dir = compat_include_dir()
         key = compute_key(

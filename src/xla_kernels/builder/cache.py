@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import env
+
 #: Bump when the way libraries are built or recorded changes, to invalidate every old entry.
 CACHE_FORMAT = "xla-kernels-build-3"
 
@@ -52,10 +54,10 @@ def default_cache_dir() -> Path:
         PosixPath('/tmp/xk')
         >>> del os.environ["XLA_KERNELS_CACHE_DIR"]
     """
-    explicit = os.environ.get("XLA_KERNELS_CACHE_DIR")
+    explicit = env.get("XLA_KERNELS_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
+    xdg = env.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "xla_kernels"
 

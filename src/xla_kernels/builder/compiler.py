@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import subprocess
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self, TextIO
 
+from .. import env
 from ..errors import BuildError
 
 CXX_FLAGS = ("-std=c++17", "-O3", "-fPIC")
@@ -63,8 +63,8 @@ def gencode_flags(archs: Sequence[str], *, ptx: bool) -> list[str]:
 def cuda_include_dir(nvcc: Path) -> Path | None:
     """The CUDA toolkit's include dir (for .cc files in a CUDA library), or None."""
     candidates = [Path(nvcc).resolve().parent.parent / "include"]
-    candidates += [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH")
-                   if os.environ.get(v)]
+    candidates += [Path(env.get(v)) / "include" for v in ("CUDA_HOME", "CUDA_PATH")
+                   if env.get(v)]
     candidates.append(Path("/usr/local/cuda/include"))
     return next((c for c in candidates if (c / "cuda_runtime.h").is_file()), None)
 
@@ -226,7 +226,7 @@ def run_steps(steps: Sequence[Step], *, name: str, platform: str,
 
 def quiet() -> bool:
     """True when ``$XLA_KERNELS_QUIET`` is set to something other than 0/false/no."""
-    return os.environ.get("XLA_KERNELS_QUIET", "").strip().lower() not in ("", "0", "false", "no")
+    return env.is_set("XLA_KERNELS_QUIET")
 
 
 class Progress:

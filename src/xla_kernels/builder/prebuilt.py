@@ -29,13 +29,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import re
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import env
 from ..errors import BuildError
 from .cache import file_sha256, write_atomically
 
@@ -305,8 +305,9 @@ def build_mode() -> str:
         >>> build_mode() in ("auto", "always", "never")
         True
     """
-    mode = os.environ.get("XLA_KERNELS_BUILD", "").strip().lower() or "auto"
+    raw = env.get("XLA_KERNELS_BUILD") or ""
+    mode = raw.strip().lower() or "auto"
     if mode not in ("auto", "always", "never"):
-        raise BuildError(f"XLA_KERNELS_BUILD={os.environ['XLA_KERNELS_BUILD']!r} is not a "
+        raise BuildError(f"XLA_KERNELS_BUILD={raw!r} is not a "
                          "build mode. Fix: set it to auto, always or never, or unset it.")
     return mode

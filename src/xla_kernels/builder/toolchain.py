@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import env
 from ..errors import BuildError, CompilerNotFoundError
 
 #: Used when neither the caller, the environment, nor ``nvidia-smi`` names an architecture.
@@ -74,7 +75,7 @@ def find_nvcc() -> Path:
     Raises:
         CompilerNotFoundError: listing every place looked at and how to fix it.
     """
-    override = os.environ.get("XLA_KERNELS_NVCC")
+    override = env.get("XLA_KERNELS_NVCC")
     if override:
         found = _executable(override)
         if found is None:
@@ -89,7 +90,7 @@ def find_nvcc() -> Path:
     if found:
         return found
     for var in ("CUDA_HOME", "CUDA_PATH"):
-        root = os.environ.get(var)
+        root = env.get(var)
         if root:
             looked.append(f"${var}/bin/nvcc ({root}/bin/nvcc)")
             found = _executable(Path(root) / "bin" / "nvcc")
@@ -127,7 +128,7 @@ def find_cxx() -> Path:
     Raises:
         CompilerNotFoundError: naming what was tried and how to fix it.
     """
-    override = os.environ.get("CXX")
+    override = env.get("CXX")
     if override:
         found = _executable(override)
         if found is None:
@@ -254,9 +255,9 @@ def resolve_cuda_archs(explicit: Sequence[str] | str | None = None) -> tuple[lis
         if not archs:
             raise BuildError("cuda_archs is empty. Fix: pass e.g. ['90'] or None for auto.")
         return archs, "argument"
-    env = os.environ.get("XLA_KERNELS_CUDA_ARCHS", "").strip()
-    if env:
-        return _dedupe([normalize_arch(a) for a in env.split(",") if a.strip()]), "env"
+    listed = (env.get("XLA_KERNELS_CUDA_ARCHS") or "").strip()
+    if listed:
+        return _dedupe([normalize_arch(a) for a in listed.split(",") if a.strip()]), "env"
     smi = _nvidia_smi_archs()
     if smi:
         return list(smi), "nvidia-smi"

@@ -36,6 +36,7 @@ import struct
 import threading
 from pathlib import Path
 
+from xla_kernels import env
 from xla_kernels.errors import RegistrationError
 
 #: Mangled name of ``xla::ffi::GetXlaFfiApi()`` (a local symbol in ``_XLAC.so``).
@@ -231,7 +232,7 @@ def _take_error(api: _FfiApi, error: int) -> str:
 
 
 def _check_runtime_device() -> None:
-    device = os.environ.get("PJRT_DEVICE", "").upper()
+    device = (env.get("PJRT_DEVICE") or "").upper()
     if device and device != "CPU":
         raise RegistrationError(
             f"PJRT_DEVICE={device}: handlers registered by xla-kernels land in the XLA FFI "

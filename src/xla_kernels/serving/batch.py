@@ -8,7 +8,8 @@ the jitted step compiles once per bucket. Sequence ``s < num_seqs[0]`` owns rows
 q_len ..  kv_lens[s] - 1``, written to the cache slots ``slot_mapping`` names and then
 attended (the layout ``ragged_paged_attention`` reads). Padding rows have token 0, position 0
 and slot -1 (``reshape_and_cache`` skips it; no sequence owns the row, so attention gives
-zeros). The step samples one token per sequence, from row ``logits_indices[s]``.
+zeros). The step samples one token per sequence, from row ``logits_indices[s]`` (drawn
+with request ``request_ids[s]``'s seed when the loop samples).
 
 Example:
     >>> b = empty_batch(num_tokens=16, max_num_seqs=4, max_blocks_per_seq=8)
@@ -36,6 +37,7 @@ class StepBatch(NamedTuple):
     cu_q_lens: np.ndarray       # [max_num_seqs + 1]
     num_seqs: np.ndarray        # [1]
     logits_indices: np.ndarray  # [max_num_seqs], the row each sequence samples from
+    request_ids: np.ndarray     # [max_num_seqs], its request's id (the sampling seed's part)
 
 
 def empty_batch(num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> StepBatch:
@@ -50,6 +52,7 @@ def empty_batch(num_tokens: int, max_num_seqs: int, max_blocks_per_seq: int) -> 
         cu_q_lens=np.zeros(max_num_seqs + 1, i32),
         num_seqs=np.zeros(1, i32),
         logits_indices=np.zeros(max_num_seqs, i32),
+        request_ids=np.zeros(max_num_seqs, i32),
     )
 
 

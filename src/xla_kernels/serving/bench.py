@@ -64,7 +64,14 @@ from xla_kernels.serving.config import (
     preset_entry,
 )
 from xla_kernels.serving.engine import Engine, Request, StepRecord
-from xla_kernels.serving.options import BenchOptions, check_memory, check_options, workload_of
+from xla_kernels.serving.options import (
+    BenchOptions,
+    check_memory,
+    check_options,
+    sampling_of,
+    workload_of,
+)
+from xla_kernels.serving.sampling import Sampling
 from xla_kernels.serving.tp import check_tp
 
 
@@ -113,16 +120,17 @@ def _devices(platform: str | None) -> list[Any]:
 
 def make_runner(frontend: str, config: ModelConfig, weights: dict[str, Any],
                 engine: EngineConfig, attention: str, tp: int = 1,
-                devices: list[Any] | None = None) -> Any:
-    """The runner of ``frontend`` ("jax" or "torchax"), over ``tp`` of ``devices``."""
+                devices: list[Any] | None = None, sampling: Sampling | None = None) -> Any:
+    """The runner of ``frontend`` ("jax" or "torchax"), over ``tp`` of ``devices``, picking
+    tokens as ``sampling`` says (default greedy)."""
     check_choice("--attention", attention, ATTENTIONS)
     if check_choice("--frontend", frontend, FRONTENDS) == "jax":
         from xla_kernels.serving.model_jax import JaxRunner
 
-        return JaxRunner(config, weights, engine, attention, tp, devices)
+        return JaxRunner(config, weights, engine, attention, tp, devices, sampling)
     from xla_kernels.serving.model_torch import TorchaxRunner
 
-    return TorchaxRunner(config, weights, engine, attention, tp, devices)
+    return TorchaxRunner(config, weights, engine, attention, tp, devices, sampling)
 
 
 class Progress:
@@ -301,7 +309,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
     with jax.default_device(device):
         weights = init_weights(model, options.seed)
         runner = make_runner(options.frontend, model, weights, engine_config,
-                             options.attention, options.tp, devices)
+                             options.attention, options.tp, devices, sampling_of(options))
         start = time.perf_counter()
         for bucket in engine_config.buckets():
             batch = empty_batch(bucket, engine_config.max_num_seqs,
@@ -360,6 +368,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         "preset": options.preset, "frontend": options.frontend,
         "attention": options.attention, "platform": device.platform, "tp": options.tp,
         "async_scheduling": options.async_scheduling,
+        "sampling": dataclasses.asdict(sampling_of(options)),
         "device": device.device_kind, "dtype": model.dtype, "seed": options.seed,
         "model": dataclasses.asdict(model), "params": model.num_params(),
         "workload": dataclasses.asdict(workload),

@@ -14,9 +14,11 @@ Each :meth:`Engine.step`:
 3. **Builds** the :class:`~xla_kernels.serving.batch.StepBatch`, padded to the smallest
    bucket that holds the rows, and calls the runner (one jitted, cache-donating program
    per bucket).
-4. **Samples** greedily: a sequence whose step reached the end of its known tokens appends
-   the sampled token; a request with all its tokens **finishes** and frees its blocks, which
-   the next waiting request can take in the same step.
+4. **Samples** (greedily, unless the runner was given a
+   :class:`~xla_kernels.serving.sampling.Sampling`): a sequence whose step reached the end
+   of its known tokens appends the sampled token; a request with all its tokens
+   **finishes** and frees its blocks, which the next waiting request can take in the same
+   step.
 
 With ``async_scheduling=True`` (an :class:`OverlapRunner`) :meth:`Engine.run` keeps one step
 in flight: it schedules, builds, transfers and dispatches step N + 1 while the device runs
@@ -260,6 +262,7 @@ class Engine:
             batch.block_tables[s, :len(request.blocks)] = request.block_array
             batch.cu_q_lens[s + 1] = start + n
             batch.logits_indices[s] = start + n - 1
+            batch.request_ids[s] = request.id
             start += n
         batch.cu_q_lens[len(chosen) + 1:] = start
         batch.num_seqs[0] = len(chosen)

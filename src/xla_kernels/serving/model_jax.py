@@ -28,6 +28,7 @@ import numpy as np
 from xla_kernels.serving.attention import paged_attention, write_kv
 from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig, cache_shape
+from xla_kernels.serving.sampling import Sampling, sample_jax
 from xla_kernels.serving.tp import place, zero_caches
 
 Weights = dict[str, Any]
@@ -91,10 +92,10 @@ def greedy(weights: Weights, hidden: Any) -> Any:
 
 
 def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: ModelConfig,
-               attention: str) -> tuple[Any, Caches]:
+               attention: str, sampling: Sampling | None = None) -> tuple[Any, Caches]:
     """One engine step: every layer writes the batch's K/V to its paged cache, then attends
     with ragged paged attention; returns (next token of each sequence slot [max_num_seqs],
-    the updated caches)."""
+    greedy or drawn as ``sampling`` says; the updated caches)."""
     updated = list(caches)
     scale = config.head_dim ** -0.5
 
@@ -103,8 +104,11 @@ def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: Mo
         updated[layer] = (key_cache, value_cache)
         return paged_attention(attention, q, key_cache, value_cache, batch, scale=scale)
 
-    hidden = decoder(weights, config, batch.token_ids, batch.positions, attend)
-    return greedy(weights, hidden[batch.logits_indices]), tuple(updated)
+    hidden = decoder(weights, config, batch.token_ids, batch.positions, attend)[
+        batch.logits_indices]
+    if sampling is None or sampling.greedy:
+        return greedy(weights, hidden), tuple(updated)
+    return sample_jax(hidden @ weights["lm_head.weight"].T, sampling, batch), tuple(updated)
 
 
 class JaxRunner:
@@ -112,19 +116,22 @@ class JaxRunner:
     [max_num_seqs] as NumPy (the one host sync per step) and keeps the updated caches.
 
     ``tp > 1`` splits the step over the first ``tp`` of ``devices`` (default: JAX's), kv
-    heads sharded (see :mod:`xla_kernels.serving.tp`); ``self.mesh`` is then its mesh."""
+    heads sharded (see :mod:`xla_kernels.serving.tp`); ``self.mesh`` is then its mesh.
+    ``sampling`` (default greedy) says how tokens are picked."""
 
     frontend = "jax"
 
     def __init__(self, config: ModelConfig, weights: Weights, engine: EngineConfig,
-                 attention: str, tp: int = 1, devices: Sequence[Any] | None = None):
+                 attention: str, tp: int = 1, devices: Sequence[Any] | None = None,
+                 sampling: Sampling | None = None):
         import jax
 
         placement = place(config, engine, weights, tp, devices)
         self.config, self.weights, self.attention = config, placement.weights, attention
         self.caches, self.mesh, self.tp = placement.caches, placement.mesh, tp
         self._batch_sharding = placement.batch_sharding
-        self.jitted = jax.jit(functools.partial(paged_step, config=config, attention=attention),
+        self.jitted = jax.jit(functools.partial(paged_step, config=config, attention=attention,
+                                                sampling=sampling),
                               donate_argnums=(1,), **placement.jit_kwargs)
 
     def prepare(self, batch: StepBatch) -> StepBatch:

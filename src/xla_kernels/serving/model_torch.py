@@ -43,6 +43,7 @@ from torch import nn
 from xla_kernels.serving.attention import paged_attention, write_kv
 from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig
+from xla_kernels.serving.sampling import Sampling, sample_torch
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -152,11 +153,13 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForServing(nn.Module):
-    """The decoder for one engine step: ``forward(caches, batch)`` returns (the greedy next
-    token of each sequence slot, int32 [max_num_seqs]; the updated caches)."""
+    """The decoder for one engine step: ``forward(caches, batch)`` returns (the next token of
+    each sequence slot, int32 [max_num_seqs], greedy or drawn as ``sampling`` says; the
+    updated caches)."""
 
-    def __init__(self, config: ModelConfig, attention: str):
+    def __init__(self, config: ModelConfig, attention: str, sampling: Sampling | None = None):
         super().__init__()
+        self.sampling = sampling
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, attention)
                                     for _ in range(config.num_layers))
@@ -171,32 +174,37 @@ class LlamaForServing(nn.Module):
             x, kv_cache = layer(x, batch.positions, kv_cache, batch)
             updated.append(kv_cache)
         hidden = self.norm(x)[batch.logits_indices]
-        return torch.argmax(self.lm_head(hidden), dim=-1).to(torch.int32), tuple(updated)
+        if self.sampling is None or self.sampling.greedy:
+            return torch.argmax(self.lm_head(hidden), dim=-1).to(torch.int32), tuple(updated)
+        return sample_torch(self.lm_head(hidden), self.sampling, batch), tuple(updated)
 
 
 class TorchaxRunner:
     """Runs :class:`LlamaForServing` for the engine through torchax (see the module doc):
     ``step(batch)`` returns the sampled tokens [max_num_seqs] as NumPy and keeps the updated
-    caches (torchax tensors)."""
+    caches (torchax tensors); ``sampling`` (default greedy) says how tokens are picked."""
 
     frontend = "torchax"
 
     def __init__(self, config: ModelConfig, weights: dict[str, Any], engine: EngineConfig,
-                 attention: str, tp: int = 1, devices: Sequence[Any] | None = None):
+                 attention: str, tp: int = 1, devices: Sequence[Any] | None = None,
+                 sampling: Sampling | None = None):
         import jax
 
         from xla_kernels.frontends.torchax import register_torchax
         from xla_kernels.kernels.kv_cache import reshape_and_cache
         from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
         from xla_kernels.kernels.rms_norm import rms_norm
+        from xla_kernels.kernels.sampling import sample
         from xla_kernels.serving.tp import place
 
         interop = _interop()
         register_torchax(rms_norm)
         register_torchax(reshape_and_cache)
         register_torchax(ragged_paged_attention)
+        register_torchax(sample)
         with torch.device("meta"):
-            module = LlamaForServing(config, attention)
+            module = LlamaForServing(config, attention, sampling)
         placement = place(config, engine, weights, tp, devices)
         self.module, self.config, self.attention = module, config, attention
         self.mesh, self.tp, self._batch_sharding = placement.mesh, tp, placement.batch_sharding

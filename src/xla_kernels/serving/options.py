@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from xla_kernels.serving.config import (
     ServingConfigError,
     Workload,
 )
+from xla_kernels.serving.sampling import Sampling
 
 MAX_SEED = 2**32 - 1
 """The largest seed: 32 bits, which NumPy's generator and ``jax.random.key`` both take."""
@@ -77,6 +79,11 @@ class BenchOptions:
     profile_dir: str | None = None
     tp: int = 1                          # tensor parallel degree (kv heads split)
     async_scheduling: bool = False       # one step in flight (see the engine's module doc)
+    temperature: float = 0.0             # 0: greedy; > 0: drawn by the sample op
+    top_k: int | None = None             # None or 0: off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    sampling_seed: int | None = None     # None: 0
 
 
 def parse_whole(option: str, text: str) -> int:
@@ -96,6 +103,34 @@ def parse_whole(option: str, text: str) -> int:
     except ValueError:
         raise ServingConfigError(f"{option} {text!r}: not a whole number. Fix: pass {option} "
                                  f"as digits, e.g. {option} 8.") from None
+
+
+def parse_real(option: str, text: str) -> float:
+    """``text`` as a finite float, else a :class:`ServingConfigError` naming ``option``.
+
+    Example:
+        >>> parse_real("--top-p", "0.9")
+        0.9
+        >>> try:
+        ...     parse_real("--top-p", "nan")
+        ... except ServingConfigError as e:
+        ...     print(e)
+        --top-p 'nan': not a finite number. Fix: pass --top-p as a decimal, e.g. --top-p 0.5.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ServingConfigError(f"{option} {text!r}: not a finite number. Fix: pass {option} "
+                                 f"as a decimal, e.g. {option} 0.5.")
+    return value
+
+
+def sampling_of(options: BenchOptions) -> Sampling:
+    """How the run picks tokens (greedy unless ``--temperature`` is above 0)."""
+    return Sampling(temperature=options.temperature, top_k=options.top_k or 0,
+                    top_p=options.top_p, min_p=options.min_p, seed=options.sampling_seed or 0)
 
 
 def workload_of(options: BenchOptions, entry: Preset) -> Workload:
@@ -124,6 +159,7 @@ def check_options(options: BenchOptions, entry: Preset) -> None:
     _check_engine(options, workload, entry)
     _check_paths(options)
     _check_conflicts(options)
+    _check_sampling(options)
 
 
 def _check_at_least(option: str, value: int | None, low: int) -> None:
@@ -223,6 +259,39 @@ def _check_conflicts(options: BenchOptions) -> None:
                                  "--no-reference skips. Fix: drop one of them.")
 
 
+def _check_sampling(options: BenchOptions) -> None:
+    """Ranges of the sampling options, filters that greedy would ignore, and the reference
+    check, which compares greedy tokens."""
+    for option, value, low, high in (("--temperature", options.temperature, 0.0, None),
+                                     ("--top-p", options.top_p, 0.0, 1.0),
+                                     ("--min-p", options.min_p, 0.0, 1.0)):
+        if value < low or (high is not None and value > high):
+            span = f"{low:g} or more" if high is None else f"{low:g} to {high:g}"
+            raise ServingConfigError(f"{option} {value:g}: must be {span}. Fix: pass "
+                                     f"{option} {span}.")
+    _check_at_least("--top-k", options.top_k, 0)
+    _check_at_least("--sampling-seed", options.sampling_seed, 0)
+    if options.sampling_seed is not None and options.sampling_seed > MAX_SEED:
+        raise ServingConfigError(
+            f"--sampling-seed {options.sampling_seed}: must be {MAX_SEED} or less (a 32-bit "
+            f"seed). Fix: pass --sampling-seed 0 to {MAX_SEED}.")
+    sampling = sampling_of(options)
+    if sampling.greedy:
+        given = [name for name, on in (("--top-k", sampling.top_k > 0),
+                                       ("--top-p", sampling.top_p < 1),
+                                       ("--min-p", sampling.min_p > 0),
+                                       ("--sampling-seed", options.sampling_seed is not None))
+                 if on]
+        if given:
+            raise ServingConfigError(f"{given[0]} has no effect at --temperature 0 (greedy). "
+                                     f"Fix: pass --temperature above 0 too, or drop "
+                                     f"{given[0]}.")
+    elif options.reference:
+        raise ServingConfigError(f"--temperature {options.temperature:g} draws tokens, and the "
+                                 "reference check compares greedy tokens. Fix: pass "
+                                 "--no-reference, or --temperature 0.")
+
+
 def memory_bytes(device: Any) -> int | None:
     """Memory of ``device``: a GPU's allocator limit, the host's RAM for the CPU; ``None``
     when unknown."""
@@ -252,4 +321,5 @@ def check_memory(model: ModelConfig, engine: EngineConfig, tp: int, device: Any)
 
 
 __all__ = ["BLOCK_SIZES", "MAX_REQUESTS", "MAX_SEED", "BenchOptions", "check_memory",
-           "check_options", "longest_prompt", "memory_bytes", "parse_whole", "workload_of"]
+           "check_options", "longest_prompt", "memory_bytes", "parse_real", "parse_whole",
+           "sampling_of", "workload_of"]

@@ -6,9 +6,9 @@ entry points in xla-kernels' metadata, so nothing in vLLM or tpu-inference is ed
 * ``vllm.platform_plugins``: :func:`xla_kernels.vllm.platform.detect` selects
   :class:`~xla_kernels.vllm.platform.XlaKernelsPlatform`, tpu-inference's platform and
   runner, wherever JAX has no TPU (an NVIDIA GPU, or the CPU for tests);
-* ``vllm.general_plugins``: :func:`register`, run by vLLM in every process, registers the
-  attention backend (``--attention-backend xla_kernels``, the default on that platform) and
-  applies :mod:`xla_kernels.vllm.patches`.
+* ``vllm.general_plugins``: :func:`register`, run by vLLM in every process, applies
+  :mod:`xla_kernels.vllm.patches`, which (among TPU-only assumptions) make tpu-inference's
+  default attention backend run xla-kernels' ops.
 
 Both do nothing on a TPU host (or with ``XLA_KERNELS_VLLM=0``). The core of xla-kernels never
 imports this package; it is the only part that imports vllm.

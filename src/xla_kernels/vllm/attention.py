@@ -105,38 +105,62 @@ def slot_mapping(md: Metadata, num_tokens: int, page_size: int) -> jax.Array:
 
 def attend(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, md: Metadata, *,
            scale: float, sliding_window: int = 0, soft_cap: float = 0.0,
-           update_kv_cache: bool = True) -> tuple[jax.Array, jax.Array]:
+           update_kv_cache: bool = True, k_scale: float = 1.0,
+           v_scale: float = 1.0) -> tuple[jax.Array, jax.Array]:
     """Write this step's ``k``/``v`` [num_tokens, num_kv_heads, head_dim] into the fused
     ``kv_cache`` and attend ``q`` [num_tokens, num_q_heads, head_dim] over it (causal,
     ``scale`` times q.k, ``soft_cap > 0``: ``soft_cap * tanh(logit / soft_cap)``,
     ``sliding_window > 0``: the last that many positions). Returns ``(kv_cache, out)``,
     ``out`` shaped and typed like ``q``. With ``update_kv_cache=False`` (a layer that reads
-    another layer's cache) nothing is written and the cache comes back as it was."""
+    another layer's cache) nothing is written and the cache comes back as it was. An fp8
+    cache stores ``k / k_scale`` and ``v / v_scale`` (per-tensor scales, as RPA's); rows that
+    arrive in the cache's dtype are taken as already divided (tpu-inference's models
+    quantize them before attention) and written as they are, not quantized twice."""
     TRACES["attend"] += 1
     pages, page_size, merged, packing, head_dim = kv_cache.shape
     num_kv_heads = k.shape[1]
     if merged * packing != 2 * num_kv_heads:
         return _attend_split(kv_cache, q, k, v, md, scale=scale, sliding_window=sliding_window,
-                             soft_cap=soft_cap, update_kv_cache=update_kv_cache)
+                             soft_cap=soft_cap, update_kv_cache=update_kv_cache,
+                             k_scale=k_scale, v_scale=v_scale)
     block = sub_block_size(page_size)
     ratio = page_size // block
     # The ops take the packed 5-D cache as it is: a reshape of the donated cache would cost
     # XLA:CPU a copy of it before and after the in-place write.
     fused = kv_cache if ratio == 1 else kv_cache.reshape(pages * ratio, block,
                                                           2 * num_kv_heads, head_dim)
-    # Queries and new rows in the cache's dtype; an fp8 cache takes bf16/f16 ones.
-    row_dtype = q.dtype if fused.dtype == jnp.float8_e4m3fn else fused.dtype
+    row_dtype = _row_dtype(q.dtype, fused.dtype)
     if update_kv_cache:
         TRACES["reshape_and_cache"] += 1
         slots = slot_mapping(md, k.shape[0], page_size)
-        fused = reshape_and_cache_fused(k.astype(row_dtype), v.astype(row_dtype), fused, slots)
+        write_k_scale, write_v_scale = _write_scales(k.dtype, fused.dtype, k_scale, v_scale)
+        fused = reshape_and_cache_fused(k.astype(row_dtype), v.astype(row_dtype), fused, slots,
+                                        k_scale=write_k_scale, v_scale=write_v_scale)
     TRACES["ragged_paged_attention"] += 1
     out = ragged_paged_attention_fused(
         q.astype(row_dtype), fused, md.seq_lens.astype(jnp.int32),
         _block_tables(md, ratio), md.query_start_loc.astype(jnp.int32),
         md.request_distribution[2:3].astype(jnp.int32), scale=float(scale),
-        softcap=float(soft_cap or 0.0), sliding_window=int(sliding_window or 0))
+        softcap=float(soft_cap or 0.0), sliding_window=int(sliding_window or 0),
+        k_scale=float(k_scale), v_scale=float(v_scale))
     return fused.reshape(kv_cache.shape), out.astype(q.dtype)
+
+
+def _row_dtype(query_dtype, cache_dtype):
+    """The dtype the ops take queries and new rows in: the cache's, or for an fp8 cache the
+    queries' if 16-bit, else bf16 (our ops read fp8 caches with bf16/f16 queries)."""
+    if cache_dtype != jnp.float8_e4m3fn:
+        return cache_dtype
+    return query_dtype if jnp.dtype(query_dtype).itemsize == 2 else jnp.bfloat16
+
+
+def _write_scales(row_dtype, cache_dtype, k_scale: float, v_scale: float
+                  ) -> tuple[float, float]:
+    """The scales the cache write divides rows by: none for rows already in the cache's
+    dtype (their cast to 16 bits for the op is exact), else the cache's."""
+    if row_dtype == cache_dtype:
+        return 1.0, 1.0
+    return float(k_scale), float(v_scale)
 
 
 def _block_tables(md: Metadata, ratio: int) -> jax.Array:
@@ -151,7 +175,8 @@ def _block_tables(md: Metadata, ratio: int) -> jax.Array:
 
 def _attend_split(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, md: Metadata,
                   *, scale: float, sliding_window: int, soft_cap: float,
-                  update_kv_cache: bool) -> tuple[jax.Array, jax.Array]:
+                  update_kv_cache: bool, k_scale: float,
+                  v_scale: float) -> tuple[jax.Array, jax.Array]:
     """:func:`attend` for a cache whose merged heads are padded past ``2 * num_kv_heads``:
     split into key and value caches, the separate-cache ops, joined again."""
     pages, page_size, merged, packing, head_dim = kv_cache.shape
@@ -162,18 +187,22 @@ def _attend_split(kv_cache: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array,
     split = (pages * ratio, block, num_kv_heads, head_dim)
     key_cache = flat[:, :, 0:2 * num_kv_heads:2].reshape(split)
     value_cache = flat[:, :, 1:2 * num_kv_heads:2].reshape(split)
-    row_dtype = q.dtype if key_cache.dtype == jnp.float8_e4m3fn else key_cache.dtype
+    row_dtype = _row_dtype(q.dtype, key_cache.dtype)
     if update_kv_cache:
         TRACES["reshape_and_cache"] += 1
         slots = slot_mapping(md, num_tokens, page_size)
+        write_k_scale, write_v_scale = _write_scales(k.dtype, key_cache.dtype, k_scale, v_scale)
         key_cache, value_cache = reshape_and_cache(k.astype(row_dtype), v.astype(row_dtype),
-                                                   key_cache, value_cache, slots)
+                                                   key_cache, value_cache, slots,
+                                                   k_scale=write_k_scale,
+                                                   v_scale=write_v_scale)
     TRACES["ragged_paged_attention"] += 1
     out = ragged_paged_attention(
         q.astype(row_dtype), key_cache, value_cache, md.seq_lens.astype(jnp.int32),
         _block_tables(md, ratio), md.query_start_loc.astype(jnp.int32),
         md.request_distribution[2:3].astype(jnp.int32), scale=float(scale),
-        softcap=float(soft_cap or 0.0), sliding_window=int(sliding_window or 0))
+        softcap=float(soft_cap or 0.0), sliding_window=int(sliding_window or 0),
+        k_scale=float(k_scale), v_scale=float(v_scale))
     if not update_kv_cache:
         return kv_cache, out.astype(q.dtype)
     joined = jnp.stack([key_cache.reshape(pages, page_size, num_kv_heads, head_dim),

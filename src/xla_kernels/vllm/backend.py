@@ -2,19 +2,17 @@
 
 tpu-inference (0.32) runs a layer's attention through an ``AttentionBackend``: its
 ``get_kv_cache_shape`` lays out the runner's KV caches and its ``attention`` is what the
-models call. :class:`XlaKernelsAttentionBackend` is ours; :mod:`xla_kernels.vllm.platform`
-makes it the one both model paths run (JAX-native flax models and vLLM's PyTorch models
-through torchax). :class:`XlaKernelsVllmBackend` is the vLLM-side class that
-``register_attention_backend`` needs for ``--attention-backend xla_kernels``.
+models call. :class:`XlaKernelsAttentionBackend` is ours; off TPU the default backend
+(``RPAAttentionBackend``, the one both model paths reach: JAX-native flax models and vLLM's
+PyTorch models through torchax) hands both methods to it (:mod:`xla_kernels.vllm.patches`).
 """
 
 from __future__ import annotations
 
+import functools
+
+import jax.numpy as jnp
 from tpu_inference.layers.common.attention_backend import AttentionBackend
-from tpu_inference.layers.vllm.backends.flash_attn import (
-    PallasAttentionBackend,
-    PallasAttentionBackendImpl,
-)
 
 from . import attention
 
@@ -47,41 +45,87 @@ class XlaKernelsAttentionBackend(AttentionBackend):
                                "run this model with tpu-inference's own backend on a TPU")
         if sinks is not None:
             raise _unsupported("attention sinks", "use a model without sinks")
-        if q_scale is not None or k_scale is not None or v_scale is not None:
-            raise _unsupported("a quantized KV cache (kv_cache_dtype != 'auto')",
-                               "pass vllm.LLM(..., kv_cache_dtype='auto')")
-        axes = {name: size for name, size in mesh.shape.items() if size > 1}
-        if axes:
-            raise _unsupported(f"a sharded mesh {axes}",
-                               "run on one device (tensor_parallel_size=1)")
+        if q_scale is not None:
+            raise _unsupported("fp8 queries (q_scale)",
+                               "keep queries in the model's dtype (no q quantization)")
+        k_scale, v_scale = kv_scales(kv_cache.dtype, k_scale, v_scale)
+        sharded = sharded_axes(mesh)
         metadata = attention.Metadata(seq_lens=shared_md.seq_lens,
                                       block_tables=md.block_tables,
                                       query_start_loc=shared_md.query_start_loc,
                                       request_distribution=shared_md.request_distribution)
         # tpu-inference passes a sliding window as attention_chunk_size (the torch path sets
         # it from the layer's sliding_window, and RPA reads it as its sliding_window).
-        return attention.attend(kv_cache, q, k, v, metadata, scale=sm_scale,
-                                sliding_window=attention_chunk_size or 0,
-                                soft_cap=attn_logits_soft_cap or 0.0,
-                                update_kv_cache=update_kv_cache)
+        attend = functools.partial(attention.attend, scale=sm_scale,
+                                   sliding_window=attention_chunk_size or 0,
+                                   soft_cap=attn_logits_soft_cap or 0.0,
+                                   update_kv_cache=update_kv_cache,
+                                   k_scale=k_scale, v_scale=v_scale)
+        if not sharded:
+            return attend(kv_cache, q, k, v, metadata)
+        return _over_heads(mesh, attend, kv_cache, q, k, v, metadata)
 
 
-class XlaKernelsAttentionImpl(PallasAttentionBackendImpl):
-    """tpu-inference's torch-path attention layer, running :class:`XlaKernelsAttentionBackend`."""
+def kv_scales(cache_dtype, k_scale: float | None, v_scale: float | None
+              ) -> tuple[float, float]:
+    """The per-tensor scales our ops take: an fp8 (e4m3) cache stores ``k / k_scale`` and
+    ``v / v_scale`` (1.0 when vLLM has none); other caches take no scales."""
+    scales = (1.0 if k_scale is None else float(k_scale),
+              1.0 if v_scale is None else float(v_scale))
+    if jnp.dtype(cache_dtype) == jnp.float8_e4m3fn:
+        return scales
+    if jnp.dtype(cache_dtype).itemsize == 1:
+        raise _unsupported(f"a {jnp.dtype(cache_dtype).name} KV cache",
+                           "pass kv_cache_dtype='fp8' or 'fp8_e4m3' (float8_e4m3fn), or 'auto'")
+    if scales != (1.0, 1.0):
+        raise _unsupported(f"k/v scales {scales} on a {jnp.dtype(cache_dtype).name} cache",
+                           "scales apply to fp8 caches only")
+    return scales
 
-    attention_backend = NAME
+
+def sharded_axes(mesh) -> dict[str, int]:
+    """The mesh axes of size > 1, which must all split attention heads (tensor parallel);
+    raises for data, decode-context or prefill-context parallel meshes."""
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+
+    axes = {name: size for name, size in mesh.shape.items() if size > 1}
+    head_axes = ShardingAxisName.ATTN_HEAD
+    head_axes = (head_axes,) if isinstance(head_axes, str) else tuple(head_axes)
+    other = {name: size for name, size in axes.items()
+             if name not in head_axes or name == "dcp"}
+    if other:
+        raise _unsupported(f"a mesh that splits {other} (data or context parallel attention)",
+                           "use tensor parallelism only (tensor_parallel_size=N, "
+                           "data_parallel_size=1, no decode/prefill context parallelism)")
+    return axes
 
 
-class XlaKernelsVllmBackend(PallasAttentionBackend):
-    """The vLLM attention backend class registered for ``--attention-backend xla_kernels``."""
+def _over_heads(mesh, attend, kv_cache, q, k, v, metadata):
+    """``attend`` on each device's heads (tensor parallel), as tpu-inference's
+    ``sharded_ragged_paged_attention`` splits RPA: q/k/v on their head axis, the fused cache
+    on its merged-head axis (kv head ``h``'s key and value stay together on one device),
+    the batch layout replicated."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+    from tpu_inference.layers.common.sharding import ShardingAxisName
+    from tpu_inference.utils import get_mesh_shape_product
 
-    @staticmethod
-    def get_name() -> str:
-        return NAME.upper()
+    tp = get_mesh_shape_product(mesh, ShardingAxisName.ATTN_HEAD)
+    num_kv_heads = k.shape[1]
+    if num_kv_heads < tp:
+        if tp % num_kv_heads:
+            raise _unsupported(f"{num_kv_heads} kv heads over {tp} devices",
+                               "use a tensor parallel size that divides or is a multiple "
+                               "of the kv head count")
+        k = jnp.repeat(k, tp // num_kv_heads, axis=1)
+        v = jnp.repeat(v, tp // num_kv_heads, axis=1)
+    rows = P(ShardingAxisName.ATTN_DATA, ShardingAxisName.ATTN_HEAD, None)
+    cache = P(ShardingAxisName.ATTN_DATA, None, ShardingAxisName.ATTN_HEAD, None, None)
+    layout = P(ShardingAxisName.ATTN_DATA)
 
-    @staticmethod
-    def get_impl_cls() -> type[XlaKernelsAttentionImpl]:
-        return XlaKernelsAttentionImpl
+    def per_device(kv_cache, q, k, v, *layout_arrays):
+        return attend(kv_cache, q, k, v, attention.Metadata(*layout_arrays))
 
-
-VLLM_BACKEND_PATH = f"{__name__}.{XlaKernelsVllmBackend.__qualname__}"
+    return jax.shard_map(per_device, mesh=mesh,
+                         in_specs=(cache, rows, rows, rows) + (layout,) * 4,
+                         out_specs=(cache, rows), check_vma=False)(kv_cache, q, k, v, *metadata)

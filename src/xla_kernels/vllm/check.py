@@ -7,9 +7,9 @@
 
 writes (and prints) ``{"tokens": ..., "reference_tokens": ..., "matches_transformers": ...,
 "attention": {...}, ...}`` and exits 0 only if vLLM's greedy tokens equal Hugging Face
-transformers' (f32, same weights) and the model ran xla-kernels' attention: the runner's
-backend is ours and :data:`xla_kernels.vllm.attention.TRACES` counts our ops in the traced
-model (the engine runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+transformers' (f32, same weights) and the model ran xla-kernels' attention:
+:data:`xla_kernels.vllm.attention.TRACES` counts our ops in the traced model (the engine
+runs in this process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ PLATFORMS = {"cpu": "cpu", "gpu": ""}
 MODEL_IMPLS = ("flax_nnx", "vllm")
 
 
-def configure(platform: str, model_impl: str) -> None:
+def configure(platform: str, model_impl: str, tensor_parallel_size: int = 1) -> None:
     """The environment vLLM and tpu-inference read at import; must run before importing them."""
+    if platform == "cpu" and tensor_parallel_size > 1:
+        flag = f"--xla_force_host_platform_device_count={tensor_parallel_size}"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
     os.environ["JAX_PLATFORMS"] = PLATFORMS[platform]
     if not PLATFORMS[platform]:
         del os.environ["JAX_PLATFORMS"]
@@ -44,7 +47,8 @@ def configure(platform: str, model_impl: str) -> None:
 
 
 def run_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int, *,
-             max_model_len: int, block_size: int | None, tokenizer: bool) -> dict:
+             max_model_len: int, block_size: int | None, tokenizer: bool,
+             tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto") -> dict:
     import vllm
 
     from . import attention, patches
@@ -54,6 +58,7 @@ def run_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int, *,
     llm = vllm.LLM(model=str(model_dir), dtype="float32", max_model_len=max_model_len,
                    max_num_seqs=4, max_num_batched_tokens=max_model_len,
                    gpu_memory_utilization=0.5, seed=0, skip_tokenizer_init=not tokenizer,
+                   tensor_parallel_size=tensor_parallel_size, kv_cache_dtype=kv_cache_dtype,
                    **kwargs)
     started = time.perf_counter() - start
     params = vllm.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -79,26 +84,30 @@ def run_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int, *,
 
 
 def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
-          max_model_len: int = 1024, block_size: int | None = None) -> dict:
-    configure(platform, model_impl)
+          max_model_len: int = 1024, block_size: int | None = None,
+          tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto") -> dict:
+    configure(platform, model_impl, tensor_parallel_size)
     from . import models, reference
 
     with tempfile.TemporaryDirectory(prefix=f"xk-vllm-{model}-") as tmp:
         checkpoint = models.MODELS[model](Path(tmp))
         start = time.perf_counter()
         ref_tokens, margins = reference.greedy_tokens(checkpoint.path,
-                                                      checkpoint.prompt_token_ids, max_tokens)
+                                                      checkpoint.prompt_token_ids, max_tokens,
+                                                      kv_cache_dtype=kv_cache_dtype)
         ref_seconds = time.perf_counter() - start
         result = run_vllm(checkpoint.path, checkpoint.prompt_token_ids, max_tokens,
                           max_model_len=max_model_len, block_size=block_size,
-                          tokenizer=checkpoint.prompts is not None)
+                          tokenizer=checkpoint.prompts is not None,
+                          tensor_parallel_size=tensor_parallel_size,
+                          kv_cache_dtype=kv_cache_dtype)
     traces = result["attention"]["traces"]
-    ours = (result["attention"]["backend"] == "XlaKernelsAttentionBackend"
-            and traces.get("ragged_paged_attention", 0) > 0
+    ours = (traces.get("attend", 0) > 0 and traces.get("ragged_paged_attention", 0) > 0
             and result["jax_backend"] == platform)
     result["seconds"]["transformers"] = round(ref_seconds, 1)
     return {
         "model": model, "platform": platform, "model_impl": model_impl,
+        "tensor_parallel_size": tensor_parallel_size, "kv_cache_dtype": kv_cache_dtype,
         "prompts": checkpoint.prompts or checkpoint.prompt_token_ids,
         "max_tokens": max_tokens,
         "matches_transformers": result["tokens"] == ref_tokens,
@@ -121,10 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=1024,
                         help="tpu-inference picks the page size from it (1024: 64)")
     parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="devices the model's heads are split over (on the CPU, that "
+                             "many host devices are made)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"),
+                        help="fp8: an e4m3 cache (the reference then reads keys and values "
+                             "rounded to e4m3 too)")
     parser.add_argument("--json", type=Path, help="write the result here too")
     args = parser.parse_args(argv)
     result = check(args.model, args.platform, args.model_impl, args.max_tokens,
-                   max_model_len=args.max_model_len, block_size=args.block_size)
+                   max_model_len=args.max_model_len, block_size=args.block_size,
+                   tensor_parallel_size=args.tensor_parallel_size,
+                   kv_cache_dtype=args.kv_cache_dtype)
     text = json.dumps(result, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

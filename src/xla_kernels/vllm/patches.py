@@ -34,11 +34,7 @@ class Patch:
     """sha256 of ``inspect.getsource`` of upstream's function, in the pinned release."""
     replacement: Callable
     kind: str = "function"
-    """``function``, ``method`` (called on instances), ``classmethod``, ``staticmethod``, or
-    ``default``: ``replacement()`` becomes the default of upstream's ``parameter`` (the
-    function object is changed in place, so modules that imported it by name see it too)."""
-    parameter: str = ""
-    """For ``default``: the keyword whose default changes."""
+    """``function``, ``method`` (called on instances), ``classmethod`` or ``staticmethod``."""
 
     @property
     def where(self) -> str:
@@ -52,8 +48,6 @@ class Patch:
     def upstream(self) -> Callable:
         """The function the pinned release has there (also after :meth:`apply`)."""
         owner = self.resolve()
-        if self.kind == "default":
-            return getattr(owner, self.name)
         current = inspect.getattr_static(owner, self.name)
         current = getattr(current, "__func__", current)
         return getattr(current, "__xk_upstream__", current)
@@ -76,16 +70,12 @@ class Patch:
     def is_applied(self) -> bool:
         current = inspect.getattr_static(self.resolve(), self.name)
         current = getattr(current, "__func__", current)
-        return bool(getattr(current, "__xk_upstream__", None)
-                    or getattr(current, "__xk_defaults__", None))
+        return getattr(current, "__xk_upstream__", None) is not None
 
     def apply(self) -> None:
         if self.is_applied():
             return
         self.check()
-        if self.kind == "default":
-            self._apply_default()
-            return
         owner = self.resolve()
         upstream = self.upstream()
 
@@ -97,16 +87,6 @@ class Patch:
         bound.__doc__ = self.replacement.__doc__
         wrap = {"classmethod": classmethod, "staticmethod": staticmethod}.get(self.kind)
         setattr(owner, self.name, wrap(bound) if wrap else bound)
-
-    def _apply_default(self) -> None:
-        function = self.upstream()
-        names = [p.name for p in inspect.signature(function).parameters.values()
-                 if p.default is not inspect.Parameter.empty
-                 and p.kind is not inspect.Parameter.KEYWORD_ONLY]
-        defaults = list(function.__defaults__)
-        defaults[names.index(self.parameter)] = self.replacement()
-        function.__xk_defaults__ = function.__defaults__
-        function.__defaults__ = tuple(defaults)
 
 
 def applied() -> list[str]:
@@ -153,9 +133,9 @@ def device_memory_limit(upstream):
     is host memory, and vLLM takes ``gpu_memory_utilization`` of this for weights and cache."""
     if _jax_has_tpu():
         return upstream()
-    import os
+    from xla_kernels import env
 
-    return int(float(os.environ.get(MEMORY_ENV, "4")) * (1 << 30))
+    return int(float(env.get(MEMORY_ENV)) * (1 << 30))
 
 
 def drop_tpu_compile_options(upstream, *args, **kwargs):
@@ -173,16 +153,32 @@ def drop_tpu_compile_options(upstream, *args, **kwargs):
     return upstream(*args, **kwargs)
 
 
-def our_attention_backend():
-    """``tpu_inference.layers.common.attention_interface.attention`` runs
-    ``attention_backend``, and when it is None (its default), ``RPAAttentionBackend``: the
-    Pallas TPU kernels. vLLM's PyTorch models pass the backend that ``--attention-backend``
-    selects, but the JAX-native models (``tpu_inference.models.jax``) never pass one, so they
-    would run RPA whatever the user selects. Off TPU we make xla-kernels' backend the default:
-    RPA cannot run there anyway."""
+def rpa_runs_xla_kernels(upstream, backend, *args, **kwargs):
+    """``tpu_inference.layers.common.attention_backend.RPAAttentionBackend.attention`` runs
+    the Pallas TPU kernels (ragged paged attention v3). It is the backend every model path
+    reaches unless the user registers another: the JAX-native models call
+    ``attention_interface.attention`` without a backend (its default is a new
+    ``RPAAttentionBackend``), and vLLM's PyTorch models resolve ``--attention-backend``'s
+    default to the name ``"rpa"``. Off TPU, where Pallas TPU cannot run, its attention is
+    xla-kernels'. Replacing the method (not registering a second name) keeps the selection
+    a plain string that a spawned or forked EngineCore rebuilds by itself, so ``vllm serve``
+    (which spawns its engine) runs our kernels too."""
+    if _jax_has_tpu():
+        return upstream(backend, *args, **kwargs)
     from .backend import XlaKernelsAttentionBackend
 
-    return XlaKernelsAttentionBackend()
+    return XlaKernelsAttentionBackend().attention(*args, **kwargs)
+
+
+def rpa_cache_is_xla_kernels(upstream, backend, *args, **kwargs):
+    """``RPAAttentionBackend.get_kv_cache_shape`` lays out the KV cache for the Pallas
+    kernels, which pad the head axis to their packing. Off TPU the cache is laid out for
+    xla-kernels' fused-K/V ops instead (see :func:`rpa_runs_xla_kernels`)."""
+    if _jax_has_tpu():
+        return upstream(backend, *args, **kwargs)
+    from .backend import XlaKernelsAttentionBackend
+
+    return XlaKernelsAttentionBackend().get_kv_cache_shape(*args, **kwargs)
 
 
 def load_weight_from_a_copy(upstream, layer, param_name, sharding, stage_on_host=False):
@@ -243,9 +239,13 @@ PATCHES: list[Patch] = [
           kind="method"),
     Patch("tpu_inference.utils", "get_device_hbm_limit",
           "66a55e6261fb7ff3a9990ba020551b3d45bcc3878bd8577b0a1bdfb5a8e0b85c", device_memory_limit),
-    Patch("tpu_inference.layers.common.attention_interface", "attention",
-          "849e84a776cde71fa6a62eac3bd1e169a53396f07c8aef0808d1b2caceb4fcb1",
-          our_attention_backend, kind="default", parameter="attention_backend"),
+    Patch("tpu_inference.layers.common.attention_backend:RPAAttentionBackend", "attention",
+          "69c567487ac6944c52ae070d4ee72007fda5ff67fd0c09092230e272ceceb7b7",
+          rpa_runs_xla_kernels, kind="method"),
+    Patch("tpu_inference.layers.common.attention_backend:RPAAttentionBackend",
+          "get_kv_cache_shape",
+          "fd0e6a0ba5752a054309dab90629ddbfc1742a4267816e5b23e1d7b903915595",
+          rpa_cache_is_xla_kernels, kind="method"),
     Patch("tpu_inference.layers.vllm.quantization.unquantized", "_load_weight_for_layer",
           "18c3126af4314d5a074f7150a1ed287b323bb36eda8f00f5df54cc56be61fb6c",
           load_weight_from_a_copy),

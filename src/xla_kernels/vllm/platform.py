@@ -4,16 +4,17 @@ vLLM asks every ``vllm.platform_plugins`` entry point which platform to run, and
 out-of-tree answer wins over its built-in detection. :func:`detect` answers
 :class:`XlaKernelsPlatform` unless the machine has a TPU (then tpu-inference's own platform
 runs, untouched) or ``XLA_KERNELS_VLLM=0``. The platform is tpu-inference's ``TpuPlatform``
-(the same runner, model loaders and JAX/torchax model paths) with three changes: the attention
-backend defaults to xla-kernels' (``--attention-backend xla_kernels``), the patches in
-:mod:`xla_kernels.vllm.patches` are applied (TPU-only assumptions), and a page size that our
-ops cannot split is refused early.
+(the same runner, model loaders and JAX/torchax model paths) with two changes: the patches in
+:mod:`xla_kernels.vllm.patches` are applied (TPU-only assumptions, and the default attention
+backend runs xla-kernels' ops), and a page size that our ops cannot split is refused early.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+
+from xla_kernels import env
 
 ENV = "XLA_KERNELS_VLLM"
 """``0`` keeps vLLM's own platform detection; ``1`` selects ours even where a TPU is seen."""
@@ -22,7 +23,7 @@ ENV = "XLA_KERNELS_VLLM"
 def tpu_present() -> bool:
     """Whether this host has TPU chips (the device files libtpu opens), or JAX is told to
     use one."""
-    platforms = os.environ.get("JAX_PLATFORMS", "")
+    platforms = env.get("JAX_PLATFORMS") or ""
     if platforms:
         return "tpu" in platforms.split(",")
     return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
@@ -30,7 +31,7 @@ def tpu_present() -> bool:
 
 def active() -> bool:
     """Whether vLLM should run on :class:`XlaKernelsPlatform`."""
-    choice = os.environ.get(ENV, "")
+    choice = env.get(ENV) or ""
     if choice in ("0", "1"):
         return choice == "1"
     return not tpu_present()
@@ -52,18 +53,14 @@ _registered = False
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point (``xla_kernels.vllm:register``); vLLM may call it
-    more than once per process."""
+    """``vllm.general_plugins`` entry point (``xla_kernels.vllm:register``): applies
+    :mod:`xla_kernels.vllm.patches`. vLLM runs it in every process it starts (the API
+    server, a spawned EngineCore, workers), and may run it more than once per process."""
     global _registered
     if _registered or not active():
         return
-    from tpu_inference.layers.common.attention_backend import register_attention_backend
-
     from . import patches
-    from .backend import NAME, VLLM_BACKEND_PATH, XlaKernelsAttentionBackend
 
-    register_attention_backend(NAME, attention=XlaKernelsAttentionBackend,
-                               vllm_backend=VLLM_BACKEND_PATH)
     patches.apply_all()
     _registered = True
 
@@ -83,7 +80,6 @@ def _platform_class():
         @classmethod
         def check_and_update_config(cls, vllm_config) -> None:
             register()
-            _select_backend(vllm_config)
             super().check_and_update_config(vllm_config)
             from .attention import sub_block_size
 
@@ -91,19 +87,6 @@ def _platform_class():
 
     XlaKernelsPlatform.__module__ = __name__
     return XlaKernelsPlatform
-
-
-def _select_backend(vllm_config) -> None:
-    """Make xla-kernels' backend the default: as if ``--attention-backend xla_kernels`` was
-    given, unless the user named another backend that tpu-inference registered."""
-    from tpu_inference.layers.common.attention_backend import is_registered_attention_backend
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
-
-    from .backend import NAME
-
-    config = vllm_config.attention_config
-    if not is_registered_attention_backend(config.backend):
-        config.backend = AttentionBackendEnum[NAME.upper()]
 
 
 def __getattr__(name: str):

@@ -4,16 +4,50 @@ from __future__ import annotations
 
 from pathlib import Path
 
+FP8_KV_ATTENTION = "xla_kernels_fp8_kv"
+"""transformers attention that reads keys and values as an fp8 (e4m3) cache holds them."""
 
-def greedy_tokens(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
-                  ) -> tuple[list[list[int]], list[float]]:
+
+def _register_fp8_kv_attention() -> None:
+    """Register :data:`FP8_KV_ATTENTION`: transformers' SDPA attention (f32) on keys and
+    values rounded as tpu-inference's models store them (``quantize_kv`` with scale 1: the
+    f32 rows clipped to e4m3's range and cast to float8_e4m3fn), and queries and outputs
+    rounded to bf16 (our ops take bf16 queries with an fp8 cache and give outputs in their
+    dtype). Rounding is idempotent, so rounding the whole cache each step equals storing
+    rounded rows."""
+    import torch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def as_stored(x: torch.Tensor) -> torch.Tensor:
+        limit = torch.finfo(torch.float8_e4m3fn).max
+        return x.clamp(-limit, limit).to(torch.float8_e4m3fn).to(x.dtype)
+
+    def attention(module, query, key, value, *args, **kwargs):
+        query = query.to(torch.bfloat16).to(query.dtype)
+        out, weights = sdpa_attention_forward(module, query, as_stored(key), as_stored(value),
+                                              *args, **kwargs)
+        return out.to(torch.bfloat16).to(out.dtype), weights
+
+    AttentionInterface.register(FP8_KV_ATTENTION, attention)
+
+
+def greedy_tokens(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, *,
+                  kv_cache_dtype: str = "auto") -> tuple[list[list[int]], list[float]]:
     """Each prompt's ``max_new_tokens`` greedy continuation (EOS ignored, as in the vLLM run),
     and per prompt the smallest gap between the top two logits along the way: a gap near
-    rounding error means a different but correct engine may pick the other token."""
+    rounding error means a different but correct engine may pick the other token. With
+    ``kv_cache_dtype="fp8"`` attention reads an fp8-rounded cache
+    (:func:`_register_fp8_kv_attention`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    kwargs = {}
+    if kv_cache_dtype == "fp8":
+        _register_fp8_kv_attention()
+        kwargs["attn_implementation"] = FP8_KV_ATTENTION
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                 **kwargs).eval()
     tokens, margins = [], []
     with torch.no_grad():
         for prompt in prompts:

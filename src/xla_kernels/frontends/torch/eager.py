@@ -13,12 +13,11 @@ path of in-place, input-less and stateful ops). A failed handler's
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Any
 
 import torch
 
-from xla_kernels import dtypes, platforms
+from xla_kernels import dtypes, env, platforms
 from xla_kernels.diagnostics import explain_kernel_error
 from xla_kernels.errors import OpInputError
 from xla_kernels.frontends.torch import native as torch_native
@@ -32,7 +31,7 @@ __all__ = ["POISON_OUTPUTS", "install_eager"]
 #: Set ``XLA_KERNELS_POISON_OUTPUTS=1`` to fill every eager output with NaN (floats) or
 #: all-ones bits (ints, bools) before the kernel runs: a kernel that leaves elements
 #: unwritten then shows it at once instead of returning stale memory.
-POISON_OUTPUTS: bool = os.environ.get("XLA_KERNELS_POISON_OUTPUTS", "") not in ("", "0")
+POISON_OUTPUTS: bool = env.get("XLA_KERNELS_POISON_OUTPUTS") not in (None, "", "0")
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {name: dtypes.to_torch(name) for name in dtypes.ALL}
 _MAX_PLANS = 512

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import os
 import struct
 import sys
 import sysconfig
@@ -44,7 +43,7 @@ from typing import Any
 
 import torch
 
-from xla_kernels import dtypes
+from xla_kernels import dtypes, env
 from xla_kernels.diagnostics import explain_kernel_error
 from xla_kernels.runtime import eager
 from xla_kernels.runtime.eager import KernelError
@@ -157,7 +156,7 @@ _keep: list[Any] = []  # planners and the error factory, alive as long as the ke
 
 
 def _enabled() -> bool:
-    value = os.environ.get("XLA_KERNELS_TORCH_NATIVE", "1").strip().lower()
+    value = (env.get("XLA_KERNELS_TORCH_NATIVE") or "").strip().lower()
     return value not in ("0", "false", "no", "off")
 
 
@@ -283,7 +282,7 @@ def native_status() -> str:
         True
     """
     if not _enabled():
-        return f"disabled: XLA_KERNELS_TORCH_NATIVE={os.environ['XLA_KERNELS_TORCH_NATIVE']}"
+        return f"disabled: XLA_KERNELS_TORCH_NATIVE={env.get('XLA_KERNELS_TORCH_NATIVE')}"
     _load()
     return _status
 

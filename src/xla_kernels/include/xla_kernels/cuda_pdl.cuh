@@ -9,15 +9,10 @@
 //
 //   __global__ void k(Args a) { pdl_wait(); pdl_launch_dependents(); ... }
 //   launch_kernel(k, grid, block, smem, stream, pdl_enabled(device), args);
-//
-// XLA_KERNELS_PDL=0 in the environment turns it off (read once per process), for A/B
-// timing.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 namespace xla_kernels::cuda_pdl {
@@ -36,11 +31,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 
 // Whether kernels on `device` (compute capability >= 9.0) should be launched with PDL.
 inline bool pdl_enabled(int device) {
-  static const bool kAllowed = [] {
-    const char* v = std::getenv("XLA_KERNELS_PDL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  if (!kAllowed) return false;
   int major = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess)
     return false;

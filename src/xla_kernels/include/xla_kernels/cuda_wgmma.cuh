@@ -100,20 +100,20 @@ __device__ __forceinline__ void fence_operands(uint32_t (&d)[N]) {
 
 // Operand lists of 64 f32 accumulators (m64n128): the asm register list and the matching
 // constraints, "+f" (accumulate) or "=f" (output only).
-#define XK_WGMMA_D64_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define XK_WGMMA_R4(c, d, b) c(d[b]), c(d[b + 1]), c(d[b + 2]), c(d[b + 3])
-#define XK_WGMMA_R16(c, d, b) \
-  XK_WGMMA_R4(c, d, b), XK_WGMMA_R4(c, d, b + 4), XK_WGMMA_R4(c, d, b + 8), XK_WGMMA_R4(c, d, b + 12)
-#define XK_WGMMA_R64(c, d) \
-  XK_WGMMA_R16(c, d, 0), XK_WGMMA_R16(c, d, 16), XK_WGMMA_R16(c, d, 32), XK_WGMMA_R16(c, d, 48)
-#define XK_WGMMA_INOUT(x) "+f"(x)
-#define XK_WGMMA_OUT(x) "=f"(x)
+#define WGMMA_D64_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WGMMA_R4(c, d, b) c(d[b]), c(d[b + 1]), c(d[b + 2]), c(d[b + 3])
+#define WGMMA_R16(c, d, b) \
+  WGMMA_R4(c, d, b), WGMMA_R4(c, d, b + 4), WGMMA_R4(c, d, b + 8), WGMMA_R4(c, d, b + 12)
+#define WGMMA_R64(c, d) \
+  WGMMA_R16(c, d, 0), WGMMA_R16(c, d, 16), WGMMA_R16(c, d, 32), WGMMA_R16(c, d, 48)
+#define WGMMA_INOUT(x) "+f"(x)
+#define WGMMA_OUT(x) "=f"(x)
 // Operand list of 32 f32 accumulators (m64n64).
-#define XK_WGMMA_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define XK_WGMMA_R32(c, d) XK_WGMMA_R16(c, d, 0), XK_WGMMA_R16(c, d, 16)
+#define WGMMA_D32_REGS "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WGMMA_R32(c, d) WGMMA_R16(c, d, 0), WGMMA_R16(c, d, 16)
 // Emits OP("bf16") or OP("f16") for the input type T (the wrappers with a run-time
 // scale_d, whose D registers are always inputs and outputs).
-#define XK_WGMMA_TYPED_BODY(OP)                     \
+#define WGMMA_TYPED_BODY(OP)                     \
   if constexpr (std::is_same_v<T, __nv_bfloat16>) { \
     OP("bf16");                                     \
   } else {                                          \
@@ -123,23 +123,23 @@ __device__ __forceinline__ void fence_operands(uint32_t (&d)[N]) {
 // The scaled wrappers' instructions: D = D * (scale_d != 0) + A B, scale_d a run-time
 // predicate. SS: A and B from shared memory, both K-major. RS: A from registers, B
 // MN-major (the transpose bit of B set). TY the input type's PTX name.
-#define XK_WGMMA_SS_N64_SCALED(TY)                                                           \
+#define WGMMA_SS_N64_SCALED(TY)                                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                  \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " XK_WGMMA_D32_REGS \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WGMMA_D32_REGS \
                ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                             \
-               : XK_WGMMA_R32(XK_WGMMA_INOUT, d)                                             \
+               : WGMMA_R32(WGMMA_INOUT, d)                                             \
                : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-#define XK_WGMMA_RS_N64_SCALED(TY)                                                           \
+#define WGMMA_RS_N64_SCALED(TY)                                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                  \
-               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " XK_WGMMA_D32_REGS \
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WGMMA_D32_REGS \
                ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                               \
-               : XK_WGMMA_R32(XK_WGMMA_INOUT, d)                                             \
+               : WGMMA_R32(WGMMA_INOUT, d)                                             \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
-#define XK_WGMMA_RS_N128_SCALED(TY)                                                           \
+#define WGMMA_RS_N128_SCALED(TY)                                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                   \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " XK_WGMMA_D64_REGS \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WGMMA_D64_REGS \
                ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                                \
-               : XK_WGMMA_R64(XK_WGMMA_INOUT, d)                                              \
+               : WGMMA_R64(WGMMA_INOUT, d)                                              \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d))
 
 // D (64 x 64, f32) = D * (scale_d != 0) + A (64 x 16, shared, K-major) * B (16 x 64,
@@ -148,7 +148,7 @@ template <typename T>
 __device__ __forceinline__ void mma_ss_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
                                                int scale_d) {
 #if XK_HAS_WGMMA
-  XK_WGMMA_TYPED_BODY(XK_WGMMA_SS_N64_SCALED)
+  WGMMA_TYPED_BODY(WGMMA_SS_N64_SCALED)
 #else
   (void)d; (void)desc_a; (void)desc_b; (void)scale_d;
   __trap();
@@ -157,38 +157,38 @@ __device__ __forceinline__ void mma_ss_m64n64k16(float (&d)[32], uint64_t desc_a
 
 // m64n64k16, register A, K-major B; SCALE_D "0" (D = A B, D output only) or "1" (D += A B);
 // TY the input type's PTX name.
-#define XK_WGMMA_RS_N64_KMAJOR(TY, SCALE_D, CONSTRAINT)                                    \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " XK_WGMMA_D32_REGS \
+#define WGMMA_RS_N64_KMAJOR(TY, SCALE_D, CONSTRAINT)                                    \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WGMMA_D32_REGS \
                ", {%32, %33, %34, %35}, %36, " SCALE_D ", 1, 1, 0;\n"                      \
-               : XK_WGMMA_R32(CONSTRAINT, d)                                               \
+               : WGMMA_R32(CONSTRAINT, d)                                               \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 // The body of a K-major wrapper (template parameters T and kInit): OP(TY, SCALE_D,
 // CONSTRAINT) for bf16 or f16, with kInit D = A B (D's registers outputs only: instructions
 // that wrote them before, while another wgmma is in flight, do not make ptxas serialize the
 // warpgroup's wgmmas, its warning C7513), else D += A B.
-#define XK_WGMMA_KMAJOR_BODY(OP)                          \
+#define WGMMA_KMAJOR_BODY(OP)                          \
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {       \
     if constexpr (kInit) {                                \
-      OP("bf16", "0", XK_WGMMA_OUT);                      \
+      OP("bf16", "0", WGMMA_OUT);                      \
     } else {                                              \
-      OP("bf16", "1", XK_WGMMA_INOUT);                    \
+      OP("bf16", "1", WGMMA_INOUT);                    \
     }                                                     \
   } else {                                                \
     if constexpr (kInit) {                                \
-      OP("f16", "0", XK_WGMMA_OUT);                       \
+      OP("f16", "0", WGMMA_OUT);                       \
     } else {                                              \
-      OP("f16", "1", XK_WGMMA_INOUT);                     \
+      OP("f16", "1", WGMMA_INOUT);                     \
     }                                                     \
   }
 
 // D (64 x 64, f32) = A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16 rows)
 // * B (16 x 64, shared, K-major: stored as 64 rows of K), plus D unless kInit (D's registers
-// then outputs only: see XK_WGMMA_KMAJOR_BODY). S = Q K^T with Q held in registers.
+// then outputs only: see WGMMA_KMAJOR_BODY). S = Q K^T with Q held in registers.
 template <typename T, bool kInit>
 __device__ __forceinline__ void mma_rs_m64n64k16_kmajor(float (&d)[32], const uint32_t (&a)[4],
                                                        uint64_t desc_b) {
 #if XK_HAS_WGMMA
-  XK_WGMMA_KMAJOR_BODY(XK_WGMMA_RS_N64_KMAJOR)
+  WGMMA_KMAJOR_BODY(WGMMA_RS_N64_KMAJOR)
 #else
   (void)d; (void)a; (void)desc_b;
   __trap();
@@ -201,7 +201,7 @@ template <typename T>
 __device__ __forceinline__ void mma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4],
                                                 uint64_t desc_b, int scale_d) {
 #if XK_HAS_WGMMA
-  XK_WGMMA_TYPED_BODY(XK_WGMMA_RS_N64_SCALED)
+  WGMMA_TYPED_BODY(WGMMA_RS_N64_SCALED)
 #else
   (void)d; (void)a; (void)desc_b; (void)scale_d;
   __trap();
@@ -214,7 +214,7 @@ template <typename T>
 __device__ __forceinline__ void mma_rs_m64n128k16(float (&d)[64], const uint32_t (&a)[4],
                                                 uint64_t desc_b, int scale_d) {
 #if XK_HAS_WGMMA
-  XK_WGMMA_TYPED_BODY(XK_WGMMA_RS_N128_SCALED)
+  WGMMA_TYPED_BODY(WGMMA_RS_N128_SCALED)
 #else
   (void)d; (void)a; (void)desc_b; (void)scale_d;
   __trap();
@@ -223,10 +223,10 @@ __device__ __forceinline__ void mma_rs_m64n128k16(float (&d)[64], const uint32_t
 
 // m64n128k16, register A, K-major B (no transpose); SCALE_D "0" (D = A B, D output only) or
 // "1" (D += A B); TY the input type's PTX name.
-#define XK_WGMMA_RS_N128_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " XK_WGMMA_D64_REGS \
+#define WGMMA_RS_N128_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WGMMA_D64_REGS \
                ", {%64, %65, %66, %67}, %68, " SCALE_D ", 1, 1, 0;\n"                      \
-               : XK_WGMMA_R64(CONSTRAINT, d)                                                \
+               : WGMMA_R64(CONSTRAINT, d)                                                \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 
 // D (64 x 128, f32) = A (64 x 16, registers: the m16n8k16 A fragment of each warp's 16
@@ -237,7 +237,7 @@ template <typename T, bool kInit>
 __device__ __forceinline__ void mma_rs_m64n128k16_kmajor(float (&d)[64], const uint32_t (&a)[4],
                                                         uint64_t desc_b) {
 #if XK_HAS_WGMMA
-  XK_WGMMA_KMAJOR_BODY(XK_WGMMA_RS_N128_KMAJOR)
+  WGMMA_KMAJOR_BODY(WGMMA_RS_N128_KMAJOR)
 #else
   (void)d; (void)a; (void)desc_b;
   __trap();
@@ -245,10 +245,10 @@ __device__ __forceinline__ void mma_rs_m64n128k16_kmajor(float (&d)[64], const u
 }
 
 // m64n128k16, A and B from shared memory, both K-major; SCALE_D as above.
-#define XK_WGMMA_SS_N128_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " XK_WGMMA_D64_REGS \
+#define WGMMA_SS_N128_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WGMMA_D64_REGS \
                ", %64, %65, " SCALE_D ", 1, 1, 0, 0;\n"                                     \
-               : XK_WGMMA_R64(CONSTRAINT, d)                                                \
+               : WGMMA_R64(CONSTRAINT, d)                                                \
                : "l"(desc_a), "l"(desc_b))
 
 // D (64 x 128, f32) = A (64 x 16, shared, K-major) * B (16 x 128, shared, K-major: stored as
@@ -258,7 +258,7 @@ template <typename T, bool kInit>
 __device__ __forceinline__ void mma_ss_m64n128k16_kmajor(float (&d)[64], uint64_t desc_a,
                                                         uint64_t desc_b) {
 #if XK_HAS_WGMMA
-  XK_WGMMA_KMAJOR_BODY(XK_WGMMA_SS_N128_KMAJOR)
+  WGMMA_KMAJOR_BODY(WGMMA_SS_N128_KMAJOR)
 #else
   (void)d; (void)desc_a; (void)desc_b;
   __trap();
@@ -266,10 +266,10 @@ __device__ __forceinline__ void mma_ss_m64n128k16_kmajor(float (&d)[64], uint64_
 }
 
 // m64n64k16, A and B from shared memory, both K-major; SCALE_D as above.
-#define XK_WGMMA_SS_N64_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
-  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " XK_WGMMA_D32_REGS \
+#define WGMMA_SS_N64_KMAJOR(TY, SCALE_D, CONSTRAINT)                                   \
+  asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WGMMA_D32_REGS \
                ", %32, %33, " SCALE_D ", 1, 1, 0, 0;\n"                                    \
-               : XK_WGMMA_R32(CONSTRAINT, d)                                               \
+               : WGMMA_R32(CONSTRAINT, d)                                               \
                : "l"(desc_a), "l"(desc_b))
 
 // D (64 x 64, f32) = A (64 x 16, shared, K-major) * B (16 x 64, shared, K-major: stored as
@@ -279,7 +279,7 @@ template <typename T, bool kInit>
 __device__ __forceinline__ void mma_ss_m64n64k16_kmajor(float (&d)[32], uint64_t desc_a,
                                                        uint64_t desc_b) {
 #if XK_HAS_WGMMA
-  XK_WGMMA_KMAJOR_BODY(XK_WGMMA_SS_N64_KMAJOR)
+  WGMMA_KMAJOR_BODY(WGMMA_SS_N64_KMAJOR)
 #else
   (void)d; (void)desc_a; (void)desc_b;
   __trap();
@@ -287,3 +287,23 @@ __device__ __forceinline__ void mma_ss_m64n64k16_kmajor(float (&d)[32], uint64_t
 }
 
 }  // namespace xla_kernels::cuda_wgmma
+
+// The operand-list and instruction macros above write the wrappers' inline assembly (a
+// list of 32 or 64 accumulator registers cannot be written otherwise); they end here.
+#undef WGMMA_D32_REGS
+#undef WGMMA_D64_REGS
+#undef WGMMA_INOUT
+#undef WGMMA_KMAJOR_BODY
+#undef WGMMA_OUT
+#undef WGMMA_R16
+#undef WGMMA_R32
+#undef WGMMA_R4
+#undef WGMMA_R64
+#undef WGMMA_RS_N128_KMAJOR
+#undef WGMMA_RS_N128_SCALED
+#undef WGMMA_RS_N64_KMAJOR
+#undef WGMMA_RS_N64_SCALED
+#undef WGMMA_SS_N128_KMAJOR
+#undef WGMMA_SS_N64_KMAJOR
+#undef WGMMA_SS_N64_SCALED
+#undef WGMMA_TYPED_BODY

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -74,5 +75,41 @@ inline xla::ffi::Span<const int64_t> FusedCacheDims(xla::ffi::Span<const int64_t
   *storage = {dims[0], dims[1], dims[2] * dims[3], dims[4]};
   return {storage->data(), storage->size()};
 }
+
+// Element strides of a paged cache's rows (block, slot, kv head) and the value rows' offset
+// from the key rows', for the layouts the attention kernels take (paged_cache.cuh walks the
+// cache with them):
+//   "vllm"   [num_blocks, block_size, num_kv_heads, head_dim]
+//   "pallas" [num_kv_heads, num_blocks, block_size, head_dim]
+//   "fused"  [num_blocks, block_size, 2 * num_kv_heads, head_dim]: one array, kv head h's key
+//            row at 2h and its value row at 2h + 1, so values start head_dim elements in.
+struct PagedCacheStrides {
+  int64_t block, slot, head, value_offset;
+};
+
+inline PagedCacheStrides StridesOfPagedCache(std::string_view layout, int64_t num_blocks,
+                                             int64_t block_size, int64_t num_kv_heads,
+                                             int64_t head_dim) {
+  if (layout == "pallas")
+    return {block_size * head_dim, head_dim, num_blocks * block_size * head_dim, 0};
+  const int64_t rows = layout == "fused" ? 2 : 1;  // head rows per kv head and slot
+  return {block_size * num_kv_heads * rows * head_dim, num_kv_heads * rows * head_dim,
+          rows * head_dim, layout == "fused" ? head_dim : 0};
+}
+
+// The CPU kernels' walk of a paged cache (the CUDA kernels' is paged_cache.cuh): the element
+// offset, from kv head 0's, of token t's row for a sequence whose block table row is
+// `table` (t below the table's capacity), or -1 where the token's block id is outside
+// [0, num_blocks): the token holds no data and no address is formed.
+struct HostPagedCache {
+  int64_t num_blocks, block_size, stride_block, stride_slot, stride_head;
+
+  int64_t RowOffset(const int32_t* table, int64_t t) const {
+    const int64_t blk = table[t / block_size];
+    if (blk < 0 || blk >= num_blocks) return -1;
+    return blk * stride_block + (t % block_size) * stride_slot;
+  }
+  int64_t HeadOffset(int64_t kvh) const { return kvh * stride_head; }
+};
 
 }  // namespace xla_kernels

@@ -91,10 +91,12 @@ inline ffi::Error Decode(const ffi::AnyBuffer& key, const ffi::AnyBuffer& value,
   const int64_t cache_rows = pallas ? cd[0] : cd[2];
   if (cache_rows != rows * l->num_kv_heads || cd[3] != l->head_dim)
     return Bad(cache_arg, "its heads or head_dim differ from key's", "check the layout");
-  const int64_t d = l->head_dim;
-  l->stride_slot = pallas ? d : rows * l->num_kv_heads * d;
-  l->stride_head = pallas ? l->num_blocks * l->block_size * d : rows * d;
-  l->value_offset = fused ? d : 0;
+  // A slot index is block * block_size + offset: one slot stride spans blocks too.
+  const PagedCacheStrides st = StridesOfPagedCache(layout, l->num_blocks, l->block_size,
+                                                   l->num_kv_heads, l->head_dim);
+  l->stride_slot = st.slot;
+  l->stride_head = st.head;
+  l->value_offset = st.value_offset;
   if (value.element_count() != key.element_count() ||
       value_cache.element_count() != key_cache.element_count() ||
       key_out.element_count() != key_cache.element_count() ||

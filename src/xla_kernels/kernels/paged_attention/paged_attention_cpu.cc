@@ -42,6 +42,8 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
   const int64_t D = s.head_dim, G = s.num_q_heads / s.num_kv_heads;
   const int64_t capacity = s.max_blocks_per_seq * s.block_size;
 
+  const HostPagedCache cache{s.num_blocks, s.block_size, s.stride_block, s.stride_slot,
+                             s.stride_head};
   std::vector<int64_t> rows;      // element offsets (head 0) of the valid tokens
   std::vector<float> qf(G * D), row(D), logits, acc(G * D), mx(G), sum(G);
   for (int64_t seq = 0; seq < s.num_seqs; ++seq) {
@@ -49,9 +51,8 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
     const int64_t lo = (window > 0 && L > window) ? L - window : 0;
     rows.clear();
     for (int64_t t = lo; t < L; ++t) {
-      const int64_t blk = block_tables[seq * s.max_blocks_per_seq + t / s.block_size];
-      if (blk < 0 || blk >= s.num_blocks) continue;  // invalid id: token skipped
-      rows.push_back(blk * s.stride_block + (t % s.block_size) * s.stride_slot);
+      const int64_t row = cache.RowOffset(block_tables + seq * s.max_blocks_per_seq, t);
+      if (row >= 0) rows.push_back(row);  // an invalid id: the token is skipped
     }
     const int64_t n = static_cast<int64_t>(rows.size());
     logits.assign(G * n, 0.f);
@@ -65,7 +66,7 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
       for (int64_t e = 0; e < G * D; ++e) qf[e] = E::Load(q[(seq * s.num_q_heads + h0) * D + e]);
       std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
       for (int64_t i = 0; i < n; ++i) {  // logits
-        const C* kr = kc + rows[i] + kvh * s.stride_head;
+        const C* kr = kc + rows[i] + cache.HeadOffset(kvh);
         for (int64_t d = 0; d < D; ++d) row[d] = EC::Load(kr[d]);
         for (int64_t g = 0; g < G; ++g) {
           const float* qg = qf.data() + g * D;
@@ -88,7 +89,7 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t i = 0; i < n; ++i) {  // weighted values
-        const C* vr = vc + rows[i] + kvh * s.stride_head;
+        const C* vr = vc + rows[i] + cache.HeadOffset(kvh);
         for (int64_t d = 0; d < D; ++d) row[d] = EC::Load(vr[d]);
         for (int64_t g = 0; g < G; ++g) {
           const float p = logits[g * n + i];

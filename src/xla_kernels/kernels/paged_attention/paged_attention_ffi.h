@@ -112,16 +112,11 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& query, const ffi::AnyB
   if (sliding_window < 0)
     return Bad("sliding_window", "must be >= 0", "pass 0 to disable the window");
   s.max_blocks_per_seq = bd[1];
-  const int64_t d = s.head_dim;
-  if (pallas) {
-    s.stride_slot = d;
-    s.stride_block = s.block_size * d;
-    s.stride_head = s.num_blocks * s.block_size * d;
-  } else {
-    s.stride_head = d;
-    s.stride_slot = s.num_kv_heads * d;
-    s.stride_block = s.block_size * s.num_kv_heads * d;
-  }
+  const PagedCacheStrides st = StridesOfPagedCache(layout, s.num_blocks, s.block_size,
+                                                   s.num_kv_heads, s.head_dim);
+  s.stride_block = st.block;
+  s.stride_slot = st.slot;
+  s.stride_head = st.head;
   *shape = s;
   return ffi::Error::Success();
 }

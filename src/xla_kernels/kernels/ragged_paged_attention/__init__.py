@@ -120,7 +120,7 @@ def decode_workspace_size(num_tokens: int, max_seqs: int, num_q_heads: int, head
     have a decode path (taken on the device when every q_len <= 1): it keeps
     paged_attention's flash-decoding partials for ``num_tokens`` rows and, as int32, a
     block-table row, a length and a sequence per row, and one flag. Other calls need 1
-    (unused). The C++ twin is ``decode_workspace_elems`` in ``ragged_paged_attention.cuh``;
+    (unused). The C++ twin is ``decode_workspace_elems`` in ``ragged_params.h``;
     the handler rejects a smaller workspace.
 
     Example:

@@ -61,6 +61,8 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
   // Rows no sequence owns are zeros; owned rows are all written below.
   std::fill(out, out + s.num_tokens * Hq * D, E::Store(0.f));
 
+  const HostPagedCache cache{s.num_blocks, s.block_size, s.stride_block, s.stride_slot,
+                             s.stride_head};
   std::vector<int64_t> offs;  // element offset (kv head 0) of token t, -1 when masked
   std::vector<float> kf, vf, logits, qf(D), acc(D);
   const std::vector<SeqView> seqs = Sequences(s, kv_lens, cu_q_lens, num_seqs);
@@ -69,11 +71,8 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
     if (sv.q_len == 0) continue;
     const int64_t L = sv.kv_len;
     offs.assign(L, -1);
-    for (int64_t t = 0; t < L; ++t) {  // t < L <= capacity: the table read is in bounds
-      const int64_t blk = block_tables[seq * s.max_blocks_per_seq + t / s.block_size];
-      if (blk >= 0 && blk < s.num_blocks)
-        offs[t] = blk * s.stride_block + (t % s.block_size) * s.stride_slot;
-    }
+    for (int64_t t = 0; t < L; ++t)  // t < L <= capacity: the table read is in bounds
+      offs[t] = cache.RowOffset(block_tables + seq * s.max_blocks_per_seq, t);
     // Tokens some row attends: [lo_all, L). Only those are read.
     const int64_t p_first = L - sv.q_len;
     const int64_t lo_all = window > 0 ? std::max<int64_t>(0, p_first - window + 1) : 0;
@@ -83,8 +82,8 @@ void Run(const Shape& s, const void* q_raw, const void* k_raw, const void* v_raw
     for (int64_t kvh = 0; kvh < s.num_kv_heads; ++kvh) {
       for (int64_t t = lo_all; t < L; ++t) {
         if (offs[t] < 0) continue;
-        const C* kr = kc + offs[t] + kvh * s.stride_head;
-        const C* vr = vc + offs[t] + kvh * s.stride_head;
+        const C* kr = kc + offs[t] + cache.HeadOffset(kvh);
+        const C* vr = vc + offs[t] + cache.HeadOffset(kvh);
         for (int64_t d = 0; d < D; ++d) {
           kf[t * D + d] = EC::Load(kr[d]);
           vf[t * D + d] = EC::Load(vr[d]);

@@ -162,18 +162,12 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   if (s.max_blocks_per_seq * s.block_size > kMaxCapacity)
     return Bad("block_tables", "max_blocks_per_seq * block_size is above 2^30 tokens",
                "pass a smaller block table");
-  const int64_t d = s.head_dim;
-  s.value_offset = fused ? d : 0;
-  if (pallas) {
-    s.stride_slot = d;
-    s.stride_block = s.block_size * d;
-    s.stride_head = s.num_blocks * s.block_size * d;
-  } else {
-    const int64_t rows = fused ? 2 : 1;  // head rows per kv head and slot
-    s.stride_head = rows * d;
-    s.stride_slot = s.num_kv_heads * rows * d;
-    s.stride_block = s.block_size * s.num_kv_heads * rows * d;
-  }
+  const PagedCacheStrides st = StridesOfPagedCache(layout, s.num_blocks, s.block_size,
+                                                   s.num_kv_heads, s.head_dim);
+  s.stride_block = st.block;
+  s.stride_slot = st.slot;
+  s.stride_head = st.head;
+  s.value_offset = st.value_offset;
   *shape = s;
   return ffi::Error::Success();
 }

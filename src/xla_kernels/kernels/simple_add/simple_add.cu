@@ -1,10 +1,10 @@
 // simple_add on NVIDIA GPUs: a bandwidth-bound elementwise add and its XLA FFI binding.
 //
-// Each thread moves 16-byte vectors (kUnroll of them in flight per input before the first
-// use); a scalar path takes the tail and any buffer that is not 16-byte aligned (possible
-// for eager torch views). Measured on an H100 (benchmarks/results/h100/NOTES.md): one
-// vector per thread with many CTAs beat unroll 2/4/8 by 1-2% at 2^26-2^28 elements, and
-// streaming cache hints gained nothing, so the defaults are unroll 1, no hints.
+// Each thread moves one 16-byte vector per grid-stride step, with many CTAs in flight; a
+// scalar path takes the tail and any buffer that is not 16-byte aligned (possible for eager
+// torch views). Tuning (measured on an H100, 2^26-2^28 elements): one vector per thread
+// beat 2, 4 and 8 in flight by 1-2 %, and streaming cache hints (ld.cs / st.cs) gained
+// nothing, so plain loads and stores it is.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -20,29 +20,7 @@ namespace ffi = xla::ffi;
 namespace xla_kernels::simple_add {
 namespace {
 
-// Tuning knobs, compile-time (benchmarks/simple_add_variants.py measures them side by side).
-#ifndef XK_SIMPLE_ADD_UNROLL
-#define XK_SIMPLE_ADD_UNROLL 1
-#endif
-#ifndef XK_SIMPLE_ADD_STREAMING
-#define XK_SIMPLE_ADD_STREAMING 0
-#endif
-
 constexpr int kThreads = 256;
-constexpr int kUnroll = XK_SIMPLE_ADD_UNROLL;
-
-// Every element is touched once: streaming (evict-first) loads and stores keep the data
-// from displacing anything else in L2.
-__device__ __forceinline__ uint4 Load(const uint4* p) {
-  return XK_SIMPLE_ADD_STREAMING ? __ldcs(p) : __ldg(p);
-}
-__device__ __forceinline__ void Store(uint4* p, uint4 v) {
-  if (XK_SIMPLE_ADD_STREAMING) {
-    __stcs(p, v);
-  } else {
-    *p = v;
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ T AddScalar(T x, T y) {
@@ -67,18 +45,9 @@ template <typename T>
 __global__ void AddVectorized(const uint4* __restrict__ a, const uint4* __restrict__ b,
                               uint4* __restrict__ out, int64_t vectors) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + (kUnroll - 1) * stride < vectors; i += kUnroll * stride) {
-    uint4 ra[kUnroll], rb[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      ra[u] = Load(a + i + u * stride);
-      rb[u] = Load(b + i + u * stride);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) Store(out + i + u * stride, AddVector<T>(ra[u], rb[u]));
-  }
-  for (; i < vectors; i += stride) Store(out + i, AddVector<T>(Load(a + i), Load(b + i)));
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vectors;
+       i += stride)
+    out[i] = AddVector<T>(__ldg(a + i), __ldg(b + i));
 }
 
 template <typename T>
@@ -103,7 +72,7 @@ void Launch(cudaStream_t stream, const void* a, const void* b, void* out, int64_
         reinterpret_cast<uintptr_t>(out)) % sizeof(uint4)) == 0;
   const int64_t vectors = aligned ? n / kLanes : 0;
   if (vectors > 0) {
-    AddVectorized<T><<<Blocks((vectors + kUnroll - 1) / kUnroll), kThreads, 0, stream>>>(
+    AddVectorized<T><<<Blocks(vectors), kThreads, 0, stream>>>(
         static_cast<const uint4*>(a), static_cast<const uint4*>(b), static_cast<uint4*>(out),
         vectors);
   }

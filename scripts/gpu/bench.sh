@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One full benchmark per call (the speed check of a change is gate.sh; these are the tables
+# of benchmarks/results/<card>/ and the comparisons with the peers).
+#
+#   bash scripts/gpu/bench.sh OUT_DIR NAME [--quick]
+#
+# NAME (each fits one 10-minute call on one H100; --quick where the script has it):
+#   simple_add       simple_add vs XLA's add over sizes and dtypes
+#   eager_dispatch   the eager (torch) call's host cost
+#   ragged           ragged_paged_attention vs plain XLA, FlashAttention-3 and cuDNN
+#   paged            paged_attention vs XLA, Pallas, FA3 and cuDNN ("peers" matrix)
+#   fused_kv         the fused K/V cache vs separate caches
+#   decode_trace     CUPTI kernel timestamps: ours, cuDNN and ours on fp8 caches
+#   command_buffers  the kernels inside XLA's CUDA graphs
+#   flashinfer       paged decode vs FlashInfer (its wheels in .whl-fi/)
+#   sampling         sample vs FlashInfer's sampling (its wheels in .whl-fi/)
+# Writes the benchmark's files and OUT_DIR/NAME.txt.
+source "$(dirname "$0")/common.sh" "${1:-}"
+name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling [--quick]}
+quick=${3:-}
+case $name in
+  simple_add) cmd=(benchmarks/simple_add.py --out "$out") ;;
+  eager_dispatch) cmd=(benchmarks/eager_dispatch.py --out "$out") ;;
+  ragged) cmd=(benchmarks/ragged_paged_attention.py --out "$out" $quick) ;;
+  paged) cmd=(benchmarks/paged_attention.py --out "$out" --matrix peers $quick) ;;
+  fused_kv) cmd=(benchmarks/fused_kv.py --out "$out") ;;
+  decode_trace) cmd=(benchmarks/decode_trace.py --out "$out" --configs 128x8192 32x2048 8x32768
+                     32x4096 16x2048/32 4x8192/32 32x2048/8/64 32x2048/8/256) ;;
+  command_buffers) cmd=(benchmarks/command_buffers.py --out "$out") ;;
+  flashinfer) cmd=(benchmarks/flashinfer_decode.py --out "$out" $quick) ;;
+  sampling) cmd=(benchmarks/sampling.py --out "$out") ;;
+  *) echo "bench.sh: unknown benchmark '$name'" >&2; exit 2 ;;
+esac
+python3 "${cmd[@]}" 2>&1 | tee "$out/$name.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+exit "$status"
