@@ -45,6 +45,8 @@ for torch_version in $TORCHES; do
   venv="$WORK/torch-$torch_version"
   for jax_version in $JAXLIBS; do
     "$venv/bin/pip" install -q "$wheel" "jax==$jax_version" "jaxlib==$jax_version"
+    # The same version number as an earlier wheel in this venv: replace it all the same.
+    "$venv/bin/pip" install -q --force-reinstall --no-deps "$wheel"
     cache=$(mktemp -d)/cache
     ln -sf "$(cd "$venv/bin" && pwd)/python" "$bare_bin/python"
     echo "== torch $torch_version, jax/jaxlib $jax_version: $($venv/bin/python -c \
