@@ -53,6 +53,9 @@ def main() -> None:
 
     ragged_cases()
     sanitize_fused_cases()
+    from xla_kernels.kernels.moe.testing import sanitize_cases as moe_cases
+
+    moe_cases()
     print("sanitize run finished")
 
 

@@ -223,14 +223,21 @@ def test_the_torch_operator_draws_the_same_tokens(rng):
     np.testing.assert_array_equal(got.numpy(), want)
 
 
-def test_the_torch_operator_passes_opcheck_and_compiles(rng):
+def opcheck_and_compile_checks() -> None:
     op = torch_op(sample)
+    rng = np.random.default_rng(0)
     args = (torch.from_numpy(rng.standard_normal((4, 50)).astype(np.float32)),
             *(torch.from_numpy(a.view(np.int32) if a.dtype == np.uint32 else a)
               for a in per_row(4, 0.9, top_k=10, top_p=0.8, seed_base=1)))
     torch.library.opcheck(op, args)
     compiled = torch.compile(lambda *a: op(*a) + 1, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(*args), op(*args) + 1)
+
+
+def test_the_torch_operator_passes_opcheck_and_compiles():
+    from test_torch_frontend import in_fresh_python
+
+    in_fresh_python("opcheck_and_compile_checks", module="test_sampling")
 
 
 def test_under_jit(rng):

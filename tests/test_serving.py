@@ -420,7 +420,7 @@ def test_serve_bench_async_scheduling_matches_reference(tmp_path: Path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--preset", "7b"], "unknown preset '7b'. Fix: pass --preset tiny, 1b or 8b."),
+    (["--preset", "7b"], "unknown preset '7b'. Fix: pass --preset tiny, 1b, 8b, tiny-moe or moe."),
     (["--frontend", "tf"], "unknown --frontend 'tf'. Fix: pass --frontend jax or torchax."),
     (["--attention", "flash"],
      "unknown --attention 'flash'. Fix: pass --attention xla-kernels or plain-xla."),

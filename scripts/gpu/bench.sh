@@ -14,9 +14,11 @@
 #   command_buffers  the kernels inside XLA's CUDA graphs
 #   flashinfer       paged decode vs FlashInfer (its wheels in .whl-fi/)
 #   sampling         sample vs FlashInfer's sampling (its wheels in .whl-fi/)
+#   moe              fused_moe vs the ragged_dot MoE and the plain-XLA expert loop
+#                    (Mixtral-8x7B and Qwen3-30B-A3B layers, bf16 and fp8)
 # Writes the benchmark's files and OUT_DIR/NAME.txt.
 source "$(dirname "$0")/common.sh" "${1:-}"
-name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling [--quick]}
+name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling|moe [--quick]}
 quick=${3:-}
 case $name in
   simple_add) cmd=(benchmarks/simple_add.py --out "$out") ;;
@@ -29,6 +31,7 @@ case $name in
   command_buffers) cmd=(benchmarks/command_buffers.py --out "$out") ;;
   flashinfer) cmd=(benchmarks/flashinfer_decode.py --out "$out" $quick) ;;
   sampling) cmd=(benchmarks/sampling.py --out "$out") ;;
+  moe) cmd=(benchmarks/moe.py --out "$out") ;;
   *) echo "bench.sh: unknown benchmark '$name'" >&2; exit 2 ;;
 esac
 python3 "${cmd[@]}" 2>&1 | tee "$out/$name.txt"

@@ -11,6 +11,9 @@
 #   1b_jax_checked           1b with the f32 token-for-token check (up to ~7 minutes alone)
 #   tiny_jax tiny_torchax tiny_jax_async tiny_torchax_async
 #                            the tiny preset, checked token for token
+#   moe_jax moe_torchax      the moe preset (fused_moe in every layer), timed, no check
+#   moe_jax_checked          moe with the f32 token-for-token check (name it alone)
+#   tiny_moe_jax tiny_moe_torchax   the tiny-moe preset, checked token for token
 # Writes OUT_DIR/serve_RUN.json and .txt per run.
 source "$(dirname "$0")/common.sh" "${1:-}"
 shift
@@ -34,6 +37,11 @@ for name in "$@"; do
                       --async-scheduling ;;
     tiny_torchax_async) serve_run tiny_torchax_async 120 --preset tiny --frontend torchax \
                           --async-scheduling ;;
+    moe_jax) serve_run moe_jax 240 --preset moe --frontend jax --no-reference ;;
+    moe_torchax) serve_run moe_torchax 240 --preset moe --frontend torchax --no-reference ;;
+    moe_jax_checked) serve_run moe_jax_checked 540 --preset moe --frontend jax --no-breakdown ;;
+    tiny_moe_jax) serve_run tiny_moe_jax 120 --preset tiny-moe --frontend jax ;;
+    tiny_moe_torchax) serve_run tiny_moe_torchax 120 --preset tiny-moe --frontend torchax ;;
     *) echo "serve.sh: unknown run '$name'" >&2; status=1 ;;
   esac
 done

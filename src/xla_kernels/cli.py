@@ -406,7 +406,8 @@ def _serve_bench_parser(sub: Any) -> None:
         description="Generate greedily for a seeded workload with continuous batching over "
                     "a paged KV cache, time it, and check the tokens against a dense "
                     "(unpaged) reference. Unset options take the preset's defaults.")
-    srv.add_argument("--preset", default="tiny", help="tiny, 1b or 8b (default tiny)")
+    srv.add_argument("--preset", default="tiny",
+                     help="tiny, 1b, 8b, tiny-moe or moe (default tiny)")
     srv.add_argument("--frontend", default="jax", help="jax or torchax (default jax)")
     srv.add_argument("--attention", default="xla-kernels",
                      help="xla-kernels (the library's custom calls) or plain-xla (their "

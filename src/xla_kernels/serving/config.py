@@ -11,7 +11,7 @@ Example:
     ...     preset("7b")
     ... except ServingConfigError as e:
     ...     print(e)
-    unknown preset '7b'. Fix: pass --preset tiny, 1b or 8b.
+    unknown preset '7b'. Fix: pass --preset tiny, 1b, 8b, tiny-moe or moe.
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ def check_choice(option: str, value: str, choices: Sequence[str]) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """A Llama-style decoder: RMSNorm, rotary embeddings, GQA attention, SwiGLU MLP.
+    """A Llama-style decoder: RMSNorm, rotary embeddings, GQA attention, SwiGLU MLP, or with
+    ``num_experts > 0`` a mixture of SwiGLU experts in every layer (Qwen3-MoE / Mixtral
+    style: a linear router, softmax, the top ``experts_per_token``, renormalized; experts of
+    ``moe_intermediate_size``), computed by the ``fused_moe`` op.
 
     ``dtype`` is the dtype of the weights, activations and KV cache (a NumPy name).
     ``max_context`` is the longest sequence (prompt + output) the model is run at: rotary
@@ -79,8 +82,17 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     max_context: int = 32768
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
+        if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts
+                                     and self.moe_intermediate_size >= 1):
+            raise ServingConfigError(
+                f"model {self.name!r}: {self.num_experts} experts need 1 to "
+                f"{self.num_experts} experts per token and an expert size >= 1. Fix: set "
+                "experts_per_token and moe_intermediate_size.")
         if self.num_q_heads % self.num_kv_heads:
             raise ServingConfigError(
                 f"model {self.name!r}: {self.num_q_heads} q heads are not a multiple of "
@@ -88,10 +100,13 @@ class ModelConfig:
         check_choice("dtype", self.dtype, DTYPES)
 
     def num_params(self) -> int:
-        """Parameters, embedding and LM head counted separately (they are not tied)."""
+        """Parameters, embedding and LM head counted separately (they are not tied); every
+        expert counts (not only the routed ones)."""
         q, kv = self.num_q_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attention = self.hidden_size * (2 * q + 2 * kv)
         mlp = 3 * self.hidden_size * self.intermediate_size
+        if self.num_experts:
+            mlp = self.num_experts * (3 * self.moe_intermediate_size + 1) * self.hidden_size
         per_layer = attention + mlp + 2 * self.hidden_size
         return (self.num_layers * per_layer + 2 * self.vocab_size * self.hidden_size
                 + self.hidden_size)
@@ -206,6 +221,26 @@ PRESETS: dict[str, Preset] = {
         ModelConfig("8b", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                     num_layers=32, num_q_heads=32, num_kv_heads=8, head_dim=128,
                     rope_theta=500000.0),
+        Workload(requests=64, prompt_len=2000, new_tokens=256),
+        block_size=16, max_num_seqs=64, token_budget=2048),
+    # tiny with 8 experts, top 2, in every layer: the MoE path in CI.
+    "tiny-moe": Preset(
+        ModelConfig("tiny-moe", vocab_size=512, hidden_size=128, intermediate_size=256,
+                    num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                    dtype="float32", num_experts=8, experts_per_token=2,
+                    moe_intermediate_size=64),
+        Workload(requests=8, prompt_len=24, new_tokens=12, prompt_spread=0.75,
+                 output_spread=0.75, arrival_every=2),
+        block_size=16, max_num_seqs=4, token_budget=32),
+    # Qwen3-30B-A3B's layer shape (128 experts, top 8, hidden 2048, experts of 768, 32 q /
+    # 4 kv heads of 128, vocabulary 151936) with 12 of its 48 layers: 8.1B parameters, so
+    # that the bf16 weights (16 GB), the float32 check's copy (32 GB) and both runs' caches
+    # fit one 80 GB H100. No q/k norms.
+    "moe": Preset(
+        ModelConfig("moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                    num_layers=12, num_q_heads=32, num_kv_heads=4, head_dim=128,
+                    rope_theta=1000000.0, rms_eps=1e-6, num_experts=128,
+                    experts_per_token=8, moe_intermediate_size=768),
         Workload(requests=64, prompt_len=2000, new_tokens=256),
         block_size=16, max_num_seqs=64, token_budget=2048),
 }

@@ -1,11 +1,11 @@
 """The Llama-style decoder in JAX, and the engine's runner for it.
 
 :func:`decoder` is the model once (RMSNorm through the library's ``rms_norm`` op, rotary
-embeddings, GQA attention, SwiGLU MLP); the attention is a function passed in, so the paged
-engine (:func:`paged_step`) and the dense reference (:mod:`xla_kernels.serving.reference`)
-share every other line. :class:`JaxRunner` holds the weights and the per-layer KV caches
-and runs one jitted step per bucket with the caches donated: each step's
-``reshape_and_cache`` updates them in place, nothing is copied.
+embeddings, GQA attention, SwiGLU MLP or a mixture of experts); the attention is a function
+passed in, so the paged engine (:func:`paged_step`) and the dense reference
+(:mod:`xla_kernels.serving.reference`) share every other line. :class:`JaxRunner` holds the
+weights and the per-layer KV caches and runs one jitted step per bucket with the caches
+donated: each step's ``reshape_and_cache`` updates them in place, nothing is copied.
 
 Example:
     >>> from xla_kernels.serving.config import EngineConfig, preset
@@ -28,6 +28,7 @@ import numpy as np
 from xla_kernels.serving.attention import paged_attention, write_kv
 from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig, cache_shape
+from xla_kernels.serving.moe import moe
 from xla_kernels.serving.sampling import Sampling, sample_jax
 from xla_kernels.serving.tp import place, zero_caches
 
@@ -55,8 +56,10 @@ def rotary(x: Any, positions: Any, theta: float) -> Any:
 
 
 def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: Any,
-            attention: AttentionFn) -> Any:
-    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]."""
+            attention: AttentionFn, experts: str = "plain-xla") -> Any:
+    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]. ``experts``:
+    how a mixture-of-experts model computes its experts (see :mod:`~xla_kernels.serving.moe`):
+    ``"xla-kernels"`` or ``"plain-xla"``."""
     import jax
 
     from xla_kernels.kernels.rms_norm import rms_norm
@@ -78,6 +81,11 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
         out = attention(i, q, k, v).reshape(*lead, hq * d)
         x = x + linear(out, p + "self_attn.o_proj")
         h = rms_norm(x, weights[p + "post_attention_layernorm.weight"], eps=config.rms_eps)
+        if config.num_experts:
+            x = x + moe(experts, config, h, weights[p + "mlp.gate.weight"],
+                        weights[p + "mlp.experts.w13_weight"],
+                        weights[p + "mlp.experts.w2_weight"])
+            continue
         gate = jax.nn.silu(linear(h, p + "mlp.gate_proj"))
         x = x + linear(gate * linear(h, p + "mlp.up_proj"), p + "mlp.down_proj")
     return rms_norm(x, weights["norm.weight"], eps=config.rms_eps)
@@ -104,8 +112,8 @@ def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: Mo
         updated[layer] = (key_cache, value_cache)
         return paged_attention(attention, q, key_cache, value_cache, batch, scale=scale)
 
-    hidden = decoder(weights, config, batch.token_ids, batch.positions, attend)[
-        batch.logits_indices]
+    hidden = decoder(weights, config, batch.token_ids, batch.positions, attend,
+                     experts=attention)[batch.logits_indices]
     if sampling is None or sampling.greedy:
         return greedy(weights, hidden), tuple(updated)
     return sample_jax(hidden @ weights["lm_head.weight"].T, sampling, batch), tuple(updated)

@@ -4,7 +4,8 @@ The modules are ordinary torch code (``nn.Linear``, ``nn.Embedding``, ``F.silu``
 the library's ops as torch operators: ``torch.ops.xla_kernels.rms_norm``,
 ``torch.ops.xla_kernels.reshape_and_cache`` (which updates the layer's caches in place and
 returns nothing, like vLLM's ``reshape_and_cache_flash``) and
-``torch.ops.xla_kernels.ragged_paged_attention``, lowered by
+``torch.ops.xla_kernels.ragged_paged_attention`` (and ``torch.ops.xla_kernels.fused_moe`` in
+a mixture-of-experts model), lowered by
 :func:`~xla_kernels.frontends.torchax.register_torchax` to the same custom calls JAX emits.
 The torchax lowering of the cache write rebinds the cache tensors to the custom call's
 results; under the jitted step, whose cache argument is donated, the custom call's output
@@ -137,13 +138,48 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class Experts(nn.Module):
+    """The experts' weights in vLLM's fused_moe layout (w13 = [gate; up])."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        e, h, n = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.w13_weight = nn.Parameter(torch.empty(e, 2 * n, h))
+        self.w2_weight = nn.Parameter(torch.empty(e, h, n))
+
+
+class MoE(nn.Module):
+    """A mixture of SwiGLU experts: a linear router, then ``torch.ops.xla_kernels.fused_moe``
+    (``--attention xla-kernels``) or the plain-XLA ``fused_moe_xla`` through
+    ``interop.call_jax``; see :mod:`xla_kernels.serving.moe`."""
+
+    def __init__(self, config: ModelConfig, attention: str):
+        super().__init__()
+        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = Experts(config)
+        self.top_k, self.attention = config.experts_per_token, attention
+        from xla_kernels.kernels.moe import fused_moe_xla
+
+        # call_jax keys its trace cache on the function: make it once.
+        self._xla = functools.partial(fused_moe_xla, top_k=self.top_k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from xla_kernels.serving.moe import kernel_runs
+
+        logits = self.gate(x)
+        w13, w2 = self.experts.w13_weight, self.experts.w2_weight
+        if kernel_runs(self.attention):
+            return torch.ops.xla_kernels.fused_moe(x, logits, w13, w2, top_k=self.top_k)
+        return _interop().call_jax(self._xla, x, logits, w13, w2)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, attention: str):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
         self.self_attn = Attention(config, attention)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.mlp = MLP(config)
+        self.mlp = MoE(config, attention) if config.num_experts else MLP(config)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
                 batch: StepBatch) -> tuple[torch.Tensor, KVCache]:
@@ -193,6 +229,7 @@ class TorchaxRunner:
 
         from xla_kernels.frontends.torchax import register_torchax
         from xla_kernels.kernels.kv_cache import reshape_and_cache
+        from xla_kernels.kernels.moe import fused_moe
         from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
         from xla_kernels.kernels.rms_norm import rms_norm
         from xla_kernels.kernels.sampling import sample
@@ -202,6 +239,7 @@ class TorchaxRunner:
         register_torchax(rms_norm)
         register_torchax(reshape_and_cache)
         register_torchax(ragged_paged_attention)
+        register_torchax(fused_moe)
         register_torchax(sample)
         with torch.device("meta"):
             module = LlamaForServing(config, attention, sampling)
@@ -261,5 +299,5 @@ class TorchaxRunner:
         return int(self._jax_step._cache_size())
 
 
-__all__ = ["MLP", "Attention", "DecoderLayer", "LlamaForServing", "RMSNorm", "TorchaxRunner",
-           "rotary"]
+__all__ = ["MLP", "Attention", "DecoderLayer", "Experts", "LlamaForServing", "MoE", "RMSNorm",
+           "TorchaxRunner", "rotary"]

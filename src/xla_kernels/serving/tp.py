@@ -56,6 +56,10 @@ def check_tp(config: ModelConfig, tp: int, devices: Sequence[Any]) -> int:
     """
     if tp < 1:
         raise ServingConfigError(f"--tp {tp}: must be >= 1. Fix: pass --tp 1 or more.")
+    if tp > 1 and config.num_experts:
+        raise ServingConfigError(
+            f"--tp {tp}: model {config.name!r} has experts, and fused_moe splits only "
+            "along tokens (no expert or intermediate parallelism yet). Fix: pass --tp 1.")
     kv = config.num_kv_heads                   # q heads are a multiple: they divide too
     if kv % tp or config.intermediate_size % tp:
         fits = [n for n in range(1, kv + 1) if not kv % n and not config.intermediate_size % n]

@@ -37,18 +37,29 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.v_proj.weight": (kv, h),
             p + "self_attn.o_proj.weight": (h, q),
             p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (inter, h),
-            p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
         })
+        if config.num_experts:  # vLLM's fused_moe layout: w13 = [gate; up] per expert
+            e, n = config.num_experts, config.moe_intermediate_size
+            shapes.update({
+                p + "mlp.gate.weight": (e, h),
+                p + "mlp.experts.w13_weight": (e, 2 * n, h),
+                p + "mlp.experts.w2_weight": (e, h, n),
+            })
+        else:
+            shapes.update({
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+            })
     shapes["norm.weight"] = (h,)
     shapes["lm_head.weight"] = (config.vocab_size, h)
     return shapes
 
 
 def init_weights(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
-    """Random weights in ``config.dtype``: linear layers N(0, 1/fan_in) (so activations keep
-    their scale through the layers), embeddings N(0, 1), norm weights 1 + N(0, 0.1)."""
+    """Random weights in ``config.dtype``: linear layers (and each expert's) N(0, 1/fan_in)
+    (so activations keep their scale through the layers), embeddings N(0, 1), norm weights
+    1 + N(0, 0.1)."""
     import jax
     import jax.numpy as jnp
 
@@ -61,7 +72,7 @@ def init_weights(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
         elif name == "embed_tokens.weight":
             value = jax.random.normal(key, shape, jnp.float32)
         else:
-            value = jax.random.normal(key, shape, jnp.float32) * shape[1] ** -0.5
+            value = jax.random.normal(key, shape, jnp.float32) * shape[-1] ** -0.5
         weights[name] = value.astype(config.dtype)
     return weights
 

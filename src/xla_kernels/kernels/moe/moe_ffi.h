@@ -1,0 +1,147 @@
+// Decoding and validating fused_moe's buffers and attributes, shared by the CPU handlers
+// (moe_cpu.cc) and the CUDA handlers (moe.cu), worded as the Python shape rule words them.
+// Plain C++ (no CUDA).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "moe_limits.h"
+#include "xla/ffi/api/ffi.h"
+#include "xla_kernels/errors.h"
+
+namespace xla_kernels::moe {
+
+namespace ffi = xla::ffi;
+
+constexpr const char* kOp = "xla_kernels.fused_moe";
+constexpr const char* kOpFp8 = "xla_kernels.fused_moe_fp8";
+
+enum class Activation { kSilu, kGelu };
+
+struct Shape {
+  int64_t tokens, hidden, experts, inter, top_k, pairs;
+  ffi::DataType dtype, logits_dtype;
+  bool renormalize;
+  Activation activation;
+  bool fp8;
+  int64_t bn, bk;  // fp8 scale blocks, (1, 0) for per-channel scales (see ScaleIndex)
+};
+
+inline bool IsFloat(ffi::DataType t) {
+  return t == ffi::DataType::F32 || t == ffi::DataType::BF16 || t == ffi::DataType::F16;
+}
+
+// Checks what every handler needs; `fp8` calls also pass their scales and block_shape.
+inline ffi::Error Decode(const char* op, const ffi::AnyBuffer& hidden,
+                         const ffi::AnyBuffer& logits, const ffi::AnyBuffer& w13,
+                         const ffi::AnyBuffer& w2, const ffi::AnyBuffer& out,
+                         const ffi::AnyBuffer& ws_i32, const ffi::AnyBuffer& ws_f32,
+                         const ffi::AnyBuffer& ws_act, int64_t top_k, bool renormalize,
+                         std::string_view activation, Shape* s) {
+  const auto hd = hidden.dimensions(), ld = logits.dimensions(), ad = w13.dimensions(),
+             bd = w2.dimensions();
+  if (hd.size() != 2 || !IsFloat(hidden.element_type()))
+    return InvalidArgument(op, "hidden", "expected [tokens, hidden] of f32, bf16 or f16",
+                           "pass a rank-2 floating array");
+  s->tokens = hd[0];
+  s->hidden = hd[1];
+  s->dtype = hidden.element_type();
+  s->logits_dtype = logits.element_type();
+  if (ad.size() != 3 || ad[1] % 2 || ad[1] == 0 || ad[2] != s->hidden)
+    return InvalidArgument(op, "w13", "expected [experts, 2 * intermediate, hidden], got " +
+                                          DimsText(ad),
+                           "stack each expert's gate and up projections");
+  s->experts = ad[0];
+  s->inter = ad[1] / 2;
+  if (s->experts < 1 || s->experts > kMaxExperts)
+    return InvalidArgument(op, "w13", "expected 1 to " + std::to_string(kMaxExperts) +
+                                          " experts", "split the experts into groups");
+  if (bd.size() != 3 || bd[0] != s->experts || bd[1] != s->hidden || bd[2] != s->inter)
+    return InvalidArgument(op, "w2", "expected [experts, hidden, intermediate], got " +
+                                         DimsText(bd),
+                           "pass each expert's down projection");
+  if (ld.size() != 2 || ld[0] != s->tokens || ld[1] != s->experts || !IsFloat(s->logits_dtype))
+    return InvalidArgument(op, "router_logits", "expected [tokens, experts] of f32, bf16 or "
+                           "f16, got " + DimsText(ld), "pass one logit per token and expert");
+  if (s->hidden < 1)
+    return InvalidArgument(op, "hidden", "hidden size must be >= 1", "pass non-empty rows");
+  if (top_k < 1 || top_k > s->experts || top_k > kMaxTopK)
+    return InvalidArgument(op, "top_k", "must be in 1 .. min(experts, " +
+                                            std::to_string(kMaxTopK) + "), got " +
+                                            std::to_string(top_k),
+                           "route each token to fewer experts");
+  s->top_k = top_k;
+  s->pairs = s->tokens * top_k;
+  if (s->pairs > kMaxPairs)
+    return InvalidArgument(op, "hidden", "tokens * top_k is above " + std::to_string(kMaxPairs),
+                           "split the tokens into several calls");
+  if (activation == "silu") {
+    s->activation = Activation::kSilu;
+  } else if (activation == "gelu") {
+    s->activation = Activation::kGelu;
+  } else {
+    return InvalidArgument(op, "activation", "unknown activation '" + std::string(activation) +
+                                                 "'", "pass 'silu' or 'gelu'");
+  }
+  s->renormalize = renormalize;
+  const ffi::DataType wt = w13.element_type();
+  s->fp8 = wt == ffi::DataType::F8E4M3FN;
+  if (w2.element_type() != wt || (!s->fp8 && wt != s->dtype) ||
+      (s->fp8 != (std::string_view(op) == kOpFp8)))
+    return InvalidArgument(op, "w13", "w13 and w2 must both have hidden's dtype (fused_moe) or "
+                           "both be f8e4m3fn (fused_moe_fp8)", "cast the weights");
+  if (out.element_type() != s->dtype || out.element_count() != hidden.element_count())
+    return InvalidArgument(op, "out", "must have hidden's shape and dtype", "allocate it so");
+  if (ws_i32.element_type() != ffi::DataType::S32 ||
+      static_cast<int64_t>(ws_i32.element_count()) < WorkspaceI32(s->pairs, s->experts) ||
+      ws_f32.element_type() != ffi::DataType::F32 ||
+      static_cast<int64_t>(ws_f32.element_count()) < WorkspaceF32(s->pairs) ||
+      ws_act.element_type() != s->dtype ||
+      static_cast<int64_t>(ws_act.element_count()) <
+          WorkspaceAct(s->pairs, s->inter, s->hidden))
+    return InvalidArgument(op, "workspace", "the workspaces are smaller than the call needs",
+                           "allocate workspace_sizes(tokens, experts, top_k, intermediate, "
+                           "hidden) elements (int32, f32, hidden's dtype)");
+  s->bn = 1;
+  s->bk = 0;
+  return ffi::Error::Success();
+}
+
+// fp8 scales: per output channel ([experts, rows, 1], block_shape (0, 0)) or per (bn x bk)
+// block ([experts, ceil(rows / bn), ceil(cols / bk)]).
+inline ffi::Error DecodeScale(const char* name, const ffi::AnyBuffer& scale, int64_t experts,
+                              int64_t rows, int64_t cols, int64_t bn, int64_t bk) {
+  const auto d = scale.dimensions();
+  const int64_t want1 = bn == 0 ? rows : CeilDiv(rows, bn);
+  const int64_t want2 = bn == 0 ? 1 : CeilDiv(cols, bk);
+  if (scale.element_type() != ffi::DataType::F32 || d.size() != 3 || d[0] != experts ||
+      d[1] != want1 || d[2] != want2)
+    return InvalidArgument(kOpFp8, name, "expected f32 [" + std::to_string(experts) + ", " +
+                                             std::to_string(want1) + ", " +
+                                             std::to_string(want2) + "], got " + DimsText(d),
+                           "pass the scales the weights were quantized with");
+  return ffi::Error::Success();
+}
+
+inline ffi::Error DecodeScales(const ffi::AnyBuffer& w13_scale, const ffi::AnyBuffer& w2_scale,
+                               ffi::Span<const int64_t> block_shape, Shape* s) {
+  if (block_shape.size() != 2)
+    return InvalidArgument(kOpFp8, "block_shape", "expected two sizes", "pass (bn, bk)");
+  const int64_t bn = block_shape[0], bk = block_shape[1];
+  if (!((bn == 0 && bk == 0) || (bn >= 1 && bk >= 1)))
+    return InvalidArgument(kOpFp8, "block_shape", "expected (0, 0) or two sizes >= 1",
+                           "pass (128, 128) or (0, 0)");
+  ffi::Error err = DecodeScale("w13_scale", w13_scale, s->experts, 2 * s->inter, s->hidden,
+                               bn, bk);
+  if (err.failure()) return err;
+  err = DecodeScale("w2_scale", w2_scale, s->experts, s->hidden, s->inter, bn, bk);
+  if (err.failure()) return err;
+  // A per-channel scale is a block of one row spanning every column.
+  s->bn = bn == 0 ? 1 : bn;
+  s->bk = bn == 0 ? 0 : bk;
+  return ffi::Error::Success();
+}
+
+}  // namespace xla_kernels::moe

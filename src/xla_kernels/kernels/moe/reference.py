@@ -1,0 +1,153 @@
+"""fused_moe in plain JAX: the routing, the dequantized weights, the per-expert loop (the
+fallback where no kernel runs) and a ``jax.lax.ragged_dot`` MoE (the peer the benchmark
+times). Both follow the op's semantics (see the package docstring); the float64 oracle lives
+in the tests, written apart from this file.
+
+Example:
+    >>> import jax.numpy as jnp
+    >>> x, logits = jnp.ones((3, 8)), jnp.zeros((3, 4))
+    >>> w13, w2 = jnp.ones((4, 6, 8)) / 8, jnp.ones((4, 8, 3)) / 3
+    >>> fused_moe_xla(x, logits, w13, w2, top_k=2).shape
+    (3, 8)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ACTIVATIONS = ("silu", "gelu")
+
+
+def route(router_logits: Any, top_k: int, renormalize: bool = True) -> tuple[Any, Any]:
+    """(topk_ids int32 [tokens, top_k], topk_weights f32 [tokens, top_k]): softmax over the
+    experts in f32, the top_k largest probabilities (equal ones: the lower expert first),
+    divided by their sum when ``renormalize``."""
+    probs = jax.nn.softmax(jnp.asarray(router_logits).astype(jnp.float32), axis=-1)
+    weights, ids = jax.lax.top_k(probs, top_k)  # stable: ties keep the lower index first
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return ids.astype(jnp.int32), weights
+
+
+def activate(gate_up: Any, activation: str) -> Any:
+    """act(gate) * up of f32 rows [..., 2 * intermediate] (gate first, as vLLM's w13)."""
+    n = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :n], gate_up[..., n:]
+    if activation == "silu":
+        return jax.nn.silu(gate) * up
+    if activation == "gelu":
+        return jax.nn.gelu(gate, approximate=False) * up
+    raise ValueError(f"unknown activation {activation!r}; use one of {ACTIVATIONS}")
+
+
+def dequantize(w: Any, scale: Any, block_shape: tuple[int, int]) -> Any:
+    """f32 weights [..., rows, cols] from e4m3 values and their scales: per output channel
+    (``block_shape == (0, 0)``: scale [..., rows, 1]) or per (bn x bk) block (scale
+    [..., ceil(rows / bn), ceil(cols / bk)])."""
+    w = jnp.asarray(w).astype(jnp.float32)
+    scale = jnp.asarray(scale, jnp.float32)
+    bn, bk = (int(b) for b in block_shape)
+    if bn == 0:
+        return w * scale
+    rows, cols = w.shape[-2:]
+    full = jnp.repeat(jnp.repeat(scale, bn, axis=-2), bk, axis=-1)
+    return w * full[..., :rows, :cols]
+
+
+def _weights(w13: Any, w2: Any, scales: tuple[Any, Any] | None,
+             block_shape: tuple[int, int]) -> tuple[Any, Any]:
+    if scales is None:
+        return jnp.asarray(w13), jnp.asarray(w2)
+    return dequantize(w13, scales[0], block_shape), dequantize(w2, scales[1], block_shape)
+
+
+def fused_moe_xla(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, top_k: int,
+                  renormalize: bool = True, activation: str = "silu",
+                  w13_scale: Any = None, w2_scale: Any = None,
+                  block_shape: tuple[int, int] = (0, 0)) -> Any:
+    """The op in plain XLA: every expert's two GEMMs over all tokens (a loop over experts),
+    weighted by the routing (zero for tokens not routed there). E times the FLOPs of the
+    routed computation; memory stays one expert's weights at a time. fp8 weights (pass the
+    scales) are dequantized to f32."""
+    hidden = jnp.asarray(hidden)
+    dtype = hidden.dtype
+    ids, weights = route(router_logits, top_k, renormalize)
+    tokens, experts = hidden.shape[0], w13.shape[0]
+    combine = jnp.zeros((tokens, experts), jnp.float32).at[
+        jnp.arange(tokens)[:, None], ids].add(weights)
+    scales = None if w13_scale is None else (jnp.asarray(w13_scale), jnp.asarray(w2_scale))
+    w13, w2 = jnp.asarray(w13), jnp.asarray(w2)
+    compute = jnp.float32 if scales is not None else dtype
+
+    def expert(e: Any, acc: Any) -> Any:
+        s = None if scales is None else (scales[0][e], scales[1][e])
+        a, b = _weights(w13[e], w2[e], s, block_shape)
+        gate_up = jnp.dot(hidden.astype(compute), a.T.astype(compute),
+                          preferred_element_type=jnp.float32)
+        act = activate(gate_up, activation).astype(dtype).astype(compute)
+        y = jnp.dot(act, b.T.astype(compute), preferred_element_type=jnp.float32)
+        return acc + y * jax.lax.dynamic_slice_in_dim(combine, e, 1, axis=1)
+
+    acc = jax.lax.fori_loop(0, experts, expert,
+                            jnp.zeros((tokens, hidden.shape[1]), jnp.float32))
+    return acc.astype(dtype)
+
+
+def fused_moe_ragged_dot(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, top_k: int,
+                         renormalize: bool = True, activation: str = "silu",
+                         w13_scale: Any = None, w2_scale: Any = None,
+                         block_shape: tuple[int, int] = (0, 0)) -> Any:
+    """The op with ``jax.lax.ragged_dot``: the (token, expert) pairs sorted by expert, the
+    tokens' rows gathered, two grouped GEMMs over the experts' groups, the rows weighted and
+    added back per token. fp8 weights are dequantized to hidden's dtype first (all of them,
+    every call)."""
+    hidden = jnp.asarray(hidden)
+    dtype = hidden.dtype
+    tokens, experts = hidden.shape[0], w13.shape[0]
+    ids, weights = route(router_logits, top_k, renormalize)
+    flat = ids.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    token_of_row = order // top_k
+    group_sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+    scales = None if w13_scale is None else (w13_scale, w2_scale)
+    a, b = _weights(w13, w2, scales, block_shape)
+    a, b = a.astype(dtype), b.astype(dtype)
+    # Weights [experts, out, in]: contract lhs dim 1 with rhs dim 2; the group dim is rhs 0.
+    dims = jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(([1], [2]), ([], [])),
+        lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+    rows = hidden[token_of_row]
+    gate_up = jax.lax.ragged_dot_general(rows, a, group_sizes, dims,
+                                         preferred_element_type=jnp.float32)
+    act = activate(gate_up, activation).astype(dtype)
+    y = jax.lax.ragged_dot_general(act, b, group_sizes, dims,
+                                   preferred_element_type=jnp.float32)
+    y = y * weights.reshape(-1)[order][:, None]
+    out = jnp.zeros((tokens, hidden.shape[1]), jnp.float32).at[token_of_row].add(y)
+    return out.astype(dtype)
+
+
+def fp8_quantize(w: Any, block_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 weights, f32 scales) of f32 weights [experts, rows, cols], vLLM's way: each
+    output channel (``(0, 0)``) or (bn x bk) block scaled so that its largest magnitude maps
+    to 448, the largest e4m3 value. A helper for tests and benchmarks (NumPy)."""
+    import ml_dtypes
+
+    w = np.asarray(w, np.float32)
+    experts, rows, cols = w.shape
+    bn, bk = (int(b) for b in block_shape)
+    if bn == 0:
+        amax = np.abs(w).max(axis=-1, keepdims=True)
+        scale = np.maximum(amax, 1e-12) / 448.0
+        return (w / scale).astype(ml_dtypes.float8_e4m3fn), scale.astype(np.float32)
+    nb, kb = -(-rows // bn), -(-cols // bk)
+    padded = np.zeros((experts, nb * bn, kb * bk), np.float32)
+    padded[:, :rows, :cols] = w
+    blocks = padded.reshape(experts, nb, bn, kb, bk)
+    scale = np.maximum(np.abs(blocks).max(axis=(2, 4)), 1e-12) / 448.0
+    full = np.repeat(np.repeat(scale, bn, axis=1), bk, axis=2)[:, :rows, :cols]
+    return (w / full).astype(ml_dtypes.float8_e4m3fn), scale.astype(np.float32)
