@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The op each case calls: every shipped op.
 OPS = ("simple_add", "rms_norm", "rms_norm_bwd", "reshape_and_cache", "reshape_and_cache_fused",
-       "paged_attention", "ragged_paged_attention", "ragged_paged_attention_fused", "sample")
+       "paged_attention", "ragged_paged_attention", "ragged_paged_attention_fused", "sample",
+       "fused_moe", "fused_moe_fp8")
 
 # Runs in the fresh venv: one op, one frontend, timed from interpreter start.
 CHILD = r'''
@@ -54,7 +55,8 @@ t1 = time.perf_counter()
 
 import xla_kernels
 from xla_kernels.kernels import kv_cache, paged_attention as pa, ragged_paged_attention as rpa
-from xla_kernels.kernels import rms_norm as rn, sampling, simple_add as sa
+from xla_kernels.kernels import moe, rms_norm as rn, sampling, simple_add as sa
+from xla_kernels import dtypes as xk_dtypes
 from xla_kernels.kernels.paged_attention import testing as pa_testing
 from xla_kernels.kernels.ragged_paged_attention import testing as rpa_testing
 from xla_kernels.kernels.paged_cache import join_fused
@@ -70,7 +72,15 @@ slots = np.array([0, 17, 33], np.int32)
 f32 = lambda *s: rng.standard_normal(s).astype(np.float32)
 x, w = f32(8, 256), f32(256)
 rows = 4
+bf16, fp8 = xk_dtypes.to_numpy("bf16"), xk_dtypes.to_numpy(moe.FP8)
+hidden, logits = f32(rows, 256).astype(bf16), f32(rows, 8)
+w13, w2 = f32(8, 2 * 128, 256) / 16, f32(8, 256, 128) / 16
 cases = {
+    "fused_moe": (moe.fused_moe, [hidden, logits, w13.astype(bf16), w2.astype(bf16)],
+                  {"top_k": 2}),
+    "fused_moe_fp8": (moe.fused_moe_fp8, [hidden, logits, w13.astype(fp8), w2.astype(fp8),
+                                          np.ones((8, 256, 1), np.float32),
+                                          np.ones((8, 256, 1), np.float32)], {"top_k": 2}),
     "sample": (sampling.sample, [f32(rows, 32000), np.ones(rows, np.float32),
                                  np.full(rows, 50, np.int32), np.full(rows, 0.9, np.float32),
                                  np.zeros(rows, np.float32), np.arange(rows, dtype=np.uint32),
@@ -97,9 +107,13 @@ op, arrays, attrs = cases[op_name]
 if frontend == "torch":
     from xla_kernels.frontends.torch import torch_op
     from xla_kernels.frontends.torch.native import native_status
-    out = torch_op(op)(*[(torch.from_numpy(a) if a.dtype.name != "bfloat16" else
-                          torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)).to(device)
-                         for a in arrays], **attrs)
+    def to_torch(a):
+        if a.dtype.name == "bfloat16":
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        if a.dtype.name == "float8_e4m3fn":
+            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
+        return torch.from_numpy(a)
+    out = torch_op(op)(*[to_torch(a).to(device) for a in arrays], **attrs)
     sync()
     native = native_status()
 else:
