@@ -1,7 +1,8 @@
 # Two commands on a fresh machine:
 #   make demo   create .venv, install xla-kernels, build/register/run the kernels, time them
 #   make test   same set-up, then the whole test suite (plus the torch_xla and vLLM suites, each
-#               in its own env)
+#               in its own env, and the wheel on its version matrix)
+#   make wheel  dist/xla_kernels-*.whl with every shipped library prebuilt (docs/prebuilt.md)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,10 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.12.1
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-main test-torch-xla test-vllm lint gpu clean
+# Other torch interpreters whose torch dispatcher library `make wheel` also prebuilds.
+WHEEL_TORCH_PYTHONS ?=
+
+.PHONY: demo test test-main test-torch-xla test-vllm test-wheel wheel lint gpu clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +25,18 @@ $(BIN)/.installed: pyproject.toml
 demo: $(BIN)/.installed
 	$(BIN)/python -m xla_kernels.demo
 
-test: test-main test-torch-xla test-vllm
+test: test-main test-torch-xla test-vllm test-wheel
+
+wheel: $(BIN)/.installed
+	nice $(BIN)/python scripts/build_wheel.py \
+		$(foreach p,$(WHEEL_TORCH_PYTHONS),--torch-python $(p))
+
+# The wheel installed into fresh venvs (torch 2.13.0, 2.12.1 x jax 0.10.0, 0.10.2), the shipped
+# ops' CPU tests run there with no compiler and nothing compiled (scripts/wheel_matrix.sh)
+test-wheel: $(BIN)/.installed
+	bash scripts/wheel_matrix.sh venvs
+	$(MAKE) wheel WHEEL_TORCH_PYTHONS="$$(ls build/matrix/torch-*/bin/python)"
+	bash scripts/wheel_matrix.sh test
 
 test-main: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples scripts
@@ -42,4 +57,4 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples scripts
 
 clean:
-	rm -rf $(VENV) .venv-torch-xla .venv-vllm .pytest_cache
+	rm -rf $(VENV) .venv-torch-xla .venv-vllm .pytest_cache build dist

@@ -317,7 +317,7 @@ def test_arch_specific_builds_90_as_90a_and_embeds_generic_ptx():
 
 
 def test_kernel_arch_specific_reaches_nvcc(monkeypatch, tmp_path):
-    """Kernel(arch_specific=True) makes load_kernel ask build_library for 90a; other
+    """Kernel(arch_specific=True) makes load_kernel ask its BuildSpec for 90a; other
     kernels keep 90."""
     from xla_kernels import builder as builder_pkg
     from xla_kernels.op import Kernel
@@ -325,11 +325,11 @@ def test_kernel_arch_specific_reaches_nvcc(monkeypatch, tmp_path):
 
     seen = {}
 
-    def fake_build(name, sources, **kw):
-        seen[name] = kw.get("arch_specific")
+    def fake_load(spec, **kw):
+        seen[spec.name] = spec.arch_specific
         raise BuildError("stop here")
 
-    monkeypatch.setattr(builder_pkg, "build_library", fake_build)
+    monkeypatch.setattr(builder_pkg.BuildSpec, "load_path", fake_load)
     for arch_specific in (False, True):
         k = Kernel([str(FIXTURES / "scale.cu")], handler="H", arch_specific=arch_specific)
         fake_op = types.SimpleNamespace(name="t.op", kernels={"cuda": k})

@@ -27,7 +27,10 @@ PACKAGE = "xla_kernels"
 FRONTEND_USERS = {
     "xla_kernels.op": "Op.__call__ runs the op on JAX arrays: it is frontends.jax.call, named "
                       "(frontends.jax imports op for type annotations only)",
-    "xla_kernels.cli": "`xla-kernels doctor` reports whether torchax imports",
+    "xla_kernels.cli": "`xla-kernels doctor` reports whether torchax imports and which "
+                       "torch dispatcher library a torch call would load",
+    "xla_kernels.aot": "`xla-kernels build --aot xla_kernels` prebuilds the torch dispatcher "
+                       "library against the running torch",
     "xla_kernels.serving": "the serving loop is a user of the torchax frontend (model_torch)",
 }
 

@@ -8,6 +8,7 @@ Example:
     $ xla-kernels doctor my_lib.scale --import my_lib.ops --register
     $ xla-kernels build xla_kernels.kernels.simple_add:simple_add --platform cuda
     $ xla-kernels build path/to/my_ops.py:scale
+    $ xla-kernels build --aot my_pkg --cuda-archs 80,90,100
     $ xla-kernels serve-bench --preset tiny --platform cpu --frontend torchax --json out.json
 """
 
@@ -216,6 +217,7 @@ def doctor(target: str | None, try_register: bool, imports: Sequence[str] = ()) 
     width = max(map(len, kernels.values()), default=0)
     _print_table("declared ops (target: platforms with kernels, declaring module):",
                  [(name, f"{kernels[name]:<{width}}  {op.module}") for name, op in ops.items()])
+    _print_table("libraries (where each comes from, and why):", library_rows(ops))
     if target is None:
         _print_registrations()
         return 0
@@ -255,6 +257,39 @@ def doctor(target: str | None, try_register: bool, imports: Sequence[str] = ()) 
               "Pass --register to build and register it now.")
     _print_registrations()
     return status
+
+
+def _resolution(spec: Any) -> str:
+    try:
+        found = spec.resolve()
+    except XlaKernelsError as e:
+        return f"unresolved: {e}"
+    where = {"prebuilt": f"prebuilt {found.path}", "cache": f"cache {found.path}",
+             "build": "built on first use (needs the compilers)"}[found.kind]
+    return where if found.kind == "prebuilt" else f"{where}: {found.reason}"
+
+
+def library_rows(ops: dict[str, Op]) -> list[tuple[str, str]]:
+    """Per op and platform (and for the eager runtime and the torch dispatcher), the
+    library a call would load, and why it is not a prebuilt one where it is not."""
+    from xla_kernels.runtime import eager
+    from xla_kernels.runtime.library import kernel_spec
+
+    rows = []
+    for name, op in ops.items():
+        for platform in sorted(op.kernels):
+            try:
+                rows.append((f"{name} [{platform}]", _resolution(kernel_spec(op, platform))))
+            except XlaKernelsError as e:
+                rows.append((f"{name} [{platform}]", f"unresolved: {e}"))
+    rows.append(("eager runtime", _resolution(eager.runtime_spec())))
+    try:
+        from xla_kernels.frontends.torch import native
+    except ImportError:
+        rows.append(("torch dispatcher", "torch is not installed"))
+    else:
+        rows.append(("torch dispatcher", _resolution(native.library_spec())))
+    return rows
 
 
 def _print_registrations() -> None:
@@ -307,6 +342,22 @@ def build_op(spec: str, platforms: list[str]) -> int:
     return 0
 
 
+def build_aot(args: argparse.Namespace) -> int:
+    """``build --aot PACKAGE``: prebuild the package's libraries (:mod:`xla_kernels.aot`)."""
+    from xla_kernels import aot
+
+    try:
+        importlib.import_module(args.op)
+    except ImportError as e:
+        raise CommandError(f"--aot {args.op}: cannot import package '{args.op}' ({e}). Fix: "
+                           "install it (pip install -e .) or add its folder to PYTHONPATH") from e
+    built = aot.build_aot(args.op, out=args.out, platforms=args.platform,
+                          cuda_archs=args.cuda_archs.split(","), ffi_dir=args.ffi_include,
+                          only=args.only, jobs=args.jobs, cache_dir=args.cache_dir)
+    print(f"{len(built)} libraries prebuilt")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="xla-kernels", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -323,10 +374,27 @@ def _parser() -> argparse.ArgumentParser:
     bld = sub.add_parser("build", help="build an op's kernels ahead of time",
                          description="Compile an op's kernels into the cache, so the first "
                                      "call does not wait for the compiler.")
-    bld.add_argument("op", help="module.path:op_variable or path/to/file.py:op_variable")
+    bld.add_argument("op", help="module.path:op_variable or path/to/file.py:op_variable; "
+                                "with --aot, a package name")
     bld.add_argument("--platform", action="append", default=[], choices=["cpu", "cuda"],
                      help="platform to build for (repeatable; default: every platform the "
                           "op has a kernel for)")
+    bld.add_argument("--aot", action="store_true",
+                     help="prebuild every op the package declares into PACKAGE/_prebuilt/, "
+                          "to ship in its wheel (docs/prebuilt.md)")
+    bld.add_argument("--out", type=Path, help="with --aot: the prebuilt folder to write "
+                                              "(default: PACKAGE/_prebuilt)")
+    bld.add_argument("--cuda-archs", default="80,90,100",
+                     help="with --aot: CUDA archs to build for (default: 80,90,100; "
+                          "arch-specific kernels get 90a/100a)")
+    bld.add_argument("--ffi-include", type=Path,
+                     help="with --aot: XLA FFI headers to build against (an older jaxlib's "
+                          "include folder; default: the installed jaxlib's)")
+    bld.add_argument("--only", action="append", default=[], metavar="LIBRARY",
+                     help="with --aot: build only the library of this name (repeatable)")
+    bld.add_argument("--jobs", type=int, default=2, help="with --aot: builds run at once")
+    bld.add_argument("--cache-dir", type=Path,
+                     help="with --aot: build cache to reuse across runs (default: a fresh one)")
     sub.add_parser("demo", help="run the demo (the README's main job)")
     _serve_bench_parser(sub)
     return parser
@@ -541,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     commands: dict[str, Callable[[], int]] = {
         "doctor": lambda: doctor(args.target, args.register, args.imports),
-        "build": lambda: build_op(args.op, args.platform),
+        "build": lambda: (build_aot(args) if args.aot else build_op(args.op, args.platform)),
         "demo": lambda: __import__("xla_kernels.demo", fromlist=["main"]).main([]),
         "serve-bench": lambda: serve_bench(args),
     }

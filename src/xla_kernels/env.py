@@ -48,6 +48,14 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("XLA_KERNELS_CUDA_ARCHS", None,
              "comma-separated GPU architectures to build for, e.g. \"90a,80\" (default: the "
              "visible GPUs', else a built-in list)"),
+    Variable("XLA_KERNELS_BUILD", "auto",
+             "auto: a prebuilt library shipped in the package, else the cache, else build; "
+             "always: never a prebuilt library; never: no compiling (a needed build is an "
+             "error); read at every library load (docs/prebuilt.md)"),
+    Variable("XLA_KERNELS_FFI_INCLUDE_DIR", None,
+             "the XLA FFI headers builds compile against (default: the installed jaxlib's, "
+             "jax.ffi.include_dir()), e.g. an older jaxlib's for libraries that serve newer "
+             "ones"),
     Variable("XLA_KERNELS_QUIET", None,
              "set (not 0/false/no): no 'building ...' messages on stderr"),
     Variable("CPATH", None, "include folders for the compilers", reader="compiler"),

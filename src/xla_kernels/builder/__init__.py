@@ -17,6 +17,7 @@ compile-only stand-in headers of :func:`compat_include_dir`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
@@ -28,7 +29,9 @@ from filelock import FileLock, Timeout
 
 from .. import env as environment
 from ..errors import BuildError, CompilerNotFoundError
+from . import prebuilt
 from .cache import (
+    Lookup,
     check_entry,
     compute_key,
     default_cache_dir,
@@ -36,6 +39,7 @@ from .cache import (
     ffi_headers_digest,
     install_entry,
     parse_depfile,
+    read_manifest,
     tree_digest,
 )
 from .compiler import (
@@ -61,6 +65,8 @@ from .toolchain import (
 )
 
 __all__ = [
+    "BuildSpec",
+    "Resolution",
     "build_library",
     "compat_include_dir",
     "default_cache_dir",
@@ -68,17 +74,27 @@ __all__ = [
     "find_cxx",
     "find_nvcc",
     "toolchain_report",
+    "used_libraries",
 ]
 
 Platform = Literal["cpu", "cuda"]
 
 
 
-def ffi_include_dir() -> Path:
-    """jaxlib's bundled headers (``xla/ffi/api/ffi.h``), i.e. ``jax.ffi.include_dir()``."""
-    import jax.ffi  # imported lazily: only needed when building
+def installed_ffi_include_dir() -> Path:
+    """The installed jaxlib's bundled headers (``xla/ffi/api/ffi.h``), i.e.
+    ``jax.ffi.include_dir()``: their FFI version is the one this process serves."""
+    import jax.ffi  # imported lazily: only needed when building or matching
 
     return Path(jax.ffi.include_dir())
+
+
+def ffi_include_dir() -> Path:
+    """The XLA FFI headers builds compile against: ``$XLA_KERNELS_FFI_INCLUDE_DIR`` (e.g.
+    an older jaxlib's, so that one library serves every newer jaxlib), else the installed
+    jaxlib's (:func:`installed_ffi_include_dir`)."""
+    override = environment.get("XLA_KERNELS_FFI_INCLUDE_DIR")
+    return Path(override).expanduser() if override else installed_ffi_include_dir()
 
 
 def package_include_dir() -> Path:
@@ -218,6 +234,286 @@ def _lock(what: str, platform: str, cache: Path, stem: Path, reason: str) -> Fil
     return lock
 
 
+Source = Literal["prebuilt", "cache", "build"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """Where a library comes from: ``kind`` is ``"prebuilt"`` (shipped in a package),
+    ``"cache"`` (built before) or ``"build"`` (the compilers must run; ``path`` is then
+    None until built); ``reason`` says why the earlier places did not serve."""
+
+    kind: Source
+    path: Path | None
+    reason: str
+
+
+#: The last resolution of every library this process loaded, by (name, platform).
+_used: dict[tuple[str, str], Resolution] = {}
+
+
+def used_libraries() -> dict[tuple[str, str], Resolution]:
+    """How each library this process asked for was found, by ``(name, platform)``.
+
+    Example:
+        >>> isinstance(used_libraries(), dict)
+        True
+    """
+    return dict(_used)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSpec:
+    """One library to build: its sources and settings, and how to get it.
+
+    :meth:`load_path` takes the library, in order, from a prebuilt library shipped in the
+    sources' package (see :mod:`.prebuilt`; verified by size and sha256), from the build
+    cache (see :mod:`.cache`), or by compiling; ``$XLA_KERNELS_BUILD`` changes the order
+    (:func:`~xla_kernels.builder.prebuilt.build_mode`). ``abi`` holds the tags a prebuilt
+    library must match beyond its sources, e.g. the torch build a torch extension was
+    compiled against. Make one with :meth:`create`.
+
+    Example:
+        >>> spec = BuildSpec.create("add", ["add.cc"], platform="cpu")  # doctest: +SKIP
+        >>> spec.resolve().kind                                          # doctest: +SKIP
+        'prebuilt'
+    """
+
+    name: str
+    sources: tuple[Path, ...]
+    platform: Platform
+    include_dirs: tuple[Path, ...] = ()
+    defines: tuple[tuple[str, str], ...] = ()
+    extra_flags: tuple[str, ...] = ()
+    cuda_archs: tuple[str, ...] | None = None
+    arch_specific: bool = False
+    for_op: str | None = None
+    abi: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def create(cls, name: str, sources: Sequence[str | Path], *, platform: Platform,
+               include_dirs: Sequence[str | Path] = (), defines: Mapping[str, str] = {},
+               extra_flags: Sequence[str] = (), cuda_archs: Sequence[str] | str | None = None,
+               for_op: str | None = None, arch_specific: bool = False,
+               abi: Mapping[str, str] = {}) -> BuildSpec:
+        """A spec with the sources checked (BuildError for missing or unknown files)."""
+        srcs = _check_sources(_describe(name, for_op), platform, sources)
+        if isinstance(cuda_archs, str):
+            cuda_archs = cuda_archs.split(",")
+        return cls(name, tuple(srcs), platform,
+                   tuple(Path(d).expanduser().resolve() for d in include_dirs),
+                   tuple(sorted(defines.items())), tuple(extra_flags),
+                   None if cuda_archs is None else tuple(str(a) for a in cuda_archs),
+                   arch_specific, for_op, tuple(sorted(abi.items())))
+
+    def wanted_archs(self) -> list[str]:
+        """The CUDA archs this process builds for (empty for CPU)."""
+        if self.platform != "cuda":
+            return []
+        archs, _ = resolve_cuda_archs(self.cuda_archs)
+        return arch_specific_archs(archs) if self.arch_specific else archs
+
+    def wanted(self, archs: Sequence[str] | None = None,
+               ffi: tuple[int, int] | None = None) -> prebuilt.Wanted:
+        """What a prebuilt library must be to serve this process (or, with ``archs`` and
+        ``ffi``, what one built for them is)."""
+        if ffi is None:
+            try:
+                ffi = prebuilt.ffi_api_version(installed_ffi_include_dir())
+            except ImportError:
+                ffi = None
+        return prebuilt.Wanted(self.name, self.platform, self.sources, self.defines,
+                               self.extra_flags, self.abi, ffi,
+                               tuple(self.wanted_archs() if archs is None else archs))
+
+    def prebuilt(self) -> prebuilt.Match:
+        """The shipped prebuilt library that serves this process, or why none does."""
+        return prebuilt.find(self.wanted())
+
+    def resolve(self, *, cache_dir: str | Path | None = None) -> Resolution:
+        """Where :meth:`load_path` would take the library from now, running no compiler.
+
+        Example:
+            >>> spec.resolve()                                     # doctest: +SKIP
+            Resolution(kind='prebuilt', path=PosixPath('.../_prebuilt/...so'), reason='...')
+        """
+        mode = prebuilt.build_mode()
+        reason = "XLA_KERNELS_BUILD=always"
+        if mode != "always":
+            match = self.prebuilt()
+            if match.path is not None:
+                return Resolution("prebuilt", match.path, match.reason)
+            reason = match.reason
+        _, found = self._cache_lookup(cache_dir, ffi_include_dir())
+        if found.path is not None:
+            return Resolution("cache", found.path, f"{reason}; the cache holds a build")
+        return Resolution("build", None, f"{reason}; the cache has none ({found.reason})")
+
+    def load_path(self, *, cache_dir: str | Path | None = None) -> Path:
+        """The library's path: prebuilt, else cached, else built now (see the class doc).
+
+        Raises:
+            BuildError: a build was needed and failed, or ``XLA_KERNELS_BUILD=never``.
+            CompilerNotFoundError: a build was needed and a compiler is missing.
+        """
+        mode = prebuilt.build_mode()
+        reason = "XLA_KERNELS_BUILD=always"
+        if mode != "always":
+            match = self.prebuilt()
+            if match.path is not None:
+                _used[(self.name, self.platform)] = Resolution("prebuilt", match.path,
+                                                               match.reason)
+                return match.path
+            reason = match.reason
+        path, kind = self._jit(cache_dir, ffi_include_dir(), compile_ok=mode != "never",
+                               why=reason)
+        _used[(self.name, self.platform)] = Resolution(kind, path, reason)
+        return path
+
+    def build(self, *, cache_dir: str | Path | None = None,
+              ffi_dir: Path | None = None) -> tuple[Path, list[Path]]:
+        """Take the library from the cache or compile it, never from a prebuilt one
+        (``ffi_dir``: the XLA FFI headers to build against). Returns its path and every
+        file the compilers read, from the cache entry's manifest."""
+        path, _ = self._jit(cache_dir, ffi_dir or ffi_include_dir(), compile_ok=True,
+                            why="an ahead-of-time build")
+        manifest = read_manifest(path.with_name(path.name.rsplit("-", 1)[0])) or {}
+        return path, [Path(p) for p in manifest.get("dependencies", {})]
+
+    def _flags(self, ffi_dir: Path) -> tuple[list[Path], list[str]]:
+        pkg_dir = package_include_dir()
+        # A source's own folder is searched for its headers; the shipped legacy adapter's
+        # folder is not, so its neighbours (legacy.h, ...) never shadow a user's headers.
+        incs = [s.parent for s in self.sources if not s.is_relative_to(pkg_dir)]
+        incs += list(self.include_dirs)
+        return incs, common_flags([*incs, pkg_dir, ffi_dir], dict(self.defines),
+                                  self.extra_flags)
+
+    def _key(self, ffi_dir: Path) -> tuple[str, list[str], list[str], str]:
+        """The cache key, and the archs, gencode flags and arch text of this build."""
+        _, flags = self._flags(ffi_dir)
+        need_cxx = self.platform == "cpu" or any(s.suffix in CXX_SUFFIXES for s in self.sources)
+        gencode: list[str] = []
+        archs: list[str] = []
+        target = ""
+        if self.platform == "cuda":
+            archs, origin = resolve_cuda_archs(self.cuda_archs)
+            if self.arch_specific:
+                archs = arch_specific_archs(archs)
+            gencode = gencode_flags(archs, ptx=origin == "fallback")
+            target = (", " + ", ".join(f"sm_{a}" for a in archs)
+                      + (" + PTX" * (origin == "fallback")))
+        env = environment.build_env()
+        requested = [] if self.cuda_archs is None else [",".join(self.cuda_archs)]
+        compat_dir = compat_include_dir()
+        key = compute_key(
+            fields={"name": [self.name], "platform": [self.platform], "flags": flags,
+                    "cxx_flags": CXX_FLAGS if need_cxx else (),
+                    "nvcc_flags": NVCC_FLAGS if self.platform == "cuda" else (),
+                    "requested_archs": requested, "gencode": gencode, "env": env,
+                    "package_include_dir": [str(package_include_dir())],
+                    "ffi": [ffi_headers_digest(ffi_dir)],
+                    "compat": [str(compat_dir), tree_digest(compat_dir)]},
+            sources=self.sources)
+        return key, archs, gencode, target
+
+    def _cache_lookup(self, cache_dir: str | Path | None, ffi_dir: Path
+                      ) -> tuple[Path, Lookup]:
+        key = self._key(ffi_dir)[0]
+        cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        stem = entry_stem(cache.absolute(), self.name, self.platform, key)
+        return stem, check_entry(stem, _installed_version)
+
+    def _jit(self, cache_dir: str | Path | None, ffi_dir: Path, *, compile_ok: bool,
+             why: str) -> tuple[Path, Source]:
+        """The cached library, else compile it (``compile_ok``); ``why``: why no prebuilt
+        library served, for the error when compiling is not allowed."""
+        name, platform, srcs = self.name, self.platform, list(self.sources)
+        what = _describe(name, self.for_op)
+        compat_dir = compat_include_dir()
+        incs, flags = self._flags(ffi_dir)
+        need_cxx = platform == "cpu" or any(s.suffix in CXX_SUFFIXES for s in srcs)
+        # Everything up to the lookup runs without a compiler: a hit must not need one.
+        key, archs, gencode, target = self._key(ffi_dir)
+        cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+        cache = cache.absolute()
+        stem = entry_stem(cache, name, platform, key)
+        found = check_entry(stem, _installed_version)
+        if found.path is not None:
+            return found.path, "cache"
+        if not compile_ok:
+            raise BuildError(
+                f"building {what} for {platform}: XLA_KERNELS_BUILD=never forbids compiling, "
+                f"no prebuilt library serves ({why}) and the cache has none ({found.reason}). "
+                "Fix: install a wheel whose prebuilt libraries match this machine (xla-kernels "
+                "doctor says what they were built for), or unset XLA_KERNELS_BUILD to build it.")
+        # A miss: this process has to build, which needs a writable cache and the compilers.
+        blocking = _file_in_the_way(cache)
+        if blocking is not None:
+            raise _not_a_folder_error(what, platform, cache, blocking)
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _read_only_error(what, platform, cache, found.reason, e) from e
+        if not os.access(cache, os.W_OK):
+            raise _read_only_error(what, platform, cache, found.reason)
+        cxx = nvcc = None
+        compilers: dict[str, str] = {}
+        if need_cxx:
+            path = find_cxx()
+            compilers["cxx"] = compiler_version(path)
+            cxx = (path, short_version(path, compilers["cxx"]))
+        if platform == "cuda":
+            path = find_nvcc()
+            compilers["nvcc"] = compiler_version(path)
+            nvcc = (path, short_version(path, compilers["nvcc"]))
+        cuda_inc = cuda_include_dir(nvcc[0]) if nvcc and need_cxx else None
+
+        lock = _lock(what, platform, cache, stem, found.reason)
+        try:
+            # Another process may have built (or repaired) it while this one waited for the lock.
+            found = check_entry(stem, lambda kind: compilers.get(kind))
+            if found.path is not None:
+                return found.path, "cache"
+            label = nvcc[1] if nvcc else cxx[1] if cxx else "?"
+            with tempfile.TemporaryDirectory(dir=cache, prefix=".obj-") as tmp:
+                obj_dir = Path(tmp)
+                built = obj_dir / "library.so"
+                steps = plan_steps(srcs, platform=platform, out=built, obj_dir=obj_dir,
+                                   flags=flags, cxx=cxx, nvcc=nvcc, gencode=gencode,
+                                   cxx_cuda_include=cuda_inc, fallback_include=compat_dir)
+                with Progress(f"building {what} for {platform} ({label}{target})"):
+                    try:
+                        run_steps(steps, name=name, platform=platform, what=what)
+                    except BuildError as e:
+                        note = _stand_in_note(srcs, incs)
+                        if not note:
+                            raise
+                        raise BuildError(str(e) + note, compiler_output=e.compiler_output,
+                                         command=e.command) from None
+                cwd = Path.cwd()  # the compilers ran here; depfiles may hold relative paths
+                deps: dict[Path, None] = dict.fromkeys(srcs)
+                for step in steps:
+                    if "-MF" in step.argv:
+                        depfile = Path(step.argv[step.argv.index("-MF") + 1])
+                        try:
+                            text = depfile.read_text()
+                        except OSError as e:
+                            raise BuildError(
+                                f"building {what} for {platform}: {step.compiler} wrote no "
+                                f"dependency file ({e}), so header changes could not be tracked. "
+                                "Fix: remove -MF/-MD/-MMD/-M options from the kernel's flags."
+                            ) from e
+                        deps.update(dict.fromkeys(parse_depfile(text, cwd)))
+                return install_entry(
+                    stem, built, dependencies=deps, compilers=compilers, damaged=found.damaged,
+                    info={"name": name, "platform": platform, "key": key,
+                          "cuda_archs": archs, "commands": [list(s.argv) for s in steps]}
+                ), "build"
+        finally:
+            lock.release()
+
+
 def build_library(
     name: str,
     sources: Sequence[str | Path],
@@ -230,8 +526,14 @@ def build_library(
     cache_dir: str | Path | None = None,
     for_op: str | None = None,
     arch_specific: bool = False,
+    abi: Mapping[str, str] = {},
 ) -> Path:
-    """Compile and link ``sources`` into one shared library, or reuse the cached one.
+    """Compile and link ``sources`` into one shared library, or reuse a prebuilt or cached one.
+
+    A prebuilt library shipped in the sources' package serves first when it matches
+    (:mod:`.prebuilt`; ``abi`` names the tags it must match beyond its sources), then the
+    cache, then the compilers run: :meth:`BuildSpec.load_path`, of which this is the
+    one-call form.
 
     .cc/.cpp files are compiled by g++ (``-std=c++17 -O3 -fPIC``), .cu files by nvcc for
     ``cuda_archs`` (default: :func:`detect_cuda_archs`), one object per source, then linked
@@ -268,108 +570,10 @@ def build_library(
             or the library must be built and the cache folder is read-only.
         CompilerNotFoundError: the library must be built and g++ or nvcc is not installed.
     """
-    what = _describe(name, for_op)
-    srcs = _check_sources(what, platform, sources)
-    ffi_dir, pkg_dir, compat_dir = ffi_include_dir(), package_include_dir(), compat_include_dir()
-    # A source's own folder is searched for its headers; the shipped legacy adapter's folder
-    # is not, so its neighbours (legacy.h, ...) never shadow a user's same-named headers.
-    incs = [s.parent for s in srcs if not s.is_relative_to(pkg_dir)]
-    incs += [Path(d).expanduser().resolve() for d in include_dirs]
-    flags = common_flags([*incs, pkg_dir, ffi_dir], defines, extra_flags)
-    need_cxx = platform == "cpu" or any(s.suffix in CXX_SUFFIXES for s in srcs)
-
-    # Everything up to the lookup runs without a compiler: a hit must not need one.
-    gencode: list[str] = []
-    archs: list[str] = []
-    target = ""
-    if platform == "cuda":
-        archs, origin = resolve_cuda_archs(cuda_archs)
-        if arch_specific:
-            archs = arch_specific_archs(archs)
-        gencode = gencode_flags(archs, ptx=origin == "fallback")
-        target = ", " + ", ".join(f"sm_{a}" for a in archs) + (" + PTX" * (origin == "fallback"))
-    env = environment.build_env()
-    requested = [] if cuda_archs is None else [str(cuda_archs)]
-    key = compute_key(
-        fields={"name": [name], "platform": [platform], "flags": flags,
-                "cxx_flags": CXX_FLAGS if need_cxx else (),
-                "nvcc_flags": NVCC_FLAGS if platform == "cuda" else (),
-                "requested_archs": requested, "gencode": gencode, "env": env,
-                "package_include_dir": [str(pkg_dir)],
-                "ffi": [ffi_headers_digest(ffi_dir)],
-                "compat": [str(compat_dir), tree_digest(compat_dir)]},
-        sources=srcs)
-    cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    cache = cache.absolute()
-    stem = entry_stem(cache, name, platform, key)
-    found = check_entry(stem, _installed_version)
-    if found.path is not None:
-        return found.path
-
-    # A miss: this process has to build, which needs a writable cache and the compilers.
-    blocking = _file_in_the_way(cache)
-    if blocking is not None:
-        raise _not_a_folder_error(what, platform, cache, blocking)
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise _read_only_error(what, platform, cache, found.reason, e) from e
-    if not os.access(cache, os.W_OK):
-        raise _read_only_error(what, platform, cache, found.reason)
-    cxx = nvcc = None
-    compilers: dict[str, str] = {}
-    if need_cxx:
-        path = find_cxx()
-        compilers["cxx"] = compiler_version(path)
-        cxx = (path, short_version(path, compilers["cxx"]))
-    if platform == "cuda":
-        path = find_nvcc()
-        compilers["nvcc"] = compiler_version(path)
-        nvcc = (path, short_version(path, compilers["nvcc"]))
-    cuda_inc = cuda_include_dir(nvcc[0]) if nvcc and need_cxx else None
-
-    lock = _lock(what, platform, cache, stem, found.reason)
-    try:
-        # Another process may have built (or repaired) it while this one waited for the lock.
-        found = check_entry(stem, lambda kind: compilers.get(kind))
-        if found.path is not None:
-            return found.path
-        label = nvcc[1] if nvcc else cxx[1] if cxx else "?"
-        with tempfile.TemporaryDirectory(dir=cache, prefix=".obj-") as tmp:
-            obj_dir = Path(tmp)
-            built = obj_dir / "library.so"
-            steps = plan_steps(srcs, platform=platform, out=built, obj_dir=obj_dir,
-                               flags=flags, cxx=cxx, nvcc=nvcc, gencode=gencode,
-                               cxx_cuda_include=cuda_inc, fallback_include=compat_dir)
-            with Progress(f"building {what} for {platform} ({label}{target})"):
-                try:
-                    run_steps(steps, name=name, platform=platform, what=what)
-                except BuildError as e:
-                    note = _stand_in_note(srcs, incs)
-                    if not note:
-                        raise
-                    raise BuildError(str(e) + note, compiler_output=e.compiler_output,
-                                     command=e.command) from None
-            cwd = Path.cwd()  # the compilers ran here; depfiles may hold relative paths
-            deps: dict[Path, None] = dict.fromkeys(srcs)
-            for step in steps:
-                if "-MF" in step.argv:
-                    depfile = Path(step.argv[step.argv.index("-MF") + 1])
-                    try:
-                        text = depfile.read_text()
-                    except OSError as e:
-                        raise BuildError(
-                            f"building {what} for {platform}: {step.compiler} wrote no "
-                            f"dependency file ({e}), so header changes could not be tracked. "
-                            "Fix: remove -MF/-MD/-MMD/-M options from the kernel's flags."
-                        ) from e
-                    deps.update(dict.fromkeys(parse_depfile(text, cwd)))
-            return install_entry(
-                stem, built, dependencies=deps, compilers=compilers, damaged=found.damaged,
-                info={"name": name, "platform": platform, "key": key,
-                      "cuda_archs": archs, "commands": [list(s.argv) for s in steps]})
-    finally:
-        lock.release()
+    spec = BuildSpec.create(name, sources, platform=platform, include_dirs=include_dirs,
+                            defines=defines, extra_flags=extra_flags, cuda_archs=cuda_archs,
+                            for_op=for_op, arch_specific=arch_specific, abi=abi)
+    return spec.load_path(cache_dir=cache_dir)
 
 
 def toolchain_report() -> dict[str, Any]:

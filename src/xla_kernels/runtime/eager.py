@@ -301,11 +301,22 @@ _lib_lock = threading.Lock()
 _verified: set[int] = set()  # handler addresses whose API version was checked
 
 
-def _build() -> Path:
-    """Compile ``eager_ffi.cc`` (plain C++, no CUDA), or take it from the build cache."""
-    from xla_kernels.builder import build_library
+def runtime_spec() -> Any:
+    """The :class:`~xla_kernels.builder.BuildSpec` of the eager runtime (``eager_ffi.cc``,
+    plain C++, no CUDA): prebuilt in the wheel, cached, or built on first use.
 
-    return build_library("xk_eager", [_SOURCE], platform="cpu")
+    Example:
+        >>> runtime_spec().name
+        'xk_eager'
+    """
+    from xla_kernels.builder import BuildSpec
+
+    return BuildSpec.create("xk_eager", [_SOURCE], platform="cpu")
+
+
+def _build() -> Path:
+    """The eager runtime's library: prebuilt, cached or built now (:func:`runtime_spec`)."""
+    return runtime_spec().load_path()
 
 
 def _load() -> ctypes.CDLL:
@@ -405,7 +416,9 @@ def _verify(address: int, op: str) -> None:
             f"{op}: the handler was built against XLA FFI API "
             f"{meta.api_version[0]}.{meta.api_version[1]}, the eager runtime implements "
             f"{ours[0]}.{ours[1]}. Fix: rebuild both against the same jaxlib "
-            "(jax.ffi.include_dir()).")
+            "(jax.ffi.include_dir()): with a prebuilt eager runtime, set "
+            "XLA_KERNELS_BUILD=always, or build the handler against the runtime's headers "
+            "(XLA_KERNELS_FFI_INCLUDE_DIR).")
     _verified.add(address)
 
 

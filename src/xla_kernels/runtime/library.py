@@ -130,13 +130,14 @@ def loaded_libraries() -> list[Path]:
         return list(_libraries)
 
 
-def load_kernel(op: Op, platform: str) -> LoadedKernel:
-    """Build (or take from the cache) ``op``'s kernel for ``platform`` and load it.
+def kernel_spec(op: Op, platform: str) -> builder.BuildSpec:
+    """The :class:`~xla_kernels.builder.BuildSpec` of the library that holds ``op``'s kernel
+    for ``platform``: what ``xla-kernels build --aot`` prebuilds and :func:`load_kernel` loads.
 
-    The library is the one of every kernel with the same sources and build settings: built
-    once (later ops hit the cache) and loaded once per process (:func:`load_library`), so
-    handlers of several ops share its static state. Callers go through
-    :func:`kernel_of`, which looks the handler up once per op.
+    Example:
+        >>> from xla_kernels.kernels.simple_add import simple_add
+        >>> kernel_spec(simple_add, "cpu").name
+        'simple_add_cpu'
     """
     kernel = op.kernels.get(platform)
     if kernel is None:
@@ -144,13 +145,28 @@ def load_kernel(op: Op, platform: str) -> LoadedKernel:
             op.name, platform, op.kernels, "run it on a platform it supports, or declare "
             f"kernels={{'{platform}': Kernel(...)}}")
     sources, legacy_defines = _sources(op, kernel, platform)
-    path = builder.build_library(
+    return builder.BuildSpec.create(
         library_name(kernel), sources, platform=platform,
         include_dirs=kernel.resolved_include_dirs(),
         defines={**kernel.defines, **legacy_defines}, extra_flags=kernel.flags,
         for_op=op.name, arch_specific=kernel.arch_specific)
+
+
+def load_kernel(op: Op, platform: str) -> LoadedKernel:
+    """Build (or take from the cache) ``op``'s kernel for ``platform`` and load it.
+
+    The library is the one of every kernel with the same sources and build settings: a
+    prebuilt one shipped in the op's package when it matches (see
+    :mod:`xla_kernels.builder.prebuilt`), else built once (later ops hit the cache), and
+    loaded once per process (:func:`load_library`), so
+    handlers of several ops share its static state. Callers go through
+    :func:`kernel_of`, which looks the handler up once per op.
+    """
+    spec = kernel_spec(op, platform)
+    kernel = op.kernels[platform]
+    path = spec.load_path()
     library = load_library(path, op.name)
-    built = f"the {platform} library built from {[s.name for s in sources]}"
+    built = f"the {platform} library built from {[s.name for s in spec.sources]}"
     stages = {}
     for stage, symbol in (kernel.stages or {"execute": kernel.handler}).items():
         what = "" if stage == "execute" and not kernel.stateful else f" (its {stage} handler)"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import struct
+import sys
 import sysconfig
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -167,12 +168,8 @@ def _torch_build_options() -> tuple[list[Path], dict[str, str], list[str]]:
     except Exception:  # an odd install without cpp_extension: headers may still be there
         root = Path(torch.__file__).parent / "include"
         includes = [root, root / "torch" / "csrc" / "api" / "include"]
-    if not (includes[0] / "torch" / "library.h").is_file():
-        raise FileNotFoundError(f"torch headers not found (no {includes[0]}/torch/library.h)")
     lib_dir = Path(torch.__file__).parent / "lib"
     python_include = Path(sysconfig.get_paths()["include"])
-    if not (python_include / "Python.h").is_file():
-        raise FileNotFoundError(f"Python headers not found (no {python_include}/Python.h)")
     defines = {
         "_GLIBCXX_USE_CXX11_ABI": str(int(torch._C._GLIBCXX_USE_CXX11_ABI)),
         # Headers change with torch while their paths may not: key the build on the version.
@@ -186,6 +183,44 @@ def _torch_build_options() -> tuple[list[Path], dict[str, str], list[str]]:
     return [*includes, python_include], defines, flags
 
 
+def _check_headers(includes: list[Path]) -> None:
+    """FileNotFoundError naming torch's or Python's missing headers (needed to build only)."""
+    if not (includes[0] / "torch" / "library.h").is_file():
+        raise FileNotFoundError(f"torch headers not found (no {includes[0]}/torch/library.h)")
+    if not (includes[-1] / "Python.h").is_file():
+        raise FileNotFoundError(f"Python headers not found (no {includes[-1]}/Python.h)")
+
+
+def torch_abi() -> dict[str, str]:
+    """What a prebuilt native library must have been built against to load here: this
+    torch build (its version, local tag included), the Python ABI and the C++ ABI flag.
+
+    Example:
+        >>> sorted(torch_abi())
+        ['cxx11abi', 'python', 'torch']
+    """
+    return {"torch": torch.__version__,
+            "python": f"cp{sys.version_info.major}{sys.version_info.minor}",
+            "cxx11abi": str(int(torch._C._GLIBCXX_USE_CXX11_ABI))}
+
+
+def library_spec() -> Any:
+    """The :class:`~xla_kernels.builder.BuildSpec` of the native library (``native.cc`` with
+    the eager FFI runtime), built against this torch: a prebuilt one is used when its
+    :func:`torch_abi` tags are this process's.
+
+    Example:
+        >>> library_spec().name                                      # doctest: +SKIP
+        'xk_torch_native'
+    """
+    from xla_kernels.builder import BuildSpec
+
+    includes, defines, flags = _torch_build_options()
+    return BuildSpec.create("xk_torch_native", [_SOURCE, _EAGER_SOURCE], platform="cpu",
+                            include_dirs=includes, defines=defines, extra_flags=flags,
+                            abi=torch_abi())
+
+
 def _load() -> ctypes.PyDLL | None:
     """Build and load the native library once; None (and a status) when it cannot be."""
     global _lib, _status, _tried
@@ -195,11 +230,10 @@ def _load() -> ctypes.PyDLL | None:
         if _tried:
             return _lib
         try:
-            from xla_kernels.builder import build_library
-
-            includes, defines, flags = _torch_build_options()
-            path = build_library("xk_torch_native", [_SOURCE, _EAGER_SOURCE], platform="cpu",
-                                 include_dirs=includes, defines=defines, extra_flags=flags)
+            spec = library_spec()
+            if spec.prebuilt().path is None:
+                _check_headers(list(spec.include_dirs))
+            path = spec.load_path()
             lib = ctypes.PyDLL(str(path))
             lib.xk_native_init.argtypes = [ctypes.py_object]
             lib.xk_native_init.restype = ctypes.c_int32

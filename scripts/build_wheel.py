@@ -1,0 +1,147 @@
+"""Build ``dist/xla_kernels-*.whl`` with every shipped library prebuilt (``make wheel``).
+
+Steps: fetch the XLA FFI headers of the oldest supported jaxlib (``--ffi-jaxlib``; one
+library then serves it and every newer jaxlib with the same FFI major version); copy the
+package into ``build/wheel/``; prebuild there (``xla-kernels build --aot xla_kernels``): the
+CPU and CUDA libraries of every shipped op, the eager FFI runtime and the torch dispatcher
+library for this Python's torch; add the torch dispatcher library of every other torch
+interpreter given (``--torch-python``, one prebuilt per torch build, chosen at import); pack
+the wheel (tagged ``py3-none-linux_x86_64``: its libraries are x86-64 Linux code loaded with
+ctypes, for any Python 3) and check its size.
+
+Example:
+    $ python scripts/build_wheel.py --torch-python /tmp/venv212/bin/python
+    $ python scripts/build_wheel.py --platform cpu          # no CUDA libraries (quick)
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The oldest jaxlib whose FFI headers the wheel's libraries are built against.
+FFI_JAXLIB = "0.10.0"
+MAX_WHEEL_MIB = 64
+PLATFORM_TAG = "linux_x86_64"
+
+
+def ffi_headers(version: str, work: Path) -> Path:
+    """The ``include`` folder of jaxlib ``version`` (downloaded once, without installing)."""
+    include = work / f"jaxlib-{version}" / "include"
+    if (include / "xla" / "ffi" / "api" / "c_api.h").is_file():
+        return include
+    wheels = work / "jaxlib-wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                    "--only-binary=:all:", "-d", str(wheels), f"jaxlib=={version}"], check=True)
+    wheel = next(wheels.glob(f"jaxlib-{version}-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.startswith("jaxlib/include/") and not name.endswith("/"):
+                target = include / name.removeprefix("jaxlib/include/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(z.read(name))
+    return include
+
+
+def stage(out: Path) -> Path:
+    """A copy of the project's packaging files and ``src/`` without caches or old builds."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, out / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "_prebuilt", "*.pyc")
+    shutil.copytree(ROOT / "src", out / "src", ignore=ignore)
+    return out
+
+
+def aot(python: str, prebuilt_dir: Path, args: argparse.Namespace, ffi: Path,
+        only: list[str]) -> None:
+    """``xla-kernels build --aot xla_kernels`` under ``python`` (this checkout's sources)."""
+    cmd = [python, "-m", "xla_kernels.cli", "build", "--aot", "xla_kernels",
+           "--out", str(prebuilt_dir), "--ffi-include", str(ffi),
+           "--cuda-archs", args.cuda_archs, "--jobs", str(args.jobs),
+           "--cache-dir", str(args.work / "aot-cache")]
+    for platform in args.platform:
+        cmd += ["--platform", platform]
+    for name in only:
+        cmd += ["--only", name]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "XLA_KERNELS_QUIET": "1"}
+    subprocess.run(cmd, check=True, env=env)
+
+
+def _record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def retag(wheel: Path, tag: str) -> Path:
+    """The wheel rewritten as ``py3-none-<tag>`` and not pure Python (its libraries are
+    platform code), with its RECORD updated."""
+    with zipfile.ZipFile(wheel) as z:
+        items = {n: z.read(n) for n in z.namelist()}
+    wheel_file = next(n for n in items if n.endswith(".dist-info/WHEEL"))
+    lines = [ln for ln in items[wheel_file].decode().splitlines()
+             if not ln.startswith(("Tag:", "Root-Is-Purelib:"))]
+    items[wheel_file] = ("\n".join([*lines, "Root-Is-Purelib: false", f"Tag: py3-none-{tag}"])
+                         + "\n").encode()
+    record = next(n for n in items if n.endswith(".dist-info/RECORD"))
+    items[record] = ("\n".join([_record_line(n, d) for n, d in items.items() if n != record]
+                               + [f"{record},,"]) + "\n").encode()
+    name, version = wheel.name.split("-")[:2]
+    out = wheel.with_name(f"{name}-{version}-py3-none-{tag}.whl")
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        for n, d in items.items():
+            z.writestr(n, d)
+    if out != wheel:
+        wheel.unlink()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ffi-jaxlib", default=FFI_JAXLIB,
+                        help=f"jaxlib whose FFI headers to build against (default {FFI_JAXLIB})")
+    parser.add_argument("--torch-python", action="append", default=[],
+                        help="another Python with another torch: add its torch dispatcher "
+                             "library (repeatable)")
+    parser.add_argument("--platform", action="append", default=[], choices=["cpu", "cuda"],
+                        help="platforms to prebuild (default: cpu and cuda)")
+    parser.add_argument("--cuda-archs", default="80,90,100")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=ROOT / "build")
+    parser.add_argument("--dist", type=Path, default=ROOT / "dist")
+    args = parser.parse_args(argv)
+    args.platform = args.platform or ["cpu", "cuda"]
+    start = time.monotonic()
+    ffi = ffi_headers(args.ffi_jaxlib, args.work)
+    tree = stage(args.work / "wheel")
+    prebuilt_dir = tree / "src" / "xla_kernels" / "_prebuilt"
+    aot(sys.executable, prebuilt_dir, args, ffi, [])
+    for python in args.torch_python:
+        aot(python, prebuilt_dir, args, ffi, ["xk_torch_native"])
+    args.dist.mkdir(parents=True, exist_ok=True)
+    for old in args.dist.glob("xla_kernels-*.whl"):
+        old.unlink()
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(args.dist), str(tree)], check=True)
+    wheel = retag(next(args.dist.glob("xla_kernels-*.whl")), PLATFORM_TAG)
+    mib = wheel.stat().st_size / 2**20
+    print(f"{wheel} ({mib:.1f} MiB, built in {time.monotonic() - start:.0f} s)")
+    if mib > MAX_WHEEL_MIB:
+        print(f"error: the wheel is larger than {MAX_WHEEL_MIB} MiB", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
