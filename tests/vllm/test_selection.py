@@ -49,7 +49,8 @@ def test_register_makes_the_default_backend_run_ours_on_both_model_paths(monkeyp
             == ours.get_kv_cache_shape(64, 16, 4, 128, jnp.bfloat16))
     calls = []
     monkeypatch.setattr(attention, "attend", lambda *a, **k: calls.append(k) or ("cache", "out"))
-    assert rpa.attention("cache", "q", "k", "v", _Metadata(), _Metadata(), _Mesh(),
+    cache = jnp.zeros((1, 16, 2, 2, 128), jnp.bfloat16)
+    assert rpa.attention(cache, "q", "k", "v", _Metadata(), _Metadata(), _Mesh(),
                          **_ATTENTION_KWARGS) == ("cache", "out")
     assert calls and calls[0]["scale"] == 0.125
 
