@@ -11,6 +11,9 @@ BIN := $(VENV)/bin
 # on CPU-only machines too; override with e.g. TORCH_SPEC=torch==2.11.0 on a GPU machine.
 TORCH_SPEC ?= torch==2.12.1
 PYTEST_ARGS ?=
+# Non-empty: each suite's own environment is removed once its tests pass, so that `make test`
+# never holds them all on disk at once (~20 GB together; CI sets it).
+PRUNE_ENVS ?=
 
 # Other torch interpreters whose torch dispatcher library `make wheel` also prebuilds.
 WHEEL_TORCH_PYTHONS ?=
@@ -36,7 +39,7 @@ wheel: $(BIN)/.installed
 test-wheel: $(BIN)/.installed
 	bash scripts/wheel_matrix.sh venvs
 	$(MAKE) wheel WHEEL_TORCH_PYTHONS="$$(ls build/matrix/torch-*/bin/python)"
-	bash scripts/wheel_matrix.sh test
+	PRUNE_ENVS=$(PRUNE_ENVS) bash scripts/wheel_matrix.sh test
 
 test-main: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples scripts
@@ -46,12 +49,14 @@ test-main: $(BIN)/.installed
 test-torch-xla:
 	bash scripts/torch_xla_env.sh
 	.venv-torch-xla/bin/python -m pytest -q tests/torch_xla_frontend $(PYTEST_ARGS)
+	$(if $(PRUNE_ENVS),rm -rf .venv-torch-xla)
 
 # vLLM's engine (vllm-tpu + tpu-inference, Python 3.12) on our attention: docs/vllm.md
 test-vllm:
 	bash scripts/vllm_env.sh
 	.venv-vllm/bin/python -m pytest -q tests/vllm --doctest-modules src/xla_kernels/vllm \
 		$(PYTEST_ARGS)
+	$(if $(PRUNE_ENVS),rm -rf .venv-vllm)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check src tests benchmarks examples scripts

@@ -12,6 +12,9 @@
 #   TORCHES   torch versions (default "2.13.0 2.12.1": the CPU build on this disk, and PyPI's
 #             CUDA build of 2.12.1, which imports and runs on a CPU machine)
 #   JAXLIBS   jax/jaxlib versions (default "0.10.0 0.10.2")
+#   SEED      a venv whose torch, where it is the version wanted, is hard-linked into the new
+#             venv instead of downloaded (default .venv)
+#   PRUNE_ENVS  non-empty: remove the matrix venvs once tested (CI's disk)
 #
 # Left out of the tests: those that run torch.compile (inductor compiles C++ with the
 # compilers this check removes) and the one that calls the builder on purpose.
@@ -21,6 +24,7 @@ TORCHES=${TORCHES:-"2.13.0 2.12.1"}
 JAXLIBS=${JAXLIBS:-"0.10.0 0.10.2"}
 WORK=${WORK:-build/matrix}
 PYTHON=${PYTHON:-python3}
+SEED=${SEED:-.venv}
 step=${1:?usage: wheel_matrix.sh venvs|test}
 first_jax=${JAXLIBS%% *}
 if [ "$step" = venvs ]; then
@@ -28,7 +32,15 @@ if [ "$step" = venvs ]; then
     venv="$WORK/torch-$torch_version"
     rm -rf "$venv"
     "$PYTHON" -m venv "$venv"
-    "$venv/bin/pip" install -q "torch==$torch_version" "jax==$first_jax" "jaxlib==$first_jax" \
+    # The torch that .venv already has is hard-linked in, not downloaded again (~5 GB of disk
+    # for PyPI's CUDA build; scripts/link_dists.py).
+    if [ -x "$SEED/bin/python" ] && [ "$("$SEED/bin/python" -c \
+        'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null)" = "$torch_version" ]
+    then
+      "$SEED/bin/python" scripts/link_dists.py \
+        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" torch
+    fi
+    "$venv/bin/pip" install -q --no-cache-dir "torch==$torch_version" "jax==$first_jax" "jaxlib==$first_jax" \
       pytest hypothesis "torchax>=0.0.13" filelock flatbuffers
   done
   exit 0
@@ -78,3 +90,4 @@ print('torch dispatcher and kernels prebuilt:', sorted(kinds))"
   done
 done
 printf '%s\n' "${summary[@]}"
+if [ -n "${PRUNE_ENVS:-}" ]; then rm -rf "$WORK"; fi
