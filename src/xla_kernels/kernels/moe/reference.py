@@ -17,9 +17,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from xla_kernels.kernels.fp8_weights import dequantize, fp8_quantize
 
 ACTIVATIONS = ("silu", "gelu")
+__all__ = ["ACTIVATIONS", "activate", "dequantize", "fp8_quantize", "fused_moe_ragged_dot",
+           "fused_moe_xla", "route"]
 
 
 def route(router_logits: Any, top_k: int, renormalize: bool = True) -> tuple[Any, Any]:
@@ -42,20 +45,6 @@ def activate(gate_up: Any, activation: str) -> Any:
     if activation == "gelu":
         return jax.nn.gelu(gate, approximate=False) * up
     raise ValueError(f"unknown activation {activation!r}; use one of {ACTIVATIONS}")
-
-
-def dequantize(w: Any, scale: Any, block_shape: tuple[int, int]) -> Any:
-    """f32 weights [..., rows, cols] from e4m3 values and their scales: per output channel
-    (``block_shape == (0, 0)``: scale [..., rows, 1]) or per (bn x bk) block (scale
-    [..., ceil(rows / bn), ceil(cols / bk)])."""
-    w = jnp.asarray(w).astype(jnp.float32)
-    scale = jnp.asarray(scale, jnp.float32)
-    bn, bk = (int(b) for b in block_shape)
-    if bn == 0:
-        return w * scale
-    rows, cols = w.shape[-2:]
-    full = jnp.repeat(jnp.repeat(scale, bn, axis=-2), bk, axis=-1)
-    return w * full[..., :rows, :cols]
 
 
 def _weights(w13: Any, w2: Any, scales: tuple[Any, Any] | None,
@@ -129,25 +118,3 @@ def fused_moe_ragged_dot(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, 
     y = y * weights.reshape(-1)[order][:, None]
     out = jnp.zeros((tokens, hidden.shape[1]), jnp.float32).at[token_of_row].add(y)
     return out.astype(dtype)
-
-
-def fp8_quantize(w: Any, block_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(e4m3 weights, f32 scales) of f32 weights [experts, rows, cols], vLLM's way: each
-    output channel (``(0, 0)``) or (bn x bk) block scaled so that its largest magnitude maps
-    to 448, the largest e4m3 value. A helper for tests and benchmarks (NumPy)."""
-    import ml_dtypes
-
-    w = np.asarray(w, np.float32)
-    experts, rows, cols = w.shape
-    bn, bk = (int(b) for b in block_shape)
-    if bn == 0:
-        amax = np.abs(w).max(axis=-1, keepdims=True)
-        scale = np.maximum(amax, 1e-12) / 448.0
-        return (w / scale).astype(ml_dtypes.float8_e4m3fn), scale.astype(np.float32)
-    nb, kb = -(-rows // bn), -(-cols // bk)
-    padded = np.zeros((experts, nb * bn, kb * bk), np.float32)
-    padded[:, :rows, :cols] = w
-    blocks = padded.reshape(experts, nb, bn, kb, bk)
-    scale = np.maximum(np.abs(blocks).max(axis=(2, 4)), 1e-12) / 448.0
-    full = np.repeat(np.repeat(scale, bn, axis=1), bk, axis=2)[:, :rows, :cols]
-    return (w / full).astype(ml_dtypes.float8_e4m3fn), scale.astype(np.float32)
