@@ -11,11 +11,11 @@
 * ``activation_scheme="none"`` (W8A16): ``y[t, o] = sum_i x[t, i] * W[o, i]``, products and
   sum in f32, rounded once to x's dtype.
 * ``activation_scheme="dynamic"`` (W8A8, per-token dynamic scales): each row of x is
-  quantized to e4m3 first, in f32: ``a_t = max_i |x[t, i]|``, ``s_t = max(a_t, 1e-12) / 448``
-  (f32 division), ``q[t, i] = e4m3(x[t, i] / s_t)`` (f32 division, rounded to nearest
-  even, saturated to +-448); then ``y[t, o] = s_t * sum_i q[t, i] * W[o, i]``, in f32,
-  rounded once to x's dtype. (vLLM's per-token quantization, with a division where vLLM
-  multiplies by the reciprocal.)
+  quantized to e4m3 first, in f32: ``a_t = max_i |x[t, i]|``, ``s_t = max(a_t, 1e-12) *
+  r`` with ``r`` the f32 nearest to 1 / 448, ``q[t, i] = e4m3(x[t, i] / s_t)`` (f32
+  division, rounded to nearest even, saturated to +-448); then ``y[t, o] = s_t * sum_i
+  q[t, i] * W[o, i]``, in f32, rounded once to x's dtype. (vLLM's per-token quantization,
+  with a division of x by s_t where vLLM multiplies by its reciprocal.)
 
 Kernels: CPU (``fp8_linear_cpu.cc``) and CUDA (``fp8_linear.cu``: a skinny-M kernel for
 decode, 16-byte weight loads dequantized in registers, f32 FMA on CUDA cores; design and

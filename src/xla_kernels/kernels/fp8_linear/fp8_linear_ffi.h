@@ -75,9 +75,11 @@ inline ffi::Error Decode(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
   return ffi::Error::Success();
 }
 
-// The per-token activation scale of "dynamic": max(amax, 1e-12) / 448, in f32.
+// The per-token activation scale of "dynamic": max(amax, 1e-12) times 1 / 448 (the f32
+// constant; XLA rewrites a division by a constant into this product, so the plain-XLA path
+// computes it the same way).
 XK_HOST_DEVICE inline float ActivationScale(float amax) {
-  return (amax > 1e-12f ? amax : 1e-12f) / 448.f;
+  return (amax > 1e-12f ? amax : 1e-12f) * (1.f / 448.f);
 }
 
 }  // namespace xla_kernels::fp8_linear

@@ -31,10 +31,11 @@ SCHEMES = ("none", "dynamic")
 
 def quantize_activations(x: Any) -> tuple[Any, Any]:
     """(q e4m3 [tokens, in], s f32 [tokens, 1]) with ``x ~ q * s``: per row ``s = max(amax,
-    1e-12) / 448`` and ``q = e4m3(x / s)`` (f32, round to nearest even, saturated)."""
+    1e-12) * f32(1 / 448)`` and ``q = e4m3(x / s)`` (f32, round to nearest even,
+    saturated)."""
     x = jnp.asarray(x).astype(jnp.float32)
     amax = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
-    s = jnp.maximum(amax, jnp.float32(1e-12)) / jnp.float32(E4M3_MAX)
+    s = jnp.maximum(amax, jnp.float32(1e-12)) * (jnp.float32(1) / jnp.float32(E4M3_MAX))
     q = jnp.clip(x / s, -E4M3_MAX, E4M3_MAX).astype(jnp.float8_e4m3fn)
     return q, s
 
