@@ -124,7 +124,7 @@ __device__ inline void Dequantize(const Params& p, const uint4& raw, int64_t row
 }
 
 template <typename T, bool kBlock>
-__global__ void __launch_bounds__(kThreads) Fp8LinearKernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) Fp8LinearKernel(const Params p) {
   __shared__ float4 staged[kChunk * kTokens / 4];
   __shared__ float row_scale[kTokens];
   float* staged_f = reinterpret_cast<float*>(staged);
@@ -161,11 +161,12 @@ __global__ void __launch_bounds__(kThreads) Fp8LinearKernel(const Params p) {
         for (int u = 0; u < kSubs; ++u)
           raw[r][u] = LoadWeights(p, row0 + r, c0 + u * kWarpCols + lane * kVec);
       __syncthreads();  // the previous step's tile is read; row_scale is written
-      for (int e = threadIdx.x; e < kChunk * kTokens; e += kThreads) {
+      // Only the tile's nt tokens: the arithmetic below skips the others.
+      for (int e = threadIdx.x; e < nt * kChunk; e += kThreads) {
         const int t = e / kChunk, k = e % kChunk;
         const int64_t col = c0 + k;
         float v = 0.f;
-        if (t < nt && col < p.in) {
+        if (col < p.in) {
           v = Load(x[(t0 + t) * p.in + col]);
           if (p.dynamic) v = E4m3RoundTrip(v / row_scale[t]);
         }
@@ -182,15 +183,17 @@ __global__ void __launch_bounds__(kThreads) Fp8LinearKernel(const Params p) {
         for (int q = 0; q < kVec / 4; ++q) {
 #pragma unroll
           for (int t = 0; t < kTokens; ++t) {
-            const float4 xv = staged[((u * (kVec / 4) + q) * kTokens + t) * 32 + lane];
+            if (t < nt) {  // uniform across the CTA: a decode tile of 1 token does 1/8
+              const float4 xv = staged[((u * (kVec / 4) + q) * kTokens + t) * 32 + lane];
 #pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-              float a = acc[r][t];
-              a = fmaf(xv.x, w[r][4 * q], a);
-              a = fmaf(xv.y, w[r][4 * q + 1], a);
-              a = fmaf(xv.z, w[r][4 * q + 2], a);
-              a = fmaf(xv.w, w[r][4 * q + 3], a);
-              acc[r][t] = a;
+              for (int r = 0; r < kRows; ++r) {
+                float a = acc[r][t];
+                a = fmaf(xv.x, w[r][4 * q], a);
+                a = fmaf(xv.y, w[r][4 * q + 1], a);
+                a = fmaf(xv.z, w[r][4 * q + 2], a);
+                a = fmaf(xv.w, w[r][4 * q + 3], a);
+                acc[r][t] = a;
+              }
             }
           }
         }
@@ -269,4 +272,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFp8LinearCuda, xla_kernels::fp8_linear::Fp8Linea
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<ffi::Span<const int64_t>>("block_shape")
-                                  .Attr<std::string_view>("activation_scheme"));
+                                  .Attr<std::string_view>("activation_scheme"),
+                              {ffi::Traits::kCmdBufferCompatible});

@@ -21,6 +21,9 @@ constexpr int kWarpCols = 32 * kVec;
 // Columns of x staged in shared memory per step (f32, kTokens rows: 32 KiB); a warp covers
 // them in kChunk / kWarpCols loads per row, all issued before the step's arithmetic.
 constexpr int kChunk = 2 * kWarpCols;
+// CTAs per SM the register budget is sized for (__launch_bounds__): 2 x 256 threads x up to
+// 128 registers; fewer registers made ptxas spill the accumulators.
+constexpr int kMinCtasPerSm = 2;
 // grid.y is at most this (CUDA's limit); CTAs stride over further token tiles.
 constexpr int kMaxGridY = 65535;
 
