@@ -23,8 +23,12 @@ measured copy bandwidth (:func:`xla_kernels.bench.copy_bandwidth_gbs`, a 1 GiB d
 read + write), ``roof %`` = floor / time; the nominal HBM bandwidth (H100 SXM 3.35 TB/s,
 H200 4.8 TB/s) is recorded beside it. Every peer's calls rotate over copies of the weight
 that together exceed 150 MB, so no call finds its weight in L2 from the call before (one
-4096 x 4096 fp8 weight, 16.8 MB, would fit in an H100's 50 MB L2). Times: median of 5
-windows of back-to-back calls (JAX: jitted, one op per program; torch: CUDA events).
+4096 x 4096 fp8 weight, 16.8 MB, would fit in an H100's 50 MB L2). A decode call takes a
+few microseconds, less than one host dispatch, so calls are timed in chains of 16 (each on
+its own copy of x and the next weight copy, every result kept): one jitted program per
+chain for the JAX peers (XLA's command buffers launch them), one CUDA graph for
+``torch._scaled_mm`` (x quantized outside it: the GEMM alone). Times: median of 5 windows
+of back-to-back chains, divided by 16.
 
 Writes ``fp8_linear.json`` and ``fp8_linear.md`` to ``--out``, again after every row.
 
@@ -49,7 +53,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xla_kernels.bench import copy_bandwidth_gbs, device_description
+from xla_kernels.bench import budgeted_seconds, copy_bandwidth_gbs, device_description
 from xla_kernels.kernels.fp8_linear import fp8_linear, fp8_linear_xla
 
 SHAPES = {  # name: (out, in)
@@ -64,6 +68,7 @@ SCALES = {"block": (128, 128), "channel": (0, 0)}
 PEERS = ("ours", "ours_w8a8", "xla_fp8", "dequant_bf16", "scaled_mm")
 FOOTPRINT = 150_000_000
 MAX_COPIES = 16
+CHAIN = 16  # op calls per timed program (JAX) or CUDA graph (torch)
 WINDOWS = 5
 
 
@@ -93,30 +98,27 @@ def quantize(w: Any, block: tuple[int, int]) -> tuple[Any, Any]:
 
 def weight_sets(out: int, k: int, block: tuple[int, int]) -> list[tuple[Any, Any]]:
     """Copies of one random weight (different buffers) that together hold FOOTPRINT bytes
-    (at most MAX_COPIES: only the tiny shape reaches it)."""
+    (at most MAX_COPIES: only the tiny shape reaches it); consecutive calls of a chain read
+    different copies."""
     w = jax.random.normal(jax.random.PRNGKey(0), (out, k), jnp.bfloat16) / k ** 0.5
     q, s = quantize(w, block)
     copies = min(MAX_COPIES, max(1, -(-FOOTPRINT // (out * k))))
     return [(jnp.copy(q), jnp.copy(s)) if i else (q, s) for i in range(copies)]
 
 
-def jax_seconds(fn: Any, x: Any, sets: list[tuple[Any, Any]], budget: float) -> float:
-    """Median seconds per call, calls rotating over the weight sets."""
-    for q, s in sets:
-        jax.block_until_ready(fn(x, q, s))
-    start = time.perf_counter()
-    jax.block_until_ready(fn(x, *sets[0]))
-    one = time.perf_counter() - start
-    per_window = max(len(sets), min(400, int(budget / WINDOWS / max(one, 1e-6))))
-    samples = []
-    for _ in range(WINDOWS):
-        start = time.perf_counter()
-        y = None
-        for i in range(per_window):
-            y = fn(x, *sets[i % len(sets)])
-        jax.block_until_ready(y)
-        samples.append((time.perf_counter() - start) / per_window)
-    return statistics.median(samples)
+def chain(fn: Any, n_sets: int) -> Any:
+    """One jitted program of CHAIN calls of ``fn(x, q, s)``: call i on x copy i and weight set
+    i % n_sets, each result returned (nothing to merge or drop)."""
+    def program(xs: list[Any], sets: list[tuple[Any, Any]]) -> tuple:
+        return tuple(fn(xs[i], *sets[i % n_sets]) for i in range(CHAIN))
+
+    return jax.jit(program)
+
+
+def jax_seconds(program: Any, xs: list[Any], sets: list[tuple[Any, Any]], budget: float
+                ) -> float:
+    """Median seconds per op call of a :func:`chain` program."""
+    return budgeted_seconds(program, (xs, sets), budget, calls=CHAIN)
 
 
 def torch_weights(sets: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
@@ -129,62 +131,73 @@ def torch_weights(sets: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
              torch.from_numpy(np.asarray(s)).cuda()) for q, s in sets]
 
 
-def scaled_mm_peer(x: Any, weights: list[tuple[Any, Any]], block: tuple[int, int]) -> tuple:
-    """(call(i) -> y of weight set i, torch module): torch._scaled_mm on the same data."""
+def scaled_mm_peer(xs: list[Any], weights: list[tuple[Any, Any]], block: tuple[int, int]
+                   ) -> tuple:
+    """(call(i) -> y of x copy i and weight set i % len(weights), torch module):
+    torch._scaled_mm on the same data, x quantized per token beforehand (not timed: the
+    cuBLASLt GEMM alone)."""
     import torch
 
-    xt = torch.from_numpy(np.asarray(x, np.float32)).cuda()
-    amax = xt.abs().amax(dim=1, keepdim=True)
-    sx = torch.clamp(amax, min=1e-12) / 448.0
-    xq = (xt / sx).clamp(-448, 448).to(torch.float8_e4m3fn)
-    if block == (0, 0):
-        def call(i: int) -> Any:
-            wq, ws = weights[i]
-            return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=ws.t(),
-                                    out_dtype=torch.bfloat16)
-    else:
-        # 1x128 blocks of x (each token's scale repeated along in), outer-dimension major,
-        # and the weight's 128x128 scales for mat2 = weight.T [in, out].
-        kb = -(-xt.shape[1] // block[1])
-        sa = sx.expand(-1, kb).t().contiguous().t()
+    quantized = []
+    for x in xs:
+        xt = torch.from_numpy(np.asarray(x, np.float32)).cuda()
+        sx = torch.clamp(xt.abs().amax(dim=1, keepdim=True), min=1e-12) / 448.0
+        xq = (xt / sx).clamp(-448, 448).to(torch.float8_e4m3fn)
+        if block != (0, 0):
+            # 1x128 blocks of x (each token's scale repeated along in), outer-dimension
+            # major, beside the weight's 128x128 scales for mat2 = weight.T [in, out].
+            kb = -(-xt.shape[1] // block[1])
+            sx = sx.expand(-1, kb).t().contiguous().t()
+        quantized.append((xq, sx))
 
-        def call(i: int) -> Any:
-            wq, ws = weights[i]
-            return torch._scaled_mm(xq, wq.t(), scale_a=sa, scale_b=ws.t(),
-                                    out_dtype=torch.bfloat16)
+    def call(i: int) -> Any:
+        xq, sx = quantized[i]
+        wq, ws = weights[i % len(weights)]
+        return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=ws.t(),
+                                out_dtype=torch.bfloat16)
+
     return call, torch
 
 
-def torch_seconds(call: Any, torch: Any, n_sets: int, budget: float) -> float:
-    for i in range(n_sets):
-        call(i)
+def torch_seconds(call: Any, torch: Any, budget: float) -> float:
+    """Median seconds per call of CHAIN calls (``call(i)``) captured in one CUDA graph,
+    replayed back to back between CUDA events."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(CHAIN):  # warm up (cuBLASLt picks its algorithm) outside the graph
+            call(i)
+    torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [call(i) for i in range(CHAIN)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    call(0)
+    graph.replay()
     end.record()
     end.synchronize()
     one = start.elapsed_time(end) / 1e3
-    per_window = max(n_sets, min(400, int(budget / WINDOWS / max(one, 1e-6))))
+    replays = max(1, min(200, int(budget / WINDOWS / max(one, 1e-6))))
     samples = []
     for _ in range(WINDOWS):
         start.record()
-        for i in range(per_window):
-            call(i % n_sets)
+        for _ in range(replays):
+            graph.replay()
         end.record()
         end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3 / per_window)
+        samples.append(start.elapsed_time(end) / 1e3 / replays / CHAIN)
+    del outs, graph
     return statistics.median(samples)
 
 
-def jitted(peer: str, block: tuple[int, int]) -> Any:
+def op_of(peer: str, block: tuple[int, int]) -> Any:
+    """The JAX peer's call ``(x, q, s) -> y``."""
     if peer in ("ours", "ours_w8a8"):
         scheme = "none" if peer == "ours" else "dynamic"
-        return jax.jit(lambda x, q, s: fp8_linear(x, q, s, block_shape=block,
-                                                  activation_scheme=scheme))
+        return lambda x, q, s: fp8_linear(x, q, s, block_shape=block, activation_scheme=scheme)
     scheme = "dynamic" if peer == "xla_fp8" else "none"
-    return jax.jit(lambda x, q, s: fp8_linear_xla(x, q, s, block_shape=block,
-                                                  activation_scheme=scheme))
+    return lambda x, q, s: fp8_linear_xla(x, q, s, block_shape=block, activation_scheme=scheme)
 
 
 def measure(shape: str, scales: str, tokens: int, sets: list[tuple[Any, Any]],
@@ -194,7 +207,8 @@ def measure(shape: str, scales: str, tokens: int, sets: list[tuple[Any, Any]],
     sets as torch tensors, or the exception that prevented them."""
     out, k = SHAPES[shape]
     block = SCALES[scales]
-    x = jax.random.normal(jax.random.PRNGKey(tokens), (tokens, k), jnp.bfloat16)
+    keys = jax.random.split(jax.random.PRNGKey(tokens), CHAIN)
+    xs = [jax.random.normal(key, (tokens, k), jnp.bfloat16) for key in keys]
     weight_bytes = out * k + 4 * int(np.prod(sets[0][1].shape))
     floor = weight_bytes / (copy_gbs * 1e9)
     row: dict[str, Any] = {"shape": shape, "out": out, "in": k, "scales": scales,
@@ -206,13 +220,13 @@ def measure(shape: str, scales: str, tokens: int, sets: list[tuple[Any, Any]],
             if peer == "scaled_mm":
                 if isinstance(weights, Exception):
                     raise weights
-                call, torch = scaled_mm_peer(x, weights, block)
+                call, torch = scaled_mm_peer(xs, weights, block)
                 outs[peer] = call(0).float().cpu().numpy()
-                seconds = torch_seconds(call, torch, len(sets), budget)
+                seconds = torch_seconds(call, torch, budget)
             else:
-                fn = jitted(peer, block)
-                outs[peer] = np.asarray(fn(x, *sets[0]), np.float32)
-                seconds = jax_seconds(fn, x, sets, budget)
+                program = chain(op_of(peer, block), len(sets))
+                outs[peer] = np.asarray(program(xs, sets)[0], np.float32)
+                seconds = jax_seconds(program, xs, sets, budget)
             row[f"{peer}_us"] = 1e6 * seconds
             row[f"{peer}_roof_pct"] = 100 * floor / seconds
         except Exception as e:  # recorded (a refused layout, no CUDA torch, out of memory)
