@@ -19,7 +19,8 @@
 
 Kernels: CPU (``fp8_linear_cpu.cc``) and CUDA (``fp8_linear.cu``: a skinny-M kernel for
 decode, 16-byte weight loads dequantized in registers, f32 FMA on CUDA cores; design and
-roofline in docs/kernels/fp8_linear.md). :func:`fp8_linear_xla` is the plain-XLA path
+roofline in docs/kernels/fp8_linear.md). :func:`fp8_linear_numpy_f64` is the float64
+reference; :func:`fp8_linear_xla` is the plain-XLA path
 (dequantize then dot for ``"none"``; for ``"dynamic"`` ``jax.lax.dot_general`` on the
 float8 operands with f32 results, then the scales: what XLA:GPU hands to cuBLASLt's fp8
 GEMM).
@@ -44,7 +45,7 @@ from xla_kernels.attrs import Attr
 from xla_kernels.kernels.fp8_weights import block_scale_shape, dequantize, fp8_quantize
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
-from .reference import SCHEMES, fp8_linear_xla, quantize_activations
+from .reference import SCHEMES, fp8_linear_numpy_f64, fp8_linear_xla, quantize_activations
 
 DTYPES = ("bf16", "f16", "f32")
 FP8 = "f8e4m3fn"
@@ -120,6 +121,7 @@ __all__ = [
     "block_scale_shape",
     "dequantize",
     "fp8_linear",
+    "fp8_linear_numpy_f64",
     "fp8_linear_xla",
     "fp8_quantize",
     "quantize_activations",

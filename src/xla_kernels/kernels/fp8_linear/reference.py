@@ -1,6 +1,6 @@
-"""fp8_linear in plain XLA: the fallback where no kernel runs and the peers the benchmark
-times. Both schemes follow the op's semantics (see the package docstring); the float64
-oracle lives in the tests, written apart from this file.
+"""fp8_linear in plain XLA (the fallback where no kernel runs and the peers the benchmark
+times) and in float64 NumPy (:func:`fp8_linear_numpy_f64`, the tests' reference, sharing no
+code with the rest). Both follow the op's semantics (see the package docstring).
 
 * ``"none"``: the weight dequantized (to f32, then to x's dtype), one dot with f32 results:
   "dequantize + bf16 dot" for bf16 x.
@@ -23,6 +23,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
 
 from xla_kernels.kernels.fp8_weights import E4M3_MAX, dequantize
 
@@ -77,3 +79,41 @@ def fp8_linear_xla(x: Any, weight: Any, weight_scale: Any, *,
     else:
         y = _blocked_fp8_dot(q, weight, weight_scale, (bn, bk))
     return (y * s).astype(x.dtype)
+
+
+# The float64 reference: NumPy and ml_dtypes only, written from the semantics apart from
+# the JAX code above.
+
+def dequantize_f64(q: Any, scale: Any, block_shape: tuple[int, int]) -> np.ndarray:
+    """The weight [out, in]: each e4m3 value times its own scale."""
+    q = np.asarray(q).astype(np.float64)
+    scale = np.asarray(scale, np.float64)
+    bn, bk = block_shape
+    r = np.arange(q.shape[0])[:, None]
+    c = np.arange(q.shape[1])[None, :]
+    if bn == 0:
+        return q * scale[r, 0]
+    return q * scale[r // bn, c // bk]
+
+
+def quantize_rows_f32(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 values as float64 [tokens, in], scales float64 [tokens, 1]): per row, in f32,
+    s = max(amax, 1e-12) * f32(1 / 448) and q = e4m3(clip(x / s, -448, 448)) rounded to
+    nearest even."""
+    x = np.asarray(x).astype(np.float32)
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    s = (np.maximum(amax, np.float32(1e-12)) * np.float32(1 / 448)).astype(np.float32)
+    q = np.clip(x / s, np.float32(-448), np.float32(448)).astype(ml_dtypes.float8_e4m3fn)
+    return q.astype(np.float64), s.astype(np.float64)
+
+
+def fp8_linear_numpy_f64(x: Any, weight: Any, scale: Any, *,
+                         block_shape: tuple[int, int] = (0, 0),
+                         activation_scheme: str = "none") -> np.ndarray:
+    """y [tokens, out] in float64 NumPy: the weight decoded by ml_dtypes and scaled element
+    by element; for "dynamic" x quantized exactly as documented (NumPy f32), then float64."""
+    w = dequantize_f64(weight, scale, block_shape)
+    if activation_scheme == "none":
+        return np.asarray(x).astype(np.float64) @ w.T
+    q, s = quantize_rows_f32(x)
+    return s * (q @ w.T)
