@@ -93,12 +93,6 @@ def _check_routed(router_logits: Spec, tokens: int, experts: int, ep: bool) -> i
     return routed
 
 
-def _check_offset(expert_offset: Spec) -> None:
-    if expert_offset.shape != ():
-        raise Invalid("expert_offset", f"expected a scalar, got shape {expert_offset.shape}",
-                      "pass the global id of w13's first expert as an int32 scalar")
-
-
 def _check_common(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, top_k: int,
                   activation: str, ep: bool = False) -> tuple[int, int, int, int]:
     """(tokens, hidden, experts, intermediate) of a valid call (experts: w13's)."""
@@ -154,8 +148,8 @@ def _output_rule(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, *, top_
 def _ep_output_rule(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec,
                     expert_offset: Spec, *, top_k: int, renormalize: bool,
                     activation: str) -> list[Spec]:
-    """Validate an expert-parallel call; returns the outputs of :func:`_output_rule`."""
-    _check_offset(expert_offset)
+    """Validate an expert-parallel call (the offset's rank and dtype are the declaration's);
+    returns the outputs of :func:`_output_rule`."""
     return _output_rule(hidden, router_logits, w13, w2, top_k=top_k, renormalize=renormalize,
                         activation=activation, ep=True)
 
@@ -200,7 +194,6 @@ def _fp8_ep_output_rule(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec,
                         renormalize: bool, activation: str,
                         block_shape: tuple[int, int]) -> list[Spec]:
     """Validate an expert-parallel fp8 call; returns the outputs of :func:`_output_rule`."""
-    _check_offset(expert_offset)
     return _fp8_output_rule(hidden, router_logits, w13, w2, w13_scale, w2_scale, top_k=top_k,
                             renormalize=renormalize, activation=activation,
                             block_shape=block_shape, ep=True)
