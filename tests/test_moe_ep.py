@@ -137,12 +137,12 @@ def test_offset_dtype_and_fp8_errors():
            xk.Spec(scale_shape(4, 16, 16, (0, 0)), "f32"),
            xk.Spec(scale_shape(4, 16, 8, (0, 0)), "f32")]
     fused_moe_fp8_ep.bind([*fp8, xk.Spec((), "i32")], {"top_k": 2})
-    with pytest.raises(xk.OpInputError, match="fused_moe_fp8_ep: .*'expert_offset'.*Fix:"):
+    with pytest.raises(xk.OpInputError, match=r"fused_moe_fp8_ep: .*'expert_offset'.*Fix:"):
         fused_moe_fp8_ep.bind([*fp8, xk.Spec((2,), "i32")], {"top_k": 2})
-    with pytest.raises(xk.OpInputError, match="fused_moe_fp8_ep: .*'router_logits'.*Fix:"):
+    with pytest.raises(xk.OpInputError, match=r"fused_moe_fp8_ep: .*'router_logits'.*Fix:"):
         fused_moe_fp8_ep.bind([fp8[0], xk.Spec((4, 2), "f32"), *fp8[2:],
                                xk.Spec((), "i32")], {"top_k": 2})
-    with pytest.raises(xk.OpInputError, match="fused_moe_fp8_ep: .*'w13_scale'.*Fix:"):
+    with pytest.raises(xk.OpInputError, match=r"fused_moe_fp8_ep: .*'w13_scale'.*Fix:"):
         fused_moe_fp8_ep.bind([*fp8[:4], xk.Spec((4, 16, 2), "f32"), fp8[5],
                                xk.Spec((), "i32")], {"top_k": 2})
 
@@ -228,5 +228,5 @@ def test_tensor_parallel_slices_add_up_only_with_the_interleaved_layout(rng):
 
 
 def test_interleave_w13_refuses_an_uneven_split(rng):
-    with pytest.raises(xk.OpInputError, match="argument 'w13'.*Fix:"):
+    with pytest.raises(xk.OpInputError, match=r"argument 'w13'.*Fix:"):
         interleave_w13(np.zeros((2, 12, 4)), 4)
