@@ -167,3 +167,25 @@ def test_block_scales_need_whole_blocks_per_slice(rng):
                           tensor_axis="tp", top_k=2)
     msg = str(e.value)
     assert "argument 'block_shape'" in msg and "(16 / 2 = 8)" in msg and "Fix:" in msg, msg
+
+
+def test_plain_jit_splits_the_block_op_over_tokens(rng):
+    """Without shard_map the expert-parallel op's own rule applies: tokens split, the rest
+    (router_logits' width included) whole."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from xla_kernels.kernels.moe import fused_moe_ep
+
+    x = make(rng, 8, 16, 8, 8)
+    mesh = mesh_of(dp=4)
+    rows = NamedSharding(mesh, P("dp"))
+    args = (jax.device_put(x["hidden"], rows), jax.device_put(x["router_logits"], rows),
+            x["w13"][2:6], x["w2"][2:6], np.int32(2))
+    f = jax.jit(lambda *a: fused_moe_ep(*a, top_k=2))
+    out = f(*args)
+    want = moe_f64(x["hidden"], x["router_logits"], x["w13"][2:6], x["w2"][2:6], top_k=2,
+                   expert_offset=2)
+    assert rel(out, want) < TOL["f32"]
+    (call,) = [c for c in custom_calls(hlo_text(f, *args)) if c.target.startswith("xla_")]
+    assert call.result_shape.startswith("(f32[2,16]"), call.line

@@ -230,3 +230,16 @@ def test_tensor_parallel_slices_add_up_only_with_the_interleaved_layout(rng):
 def test_interleave_w13_refuses_an_uneven_split(rng):
     with pytest.raises(xk.OpInputError, match=r"argument 'w13'.*Fix:"):
         interleave_w13(np.zeros((2, 12, 4)), 4)
+
+
+def test_torch_eager_operator_and_opcheck(rng):
+    import torch
+
+    from xla_kernels.frontends.torch import torch_op
+
+    x = make(rng, 5, 16, 8, 8, "f32")
+    args = [torch.from_numpy(np.ascontiguousarray(a)) for a in block(x, 4, 4)]
+    args.append(torch.tensor(4, dtype=torch.int32))
+    out = torch_op(fused_moe_ep)(*args, top_k=2)
+    assert rel(out.numpy(), moe_f64(*block(x, 4, 4), top_k=2, expert_offset=4)) < TOL["f32"]
+    torch.library.opcheck(torch_op(fused_moe_ep), args, {"top_k": 2})
