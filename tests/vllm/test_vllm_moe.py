@@ -75,7 +75,7 @@ def _oracle(x, logits, w13, w2, top_k, renormalize):
         p /= p.sum()
         chosen = np.argsort(-p, kind="stable")[:top_k]
         weights = p[chosen] / (p[chosen].sum() if renormalize else 1.0)
-        for e, w in zip(chosen, weights):
+        for e, w in zip(chosen, weights, strict=True):
             g = w13[e] @ x[t]
             gate, up = g[:INTER], g[INTER:]
             out[t] += w * (w2[e] @ (gate / (1 + np.exp(-gate)) * up))
@@ -205,10 +205,13 @@ def test_dense_backend_stays_upstreams():
 
 
 @pytest.mark.slow
-def test_tiny_moe_generate_matches_transformers_through_fused_moe(tmp_path):
-    out = tmp_path / "tiny-moe.json"
+@pytest.mark.parametrize("model", ["tiny-moe", "tiny-moe-unnormalized"])
+def test_tiny_moe_generate_matches_transformers_through_fused_moe(tmp_path, model):
+    """Qwen3-MoE on vLLM's PyTorch model path (tpu-inference has no JAX-native Qwen3-MoE),
+    with renormalized (norm_topk_prob) and plain top-k weights."""
+    out = tmp_path / f"{model}.json"
     proc = subprocess.run([sys.executable, "-m", "xla_kernels.vllm.check", "--model",
-                           "tiny-moe", "--json", str(out)],
+                           model, "--json", str(out)],
                           capture_output=True, text=True, timeout=900)
     assert out.exists(), proc.stderr[-4000:]
     result = json.loads(out.read_text())

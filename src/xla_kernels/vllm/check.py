@@ -32,7 +32,7 @@ from pathlib import Path
 # so the GPU is JAX's default backend (unset), checked once JAX is up.
 PLATFORMS = {"cpu": "cpu", "gpu": ""}
 MODEL_IMPLS = ("flax_nnx", "vllm")
-DEFAULT_MODEL_IMPL = {"tiny-moe": "vllm"}
+DEFAULT_MODEL_IMPL = {"tiny-moe": "vllm", "tiny-moe-unnormalized": "vllm"}
 """``--model-impl`` when not given: flax_nnx, except where tpu-inference has no JAX-native
 model for the architecture (Qwen3-MoE runs only as vLLM's PyTorch model)."""
 
@@ -150,7 +150,8 @@ def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xla_kernels.vllm.check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("tiny", "tiny-moe", "smollm2"), default="tiny")
+    parser.add_argument("--model", choices=("tiny", "tiny-moe", "tiny-moe-unnormalized",
+                                            "smollm2"), default="tiny")
     parser.add_argument("--platform", choices=tuple(PLATFORMS), default="cpu")
     parser.add_argument("--model-impl", choices=MODEL_IMPLS, default=None,
                         help="tpu-inference's JAX-native model (flax_nnx) or vLLM's PyTorch "

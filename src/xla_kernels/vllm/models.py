@@ -48,12 +48,14 @@ def tiny_llama(directory: Path, *, seed: int = 0, vocab_size: int = 256) -> Chec
     return Checkpoint(Path(directory), None, TINY_PROMPTS)
 
 
-def tiny_moe(directory: Path, *, seed: int = 0, vocab_size: int = 256,
+def tiny_moe(directory: Path, *, seed: int = 2, vocab_size: int = 256,
              norm_topk_prob: bool = True) -> Checkpoint:
     """A 2-layer Qwen3-MoE (every layer sparse: 8 experts, top-2, expert intermediate 128,
     hidden 256; attention as :func:`tiny_llama`'s plus Qwen3's q/k norms) with seeded
     random weights, init std 0.08 as there. ``norm_topk_prob`` is vLLM's ``renormalize``
-    (Qwen3-30B-A3B sets it)."""
+    (Qwen3-30B-A3B sets it). Seed 2: of seeds 0-5 the one whose f32 reference has the widest
+    smallest top-2 logit gap over the check's 48 greedy steps (0.016 renormalized, 0.011
+    not; seed 0 had 0.0009 and 0.0001), so the tokens do not hinge on rounding."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -123,6 +125,13 @@ def smollm2(directory: Path) -> Checkpoint:
     return Checkpoint(Path(directory), list(SMOLLM2_PROMPTS), ids)
 
 
-MODELS = {"tiny": tiny_llama, "tiny-moe": tiny_moe, "smollm2": smollm2}
-MOE_MODELS = ("tiny-moe",)
+def tiny_moe_unnormalized(directory: Path) -> Checkpoint:
+    """:func:`tiny_moe` with ``norm_topk_prob=False``: the top-k softmax probabilities weight
+    the experts as they are (vLLM's ``renormalize=False``)."""
+    return tiny_moe(directory, norm_topk_prob=False)
+
+
+MODELS = {"tiny": tiny_llama, "tiny-moe": tiny_moe,
+          "tiny-moe-unnormalized": tiny_moe_unnormalized, "smollm2": smollm2}
+MOE_MODELS = ("tiny-moe", "tiny-moe-unnormalized")
 """The models whose layers run ``fused_moe`` (the check requires its traces)."""

@@ -139,7 +139,11 @@ def apply(upstream, layer, x, gating_output, weights, moe_backend, mesh,
           extra_backend_kwargs):
     """``moe_apply``'s contract through ``fused_moe``: ``x`` [tokens, hidden],
     ``gating_output`` the router logits [tokens, experts]; returns [tokens, hidden] in
-    ``x``'s dtype. The dense backend (plain XLA, ``USE_DENSE_MOE``) goes to ``upstream``."""
+    ``x``'s dtype. The dense backend (plain XLA, ``USE_DENSE_MOE``) goes to ``upstream``.
+    Of the backend options in ``extra_backend_kwargs``, these need nothing on one device and
+    are ignored: ``moe_chunk_size`` (upstream's GMM splits the tokens into chunks of it),
+    ``defer_all_reduce`` (nothing to reduce), ``activation_dtype`` (all-gather dtype) and
+    ``num_valid_tokens`` (routes padding rows to expert 0; their outputs are discarded)."""
     from xla_kernels.kernels.moe import fused_moe
 
     if _backend_name(moe_backend) == "dense_mat":
