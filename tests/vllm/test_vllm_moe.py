@@ -146,10 +146,13 @@ def _backend(name):
      "softmax top-k"),
     ({}, {"scatter_results": True}, "attention data parallel", "data_parallel_size=1"),
     (dict(apply_router_weight_on_input=True), {}, "applied to the input", "outputs"),
+    (dict(apply_expert_weight_before_computation=True), {}, "applied to the input",
+     "outputs"),
     (dict(activation="swigluoai"), {}, "activation 'swigluoai'", "('silu',)"),
     (dict(swiglu_limit=7.0), {}, "clamped SwiGLU (swiglu_limit=7.0)", "without swiglu_limit"),
 ], ids=["sigmoid", "grouped-topk", "custom-routing", "correction-bias", "hash-routing",
-        "attention-dp", "weight-on-input", "swigluoai", "swiglu-clamp"])
+        "attention-dp", "weight-on-input", "weight-before-computation", "swigluoai",
+        "swiglu-clamp"])
 def test_unsupported_routing_and_activations_are_refused(layer, extra, what, fix):
     x, logits = _inputs()
     with pytest.raises(moe.UnsupportedMoE, match=r"xla_kernels\.vllm MoE \(fused_moe\)") as e:

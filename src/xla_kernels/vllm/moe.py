@@ -109,7 +109,8 @@ def _check_layer(layer, extra: dict) -> None:
     if extra.get("scatter_results"):
         raise _refuse("attention data parallel (scattered MoE results)",
                       "data_parallel_size=1")
-    if getattr(layer, "apply_router_weight_on_input", False):
+    if (getattr(layer, "apply_router_weight_on_input", False)
+            or getattr(layer, "apply_expert_weight_before_computation", False)):
         raise _refuse("router weights applied to the input", "a model that weights the "
                       "experts' outputs")
     activation = _activation(layer)
