@@ -150,10 +150,7 @@ inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const K
 inline std::string launch_paged_attention(cudaStream_t stream, const Params& p) {
   using detail::KernelArgs;
   if (p.num_seqs == 0 || p.num_q_heads == 0) return "";
-  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0)
-    return "paged_attention: num_q_heads must be a multiple of num_kv_heads";
-  if (!IsSupportedBlockSize(p.block_size))
-    return "paged_attention: block_size must be 16, 32, 64, 128 or 256";
+  if (std::string err = CheckHeadsAndBlockSize("paged_attention", p); !err.empty()) return err;
   const int64_t capacity = p.max_blocks_per_seq * p.block_size;
   if (capacity >= (int64_t{1} << 30) || p.num_blocks > INT_MAX || p.num_seqs > INT_MAX ||
       p.num_q_heads > INT_MAX)
@@ -174,14 +171,9 @@ inline std::string launch_paged_attention(cudaStream_t stream, const Params& p) 
   a.G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   a.window = p.sliding_window <= 0 ? 0
              : (p.sliding_window >= INT_MAX ? INT_MAX : static_cast<int>(p.sliding_window));
-  const float scale = p.scale * p.k_scale;  // k_scale: 1 unless the caches are fp8
-  if (p.softcap > 0.f) {
-    a.qk_scale = scale / p.softcap;
-    a.cap_mul = p.softcap * detail::kLog2e;
-  } else {
-    a.qk_scale = scale * detail::kLog2e;
-    a.cap_mul = 0.f;
-  }
+  const LogitScales logits = LogitScalesOf(p, detail::kLog2e);
+  a.qk_scale = logits.qk_scale;
+  a.cap_mul = logits.cap_mul;
   a.out_scale = p.v_scale;
   switch (p.head_dim) {
     case 64: return detail::launch_head_dim<64>(stream, p, a);

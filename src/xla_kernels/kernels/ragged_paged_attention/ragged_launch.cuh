@@ -149,10 +149,8 @@ inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const A
 inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Params& p) {
   using detail::Args;
   if (p.num_tokens == 0 || p.num_q_heads == 0) return "";
-  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0)
-    return "ragged_paged_attention: num_q_heads must be a multiple of num_kv_heads";
-  if (!IsSupportedBlockSize(p.block_size))
-    return "ragged_paged_attention: block_size must be 16, 32, 64, 128 or 256";
+  if (std::string err = CheckHeadsAndBlockSize("ragged_paged_attention", p); !err.empty())
+    return err;
   const int64_t capacity = p.max_blocks_per_seq * p.block_size;
   if (capacity > kMaxCapacity || p.num_tokens * p.num_q_heads > kMaxPackedRows ||
       p.num_blocks > INT_MAX || p.max_seqs < 1 || p.max_seqs >= INT_MAX)
@@ -176,14 +174,9 @@ inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Para
   a.capacity = static_cast<int>(capacity);
   a.window = p.sliding_window <= 0 ? 0
              : (p.sliding_window >= INT_MAX / 2 ? INT_MAX / 2 : static_cast<int>(p.sliding_window));
-  const float scale = p.scale * p.k_scale;  // k_scale: 1 unless the caches are fp8
-  if (p.softcap > 0.f) {
-    a.qk_scale = scale / p.softcap;
-    a.cap_mul = p.softcap * detail::kLog2e;
-  } else {
-    a.qk_scale = scale * detail::kLog2e;
-    a.cap_mul = 0.f;
-  }
+  const LogitScales logits = LogitScalesOf(p, detail::kLog2e);
+  a.qk_scale = logits.qk_scale;
+  a.cap_mul = logits.cap_mul;
   a.out_scale = p.v_scale;
   const int64_t elem = p.dtype == DType::kF32 ? 4 : 2;
   const int64_t row_bytes = p.num_q_heads * p.head_dim * elem;
