@@ -41,6 +41,7 @@ from xla_kernels.kernels.ragged_paged_attention import (
 from xla_kernels.kernels.ragged_paged_attention.testing import (
     ARGS,
     TOLERANCES,
+    garbage_metadata,
     make_inputs,
     mix,
     rel_error,
@@ -398,16 +399,8 @@ def test_random_garbage_metadata_matches_the_oracle(rng):
     x = make_inputs(rng, q_lens=[3, 5, 1, 7], kv_lens=[20, 5, 64, 40], num_q_heads=4,
                     num_kv_heads=2, head_dim=64, block_size=16, dtype="f32", num_tokens=20,
                     max_seqs=6, poison=False)
-    num_blocks = x["key_cache"].shape[0]
     for _ in range(6):
-        y = dict(x)
-        y["cu_q_lens"] = np.sort(rng.integers(-3, 24, size=7)).astype(np.int32)
-        swap = rng.integers(0, 6)
-        y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]  # one descent
-        y["kv_lens"] = rng.integers(-5, 80, size=6).astype(np.int32)
-        y["num_seqs"] = rng.integers(-1, 9, size=1).astype(np.int32)
-        y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
-                                         ).astype(np.int32)
+        y = garbage_metadata(rng, x, max_cu=24, max_kv_len=80)
         ref = reference(y, scale=0.1, sliding_window=9)
         for what, out in (("kernel", run_cpu_kernel(y, scale=0.1, sliding_window=9)),
                           ("xla", run_xla(y, scale=0.1, sliding_window=9))):

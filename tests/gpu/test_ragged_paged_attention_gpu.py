@@ -36,6 +36,7 @@ from xla_kernels.kernels.ragged_paged_attention import (
 from xla_kernels.kernels.ragged_paged_attention.testing import (
     ARGS,
     TOLERANCES,
+    garbage_metadata,
     make_inputs,
     mix,
     rel_error,
@@ -243,16 +244,8 @@ def test_random_garbage_metadata_matches_the_oracle(rng, dtype):
     x = make_inputs(rng, q_lens=[3, 50, 1, 70], kv_lens=[20, 50, 64, 400], num_q_heads=8,
                     num_kv_heads=2, head_dim=128, block_size=16, dtype=dtype, num_tokens=130,
                     max_seqs=6, poison=False)
-    num_blocks = x["key_cache"].shape[0]
     for _ in range(10):
-        y = dict(x)
-        y["cu_q_lens"] = np.sort(rng.integers(-3, 140, size=7)).astype(np.int32)
-        swap = rng.integers(0, 6)
-        y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]
-        y["kv_lens"] = rng.integers(-5, 500, size=6).astype(np.int32)
-        y["num_seqs"] = rng.integers(-1, 9, size=1).astype(np.int32)
-        y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
-                                         ).astype(np.int32)
+        y = garbage_metadata(rng, x, max_cu=140, max_kv_len=500)
         attrs = dict(scale=0.1, sliding_window=40)
         ref = reference(y, **attrs)
         out = run_jax(y, **attrs)

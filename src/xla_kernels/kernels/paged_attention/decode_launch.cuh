@@ -9,6 +9,7 @@
 
 #include "decode_main_kernel.cuh"
 #include "decode_reduce_kernel.cuh"
+#include "xla_kernels/attention_launch.cuh"
 
 namespace xla_kernels::paged_attention {
 namespace detail {
@@ -156,25 +157,13 @@ inline std::string launch_paged_attention(cudaStream_t stream, const Params& p) 
       p.num_q_heads > INT_MAX)
     return "paged_attention: sizes out of range (context capacity must be < 2^30 tokens)";
   KernelArgs a{};
+  SetPagedAttentionArgs(p, detail::kLog2e, &a);
   a.q = p.query;
-  a.k = p.key_cache;
-  a.v = p.value_cache;
-  a.cache = paged_cache::View::Make(p.block_tables, p.num_blocks, p.block_size,
-                                    p.max_blocks_per_seq, p.stride_block, p.stride_slot,
-                                    p.stride_head);
   a.lens = p.seq_lens;
-  a.out = p.out;
   a.ws = p.workspace;
   a.S = static_cast<int>(p.num_seqs);
-  a.Hq = static_cast<int>(p.num_q_heads);
-  a.Hkv = static_cast<int>(p.num_kv_heads);
-  a.G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   a.window = p.sliding_window <= 0 ? 0
              : (p.sliding_window >= INT_MAX ? INT_MAX : static_cast<int>(p.sliding_window));
-  const LogitScales logits = LogitScalesOf(p, detail::kLog2e);
-  a.qk_scale = logits.qk_scale;
-  a.cap_mul = logits.cap_mul;
-  a.out_scale = p.v_scale;
   switch (p.head_dim) {
     case 64: return detail::launch_head_dim<64>(stream, p, a);
     case 128: return detail::launch_head_dim<128>(stream, p, a);

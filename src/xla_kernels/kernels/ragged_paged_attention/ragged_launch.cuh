@@ -9,6 +9,7 @@
 #include "ragged_paged_attention_sm90.cuh"
 #include "ragged_simt_kernel.cuh"
 #include "ragged_zero_kernel.cuh"
+#include "xla_kernels/attention_launch.cuh"
 
 namespace xla_kernels::ragged_paged_attention {
 namespace detail {
@@ -156,28 +157,16 @@ inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Para
       p.num_blocks > INT_MAX || p.max_seqs < 1 || p.max_seqs >= INT_MAX)
     return "ragged_paged_attention: sizes out of range";
   Args a{};
+  SetPagedAttentionArgs(p, detail::kLog2e, &a);
   a.q = p.queries;
-  a.k = p.key_cache;
-  a.v = p.value_cache;
   a.kv_lens = p.kv_lens;
-  a.cache = paged_cache::View::Make(p.block_tables, p.num_blocks, p.block_size,
-                                    p.max_blocks_per_seq, p.stride_block, p.stride_slot,
-                                    p.stride_head);
   a.cu = p.cu_q_lens;
   a.num_seqs = p.num_seqs;
-  a.out = p.out;
   a.T = static_cast<int>(p.num_tokens);
-  a.Hq = static_cast<int>(p.num_q_heads);
-  a.Hkv = static_cast<int>(p.num_kv_heads);
-  a.G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   a.max_seqs = static_cast<int>(p.max_seqs);
   a.capacity = static_cast<int>(capacity);
   a.window = p.sliding_window <= 0 ? 0
              : (p.sliding_window >= INT_MAX / 2 ? INT_MAX / 2 : static_cast<int>(p.sliding_window));
-  const LogitScales logits = LogitScalesOf(p, detail::kLog2e);
-  a.qk_scale = logits.qk_scale;
-  a.cap_mul = logits.cap_mul;
-  a.out_scale = p.v_scale;
   const int64_t elem = p.dtype == DType::kF32 ? 4 : 2;
   const int64_t row_bytes = p.num_q_heads * p.head_dim * elem;
   if (row_bytes > INT_MAX) return "ragged_paged_attention: sizes out of range";

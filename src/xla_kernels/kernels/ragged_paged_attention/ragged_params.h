@@ -18,10 +18,10 @@ using DType = AttentionDType;
 // is null where there is no decode path, else decode_workspace_elems() floats) and the ragged
 // rows.
 struct Params : PagedAttentionParams {
-  const void* queries = nullptr;      // [num_tokens, num_q_heads, head_dim]
-  const int32_t* kv_lens = nullptr;   // [max_seqs]
-  const int32_t* cu_q_lens = nullptr; // [max_seqs + 1]
-  const int32_t* num_seqs = nullptr;  // [1]
+  const void* queries = nullptr;        // [num_tokens, num_q_heads, head_dim]
+  const int32_t* kv_lens = nullptr;     // [max_seqs]
+  const int32_t* cu_q_lens = nullptr;   // [max_seqs + 1]
+  const int32_t* num_seqs = nullptr;    // [1]
   int64_t num_tokens = 0, max_seqs = 0;  // block_tables: [max_seqs, max_blocks_per_seq]
 };
 

@@ -130,6 +130,34 @@ def make_inputs(
     }
 
 
+def garbage_metadata(rng: np.random.Generator, x: dict[str, np.ndarray], *, max_cu: int,
+                     max_kv_len: int) -> dict[str, np.ndarray]:
+    """``x`` (a :func:`make_inputs` problem, vllm layout) with arbitrary int32 metadata of the
+    same shapes, for the op's rules on inconsistent device data: cu_q_lens sorted in
+    [-3, max_cu) but for one descent, kv_lens in [-5, max_kv_len), num_seqs in
+    [-1, max_seqs + 3), block ids in [-2, num_blocks + 2).
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> x = make_inputs(rng, q_lens=[3, 5], kv_lens=[20, 5], num_q_heads=2,
+        ...                 num_kv_heads=1, head_dim=64, block_size=16, dtype="f32")
+        >>> y = garbage_metadata(rng, x, max_cu=14, max_kv_len=40)
+        >>> {k: y[k].shape == x[k].shape for k in ("cu_q_lens", "kv_lens", "block_tables")}
+        {'cu_q_lens': True, 'kv_lens': True, 'block_tables': True}
+    """
+    max_seqs = x["kv_lens"].shape[0]
+    num_blocks = x["key_cache"].shape[0]
+    y = dict(x)
+    y["cu_q_lens"] = np.sort(rng.integers(-3, max_cu, size=max_seqs + 1)).astype(np.int32)
+    swap = rng.integers(0, max_seqs)
+    y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]  # one descent
+    y["kv_lens"] = rng.integers(-5, max_kv_len, size=max_seqs).astype(np.int32)
+    y["num_seqs"] = rng.integers(-1, max_seqs + 3, size=1).astype(np.int32)
+    y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
+                                     ).astype(np.int32)
+    return y
+
+
 def sanitize_cases(platform: str = "gpu") -> None:
     """Small runs of the kernel for compute-sanitizer (memcheck, racecheck): every dtype and
     head_dim, both layouts, GQA and MQA, decode rows, prefill tiles, padding rows,
@@ -259,5 +287,5 @@ def sanitize_fused_cases(platform: str = "gpu") -> None:
         assert err <= TOLERANCES[dtype], ("fused", dtype, cache_dtype, block, q_lens, err)
 
 
-__all__ = ["ARGS", "TOLERANCES", "make_inputs", "mix", "rel_error", "sanitize_cases",
-           "sanitize_fused_cases"]
+__all__ = ["ARGS", "TOLERANCES", "garbage_metadata", "make_inputs", "mix", "rel_error",
+           "sanitize_cases", "sanitize_fused_cases"]
