@@ -84,12 +84,15 @@ def run_cuda_handler(op: xk.Op, tensors: list, workspace_elems: int, attrs: dict
     return out.float().cpu().numpy()
 
 
-def bind_error(op: xk.Op, specs: list, attrs: dict) -> str:
-    """The message of the :class:`~xla_kernels.OpInputError` ``op.bind`` raises (with
-    ``scale=0.1`` unless ``attrs`` say otherwise)."""
+def assert_refused(op: xk.Op, specs: list, attrs: dict, arg: str, words: str) -> None:
+    """``op.bind`` (with ``scale=0.1`` unless ``attrs`` say otherwise) raises an
+    :class:`~xla_kernels.OpInputError` whose message names the op, the argument ``arg``, says
+    ``words`` and gives a fix."""
     with pytest.raises(xk.OpInputError) as e:
         op.bind(specs, {"scale": 0.1, **attrs})
-    return str(e.value)
+    msg = str(e.value)
+    assert msg.startswith(f"{op.name}: ") and f"argument '{arg}'" in msg, msg
+    assert words in msg and "Fix:" in msg, msg
 
 
 def fp8_bad_calls(specs: Callable[..., list], query_arg: str) -> list[tuple]:

@@ -232,7 +232,7 @@ def test_torch_eager_cuda_with_poisoned_output(rng):
 
 
 def test_sanitize_cases_pass():
-    from xla_kernels.kernels.ragged_paged_attention import sanitize_cases
+    from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_cases
 
     sanitize_cases("gpu")
 
