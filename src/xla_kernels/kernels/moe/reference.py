@@ -54,19 +54,33 @@ def _weights(w13: Any, w2: Any, scales: tuple[Any, Any] | None,
     return dequantize(w13, scales[0], block_shape), dequantize(w2, scales[1], block_shape)
 
 
+def local_routes(router_logits: Any, top_k: int, renormalize: bool, experts: int,
+                 expert_offset: Any = None) -> tuple[Any, Any]:
+    """(local ids, weights) [tokens, top_k] of the routing over every column of
+    ``router_logits``, for the block of ``experts`` experts starting at global id
+    ``expert_offset`` (None: 0): a pair routed outside the block gets id ``experts`` and
+    weight 0."""
+    ids, weights = route(router_logits, top_k, renormalize)
+    if expert_offset is not None:
+        ids = ids - jnp.asarray(expert_offset, jnp.int32)
+    inside = (ids >= 0) & (ids < experts)
+    return jnp.where(inside, ids, experts), jnp.where(inside, weights, 0.0)
+
+
 def fused_moe_xla(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, top_k: int,
                   renormalize: bool = True, activation: str = "silu",
                   w13_scale: Any = None, w2_scale: Any = None,
-                  block_shape: tuple[int, int] = (0, 0)) -> Any:
+                  block_shape: tuple[int, int] = (0, 0), expert_offset: Any = None) -> Any:
     """The op in plain XLA: every expert's two GEMMs over all tokens (a loop over experts),
     weighted by the routing (zero for tokens not routed there). E times the FLOPs of the
     routed computation; memory stays one expert's weights at a time. fp8 weights (pass the
-    scales) are dequantized to f32."""
+    scales) are dequantized to f32. ``expert_offset``: w13/w2 hold the experts from that
+    global id on and router_logits every expert's column (fused_moe_ep's semantics)."""
     hidden = jnp.asarray(hidden)
     dtype = hidden.dtype
-    ids, weights = route(router_logits, top_k, renormalize)
     tokens, experts = hidden.shape[0], w13.shape[0]
-    combine = jnp.zeros((tokens, experts), jnp.float32).at[
+    ids, weights = local_routes(router_logits, top_k, renormalize, experts, expert_offset)
+    combine = jnp.zeros((tokens, experts + 1), jnp.float32).at[
         jnp.arange(tokens)[:, None], ids].add(weights)
     scales = None if w13_scale is None else (jnp.asarray(w13_scale), jnp.asarray(w2_scale))
     w13, w2 = jnp.asarray(w13), jnp.asarray(w2)
@@ -89,19 +103,21 @@ def fused_moe_xla(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, top_k: 
 def fused_moe_ragged_dot(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, top_k: int,
                          renormalize: bool = True, activation: str = "silu",
                          w13_scale: Any = None, w2_scale: Any = None,
-                         block_shape: tuple[int, int] = (0, 0)) -> Any:
+                         block_shape: tuple[int, int] = (0, 0),
+                         expert_offset: Any = None) -> Any:
     """The op with ``jax.lax.ragged_dot``: the (token, expert) pairs sorted by expert, the
     tokens' rows gathered, two grouped GEMMs over the experts' groups, the rows weighted and
     added back per token. fp8 weights are dequantized to hidden's dtype first (all of them,
-    every call)."""
+    every call). ``expert_offset`` as in :func:`fused_moe_xla` (pairs routed outside the
+    local block sort last, in no group, with weight 0)."""
     hidden = jnp.asarray(hidden)
     dtype = hidden.dtype
     tokens, experts = hidden.shape[0], w13.shape[0]
-    ids, weights = route(router_logits, top_k, renormalize)
+    ids, weights = local_routes(router_logits, top_k, renormalize, experts, expert_offset)
     flat = ids.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     token_of_row = order // top_k
-    group_sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+    group_sizes = jnp.sum(flat[:, None] == jnp.arange(experts), axis=0, dtype=jnp.int32)
     scales = None if w13_scale is None else (w13_scale, w2_scale)
     a, b = _weights(w13, w2, scales, block_shape)
     a, b = a.astype(dtype), b.astype(dtype)
@@ -115,6 +131,7 @@ def fused_moe_ragged_dot(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, 
     act = activate(gate_up, activation).astype(dtype)
     y = jax.lax.ragged_dot_general(act, b, group_sizes, dims,
                                    preferred_element_type=jnp.float32)
-    y = y * weights.reshape(-1)[order][:, None]
+    w_rows = weights.reshape(-1)[order][:, None]
+    y = jnp.where(w_rows != 0, y * w_rows, 0.0)  # rows in no group hold no product
     out = jnp.zeros((tokens, hidden.shape[1]), jnp.float32).at[token_of_row].add(y)
     return out.astype(dtype)
