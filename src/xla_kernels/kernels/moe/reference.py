@@ -22,7 +22,7 @@ from xla_kernels.kernels.fp8_weights import dequantize, fp8_quantize
 
 ACTIVATIONS = ("silu", "gelu")
 __all__ = ["ACTIVATIONS", "activate", "dequantize", "fp8_quantize", "fused_moe_ragged_dot",
-           "fused_moe_xla", "route"]
+           "fused_moe_xla", "local_routes", "route"]
 
 
 def route(router_logits: Any, top_k: int, renormalize: bool = True) -> tuple[Any, Any]:
