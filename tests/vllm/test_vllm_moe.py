@@ -234,7 +234,8 @@ def test_a_deferred_all_reduce_is_refused_under_tensor_parallel():
 TP_SCRIPT = """
 import sys
 import jax, numpy as np
-from tpu_inference.layers.common.moe import MoEBackend, moe_apply
+from tpu_inference.layers.common import moe as common_moe
+from tpu_inference.layers.common.moe import MoEBackend
 from tpu_inference.layers.common.process_weights import moe_weights as mw
 from tpu_inference.layers.common.sharding import MESH_AXIS_NAMES_2D
 from jax.sharding import PartitionSpec as P
@@ -253,8 +254,9 @@ placed = mw.shard_moe_weights(processed, MoEBackend.GMM_TP, mesh)
 assert placed.w13_weight.sharding.spec == P(None, "model", None), placed.w13_weight.sharding
 assert placed.w2_weight.sharding.spec == P(None, None, "model"), placed.w2_weight.sharding
 x, logits = t._inputs()
-out = jax.jit(lambda x, g, w: moe_apply(t._layer(), x, g, w, MoEBackend.GMM_TP, mesh, {}))(
-    x, logits, placed)
+run = jax.jit(lambda x, g, w: common_moe.moe_apply(t._layer(), x, g, w, MoEBackend.GMM_TP,
+                                                   mesh, {}))
+out = run(x, logits, placed)
 assert moe.TRACES["fused_moe_sharded"] == 1, moe.TRACES
 np.save(sys.argv[1], np.asarray(out))
 """
