@@ -183,17 +183,101 @@ def test_quantized_or_biased_experts_are_refused_at_load_and_at_apply(weights, w
         moe.apply(None, _layer(), x, logits, _weights(**weights), _gmm_tp(), _mesh(), {})
 
 
-@pytest.mark.parametrize(("backend", "shards", "what", "fix"), [
-    ("gmm_tp", 2, "expert or tensor parallel MoE (backend gmm_tp, 2 shards)",
-     "tensor_parallel_size=1"),
-    ("gmm_ep", 1, "expert or tensor parallel MoE (backend gmm_ep", "enable_expert_parallel"),
-    ("fused_moe", 1, "backend fused_moe", "USE_MOE_EP_KERNEL"),
-    ("megablox_gmm", 1, "MoE backend 'megablox_gmm'", "unset USE_UNFUSED_MEGABLOCKS"),
-], ids=["tp2", "ep", "fused-ep-kernel", "megablox"])
-def test_sharded_and_other_backends_are_refused(backend, shards, what, fix):
+@pytest.mark.parametrize(("backend", "what", "fix"), [
+    ("gmm_ep", "expert parallel MoE (backend gmm_ep)", "no enable_expert_parallel"),
+    ("fused_moe", "expert parallel MoE (backend fused_moe)", "USE_MOE_EP_KERNEL"),
+    ("megablox_gmm", "MoE backend 'megablox_gmm'", "unset USE_UNFUSED_MEGABLOCKS"),
+], ids=["ep", "fused-ep-kernel", "megablox"])
+def test_expert_parallel_and_other_backends_are_refused(backend, what, fix):
     with pytest.raises(moe.UnsupportedMoE) as e:
-        moe.keep_vllm_layout(_weights(), _backend(backend), shards)
-    assert what in str(e.value) and fix in str(e.value)
+        moe.keep_vllm_layout(_weights(), _backend(backend), 1)
+    found, _, remedy = str(e.value).partition("Fix:")
+    assert what in found and fix in remedy
+
+
+def test_tensor_parallel_lays_w13_out_per_shard_once_at_load():
+    """w13_reorder_size (upstream passes the tensor-parallel degree) = 2: device 0's half of
+    the rows is [gate rows 0..I/2; up rows 0..I/2], device 1's the rest."""
+    w = _weights()
+    kept = moe.keep_vllm_layout(w, _gmm_tp(), 2)
+    half = INTER // 2
+    gate, up = np.asarray(w.w13_weight[:, :INTER]), np.asarray(w.w13_weight[:, INTER:])
+    want = np.concatenate([gate[:, :half], up[:, :half], gate[:, half:], up[:, half:]], axis=1)
+    np.testing.assert_array_equal(np.asarray(kept.w13_weight), want)
+    np.testing.assert_array_equal(np.asarray(kept.w2_weight), np.asarray(w.w2_weight))
+
+
+def _abstract_mesh(data, model):
+    from tpu_inference.layers.common.sharding import MESH_AXIS_NAMES_2D
+
+    return jax.sharding.AbstractMesh((data, model), MESH_AXIS_NAMES_2D)
+
+
+def test_the_tensor_axis_is_upstreams_mlp_tensor_axis_and_data_parallel_is_refused():
+    assert moe.tensor_axis(_abstract_mesh(1, 2)) == "model"
+    assert moe.tensor_axis(_abstract_mesh(1, 1)) is None
+    with pytest.raises(moe.UnsupportedMoE) as e:
+        moe.tensor_axis(_abstract_mesh(2, 2))
+    found, _, remedy = str(e.value).partition("Fix:")
+    assert "data or expert parallel MoE (mesh axes {'data': 2})" in found
+    assert "data_parallel_size=1" in remedy
+
+
+def test_a_deferred_all_reduce_is_refused_under_tensor_parallel():
+    x, logits = _inputs()
+    with pytest.raises(moe.UnsupportedMoE) as e:
+        moe.apply(None, _layer(), x, logits, _weights(), _gmm_tp(), _abstract_mesh(1, 2),
+                  {"defer_all_reduce": True})
+    assert "defer_all_reduce" in str(e.value) and "Fix: a caller that takes" in str(e.value)
+
+
+TP_SCRIPT = """
+import sys
+import jax, numpy as np
+from tpu_inference.layers.common import moe as common_moe
+from tpu_inference.layers.common.moe import MoEBackend
+from tpu_inference.layers.common.process_weights import moe_weights as mw
+from tpu_inference.layers.common.sharding import MESH_AXIS_NAMES_2D
+from jax.sharding import PartitionSpec as P
+from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+from xla_kernels.vllm import moe, patches
+sys.path.insert(0, sys.argv[2])
+import test_vllm_moe as t
+
+patches.apply_all()
+mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]).reshape(1, 2), MESH_AXIS_NAMES_2D)
+w = t._weights()
+processed = mw.process_unquantized_moe_weights(
+    mesh=mesh, moe_backend=MoEBackend.GMM_TP, activation=MoEActivation.SILU,
+    w13_weight=w.w13_weight, w13_bias=None, w2_weight=w.w2_weight, w2_bias=None)
+placed = mw.shard_moe_weights(processed, MoEBackend.GMM_TP, mesh)
+assert placed.w13_weight.sharding.spec == P(None, "model", None), placed.w13_weight.sharding
+assert placed.w2_weight.sharding.spec == P(None, None, "model"), placed.w2_weight.sharding
+x, logits = t._inputs()
+run = jax.jit(lambda x, g, w: common_moe.moe_apply(t._layer(), x, g, w, MoEBackend.GMM_TP,
+                                                   mesh, {}))
+out = run(x, logits, placed)
+assert moe.TRACES["fused_moe_sharded"] == 1, moe.TRACES
+np.save(sys.argv[1], np.asarray(out))
+"""
+
+
+def test_tensor_parallel_over_two_devices_equals_a_float64_moe(tmp_path):
+    """Upstream's own processing, placement and moe_apply, patched, on a (data 1, model 2)
+    mesh of two host devices (a subprocess: the device count is fixed at JAX's start-up)."""
+    import os
+    from pathlib import Path
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    out = tmp_path / "out.npy"
+    proc = subprocess.run([sys.executable, "-c", TP_SCRIPT, str(out),
+                           str(Path(__file__).parent)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    x, logits = _inputs()
+    w = _weights()
+    want = _oracle(x, logits, w.w13_weight, w.w2_weight, TOP_K, True)
+    np.testing.assert_allclose(np.load(out).astype(np.float64), want, rtol=2e-4, atol=2e-5)
 
 
 def test_weights_in_a_tpu_kernels_layout_are_refused():
@@ -231,4 +315,22 @@ def test_tiny_moe_generate_matches_transformers_through_fused_moe(tmp_path, mode
     assert result["ran_xla_kernels_moe"], result["moe"]
     assert result["moe"]["traces"]["fused_moe"] > 0
     assert result["ran_xla_kernels_attention"], result["attention"]
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_tiny_moe_generate_matches_transformers_under_tensor_parallel(tmp_path):
+    """tensor_parallel_size=2 on two host devices: the experts' intermediate dimension split
+    over the mesh axis ``model`` and fused_moe run per shard by fused_moe_sharded."""
+    out = tmp_path / "tiny-moe-tp2.json"
+    proc = subprocess.run([sys.executable, "-m", "xla_kernels.vllm.check", "--model",
+                           "tiny-moe", "--tensor-parallel-size", "2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    assert out.exists(), proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["tensor_parallel_size"] == 2
+    assert result["tokens"] == result["reference_tokens"], result
+    assert result["ran_xla_kernels_moe"], result["moe"]
+    traces = result["moe"]["traces"]
+    assert traces["fused_moe_sharded"] == traces["fused_moe"] > 0, traces
     assert proc.returncode == 0, proc.stderr[-4000:]

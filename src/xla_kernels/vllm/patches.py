@@ -255,7 +255,8 @@ def moe_weights_stay_in_vllm_layout(upstream, weights, moe_backend, w13_reorder_
     intermediate axis padded to 128 and reordered per shard), once at load time. Off TPU
     ``fused_moe`` takes vLLM's own layout, the one this function receives, so the GMM
     backends keep it (:func:`xla_kernels.vllm.moe.keep_vllm_layout`: no per-step
-    transpose); quantized, biased or sharded experts are refused there, at load time."""
+    transpose; under tensor parallel w13's gate and up rows are laid out per shard there,
+    once); quantized, biased or expert-parallel experts are refused there, at load time."""
     from . import moe
 
     if _jax_has_tpu() or moe._backend_name(moe_backend) not in ("gmm_tp", "gmm_ep",
@@ -263,6 +264,31 @@ def moe_weights_stay_in_vllm_layout(upstream, weights, moe_backend, w13_reorder_
         return upstream(weights, moe_backend, w13_reorder_size, w13_interleave,
                         disable_weight_requantization)
     return moe.keep_vllm_layout(weights, moe_backend, w13_reorder_size, w13_interleave)
+
+
+def moe_weights_split_for_fused_moe(upstream, weights, moe_backend, mesh):
+    """``tpu_inference.layers.common.process_weights.moe_weights.shard_moe_weights`` places
+    the processed weights on the mesh with the PartitionSpecs of upstream's GMM layout
+    (w13 [E, H, 2I] split along its last axis, the intermediate one). Our weights stayed in
+    vLLM's layout (w13 [E, 2I, H]), where that spec would split the hidden dimension. Off
+    TPU the GMM_TP backend's weights are split along the intermediate dimension of our
+    layout over the same mesh axis (:func:`xla_kernels.vllm.moe.shard_vllm_layout`). Its
+    callers import it by name, so the replacement is set in each of those modules."""
+    from . import moe
+
+    if _jax_has_tpu() or moe._backend_name(moe_backend) != "gmm_tp":
+        return upstream(weights, moe_backend, mesh)
+    return moe.shard_vllm_layout(weights, mesh)
+
+
+SHARD_MOE_WEIGHTS_SHA256 = "2f2ee73b962c1d081efb5559ed79599b32cc3621d34c05996f34788be24240a7"
+SHARD_MOE_WEIGHTS_CALLERS = (
+    "tpu_inference.layers.common.process_weights.moe_weights",
+    "tpu_inference.layers.vllm.quantization.unquantized",
+    "tpu_inference.layers.jax.quantization.unquantized",
+)
+"""The modules that hold ``shard_moe_weights`` for unquantized experts (quantized ones are
+refused at processing, before they are placed)."""
 
 
 MOE_APPLY_SHA256 = "c6959bf244e411c77c0f539a4e4eb76786ee53a01cff6be0890e37a4bb6e1d78"
@@ -305,6 +331,8 @@ PATCHES: list[Patch] = [
           moe_weights_stay_in_vllm_layout),
     *(Patch(module, "moe_apply", MOE_APPLY_SHA256, moe_runs_fused_moe)
       for module in MOE_APPLY_CALLERS),
+    *(Patch(module, "shard_moe_weights", SHARD_MOE_WEIGHTS_SHA256,
+            moe_weights_split_for_fused_moe) for module in SHARD_MOE_WEIGHTS_CALLERS),
 ]
 
 
