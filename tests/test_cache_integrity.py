@@ -38,6 +38,25 @@ value = ctypes.CDLL(str(so)).value() if args.get("call", True) else None
 print(json.dumps({"path": str(so), "value": value}))
 """
 
+# LIB_SCRIPT for a cache that is damaged while it runs: build_library returns a path it has
+# verified, and damage that lands between that and the dlopen makes the dlopen fail cleanly
+# (an OSError, never a crash); as any caller would, the script then asks build_library again,
+# which must notice the damage and rebuild. Tries and retries are printed.
+LIB_SCRIPT_RETRYING = """
+import ctypes, json, sys
+from xla_kernels.builder import build_library
+args = json.loads(sys.argv[1])
+for attempt in range(20):
+    so = build_library(args["name"], args["sources"], platform=args.get("platform", "cpu"),
+                       cache_dir=args["cache"], defines=args.get("defines", {}))
+    try:
+        value = ctypes.CDLL(str(so)).value()
+        break
+    except OSError as e:
+        print(f"damaged after verification, retrying: {e}", file=sys.stderr)
+print(json.dumps({"path": str(so), "value": value, "attempts": attempt + 1}))
+"""
+
 # Declares a legacy op on the given source and runs it through JAX in a fresh process.
 LEGACY_SCRIPT = """
 import json, sys
@@ -437,7 +456,7 @@ def test_two_builders_and_a_corrupter_all_succeed(tmp_path):
     try:
         rounds = []
         for _ in range(3):
-            argv = [sys.executable, "-c", LIB_SCRIPT, json.dumps(args)]
+            argv = [sys.executable, "-c", LIB_SCRIPT_RETRYING, json.dumps(args)]
             procs = [subprocess.Popen(argv, env=env, text=True, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE) for _ in range(2)]
             rounds.append([(p, *p.communicate(timeout=300)) for p in procs])
