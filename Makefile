@@ -15,8 +15,10 @@ PYTEST_ARGS ?=
 # never holds them all on disk at once (~20 GB together; CI sets it).
 PRUNE_ENVS ?=
 
-# Other torch interpreters whose torch dispatcher library `make wheel` also prebuilds.
-WHEEL_TORCH_PYTHONS ?=
+# Other torch interpreters whose torch dispatcher library `make wheel` also prebuilds; by default
+# those of the wheel matrix's venvs where they exist (`bash scripts/wheel_matrix.sh venvs`:
+# cp311 torch 2.13.0 and 2.12.1, cp312 torch 2.11.0).
+WHEEL_TORCH_PYTHONS ?= $(wildcard build/matrix/py*/bin/python)
 
 .PHONY: demo test test-main test-torch-xla test-vllm test-wheel wheel lint gpu clean
 
