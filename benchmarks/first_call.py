@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The op each case calls: every shipped op.
 OPS = ("simple_add", "rms_norm", "rms_norm_bwd", "reshape_and_cache", "reshape_and_cache_fused",
        "paged_attention", "ragged_paged_attention", "ragged_paged_attention_fused", "sample",
-       "fused_moe", "fused_moe_fp8")
+       "fused_moe", "fused_moe_fp8", "fp8_linear")
 
 # Runs in the fresh venv: one op, one frontend, timed from interpreter start.
 CHILD = r'''
@@ -56,6 +56,7 @@ t1 = time.perf_counter()
 import xla_kernels
 from xla_kernels.kernels import kv_cache, paged_attention as pa, ragged_paged_attention as rpa
 from xla_kernels.kernels import moe, rms_norm as rn, sampling, simple_add as sa
+from xla_kernels.kernels import fp8_linear as fl
 from xla_kernels import dtypes as xk_dtypes
 from xla_kernels.kernels.paged_attention import testing as pa_testing
 from xla_kernels.kernels.ragged_paged_attention import testing as rpa_testing
@@ -81,6 +82,8 @@ cases = {
     "fused_moe_fp8": (moe.fused_moe_fp8, [hidden, logits, w13.astype(fp8), w2.astype(fp8),
                                           np.ones((8, 256, 1), np.float32),
                                           np.ones((8, 256, 1), np.float32)], {"top_k": 2}),
+    "fp8_linear": (fl.fp8_linear, [hidden, f32(128, 256).astype(fp8),
+                                   np.ones((128, 1), np.float32)], {}),
     "sample": (sampling.sample, [f32(rows, 32000), np.ones(rows, np.float32),
                                  np.full(rows, 50, np.int32), np.full(rows, 0.9, np.float32),
                                  np.zeros(rows, np.float32), np.arange(rows, dtype=np.uint32),

@@ -7,6 +7,10 @@
 #   bash scripts/gpu_vllm.sh check OUT          vllm.LLM on a tiny Llama, both model paths, an
 #                                               fp8 KV cache, and tp=2 where 2 GPUs are seen:
 #                                               greedy tokens vs transformers f32
+#   bash scripts/gpu_vllm.sh moe OUT            vllm.LLM on a tiny Qwen3-MoE (PyTorch path),
+#                                               top-k weights renormalized and not: MoE
+#                                               layers through fused_moe, tokens vs
+#                                               transformers f32
 #   bash scripts/gpu_vllm.sh serve OUT [TOKDIR] vllm serve + the openai client, texts vs
 #                                               transformers f32 (TOKDIR: SmolLM2's tokenizer)
 #   bash scripts/gpu_vllm.sh bench OUT [TP]     Llama-3-8B shape, 64 x 2000 + 256 tokens: vLLM
@@ -17,7 +21,7 @@
 #                                               device time and host share (torch.profiler's
 #                                               CUDA activity: every kernel, XLA's included)
 set -uo pipefail
-job=${1:?usage: gpu_vllm.sh install|check|serve|bench|profile ARG}
+job=${1:?usage: gpu_vllm.sh install|check|moe|serve|bench|profile ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
@@ -44,6 +48,14 @@ case $job in
       rc=$?; echo "check $name: exit $rc"; tail -1 "$arg/vllm_check_$name.log"
       [ $rc -eq 0 ] || status=1
     done ;;
+  moe)
+    mkdir -p "$arg"
+    for model in tiny-moe tiny-moe-unnormalized; do
+      timeout 280 python3 -m xla_kernels.vllm.check --model "$model" --platform gpu \
+        --json "$arg/vllm_check_$model.json" > "$arg/vllm_check_$model.log" 2>&1
+      rc=$?; echo "check $model: exit $rc"; tail -1 "$arg/vllm_check_$model.log"
+      [ $rc -eq 0 ] || status=1
+    done ;;
   serve)
     mkdir -p "$arg"
     timeout 420 python3 benchmarks/vllm_serve.py ${3:+--tokenizer "$3"} --out "$arg" \
@@ -67,6 +79,6 @@ case $job in
       --kernel-trace > "$arg/vllm_profile_tp$tp.log" 2>&1 || status=1
     [ -f "$arg/vllm_throughput.json" ] && mv "$arg/vllm_throughput.json" "$arg/vllm_host_share_tp$tp.json"
     tail -25 "$arg/vllm_profile_tp$tp.log" ;;
-  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, serve, bench or profile)" >&2; exit 2 ;;
+  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, bench or profile)" >&2; exit 2 ;;
 esac
 exit $status

@@ -56,6 +56,9 @@ def main() -> None:
     from xla_kernels.kernels.moe.testing import sanitize_cases as moe_cases
 
     moe_cases()
+    from xla_kernels.kernels.fp8_linear.testing import sanitize_cases as fp8_linear_cases
+
+    fp8_linear_cases()
     print("sanitize run finished")
 
 

@@ -53,3 +53,43 @@ def rng() -> np.random.Generator:
     seed = int.from_bytes(os.urandom(4), "little")
     print(f"random seed: {seed}")
     return np.random.default_rng(seed)
+
+
+# The serving tests (test_serving*.py) share these: each such module names its model preset
+# (MODEL) and its workload (WORKLOAD) as module constants, and these fixtures build the
+# weights, the requests and the dense reference's greedy tokens from them, once per module.
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    """Runs the module's tests with JAX's default device the CPU."""
+    import jax
+
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+@pytest.fixture(scope="module")
+def weights(cpu, request: pytest.FixtureRequest):
+    """The module's MODEL's random weights (seed 0)."""
+    from xla_kernels.serving.weights import init_weights
+
+    return init_weights(request.module.MODEL, seed=0)
+
+
+@pytest.fixture(scope="module")
+def requests(request: pytest.FixtureRequest) -> list:
+    """The module's WORKLOAD's requests (seed 1)."""
+    from xla_kernels.serving.bench import make_requests
+
+    return make_requests(request.module.WORKLOAD, request.module.MODEL.vocab_size, seed=1)
+
+
+@pytest.fixture(scope="module")
+def reference(weights, requests, request: pytest.FixtureRequest) -> dict[int, list[int]]:
+    """The dense (unpaged) reference's greedy tokens of each request, by request id."""
+    from xla_kernels.serving.reference import dense_greedy
+
+    out = dense_greedy(request.module.MODEL, weights, [r.prompt for r in requests],
+                       [r.max_new_tokens for r in requests])
+    return {r.id: o for r, o in zip(requests, out, strict=True)}

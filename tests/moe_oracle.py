@@ -41,16 +41,21 @@ def _act(g: np.ndarray, activation: str) -> np.ndarray:
 
 
 def moe_f64(hidden: Any, logits: Any, w13: Any, w2: Any, *, top_k: int, renormalize: bool = True,
-            activation: str = "silu") -> np.ndarray:
-    """The MoE layer in float64, token by token."""
+            activation: str = "silu", expert_offset: int = 0) -> np.ndarray:
+    """The MoE layer in float64, token by token. ``expert_offset``: w13/w2 hold the experts
+    from that global id on (expert parallel); routing still runs over every column of
+    ``logits`` and only the experts held add to the output."""
     x, a, b = (np.asarray(v, np.float64) for v in (hidden, w13, w2))
     n = a.shape[1] // 2
     ids, w = routing_f64(logits, top_k, renormalize)
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
         for e, we in zip(ids[t], w[t], strict=True):
-            g = a[e] @ x[t]
-            out[t] += we * (b[e] @ (_act(g[:n], activation) * g[n:]))
+            local = e - expert_offset
+            if not 0 <= local < a.shape[0]:
+                continue
+            g = a[local] @ x[t]
+            out[t] += we * (b[local] @ (_act(g[:n], activation) * g[n:]))
     return out
 
 

@@ -15,6 +15,14 @@ import numpy as np
 import pytest
 
 import xla_kernels as xk
+from attention_checks import (
+    assert_refused,
+    check,
+    dequantized,
+    fp8_bad_calls,
+    handler_attrs,
+    torch_tensor,
+)
 from xla_kernels.kernels.paged_attention import (
     paged_attention,
     paged_attention_numpy_f64,
@@ -22,19 +30,13 @@ from xla_kernels.kernels.paged_attention import (
     workspace_size,
 )
 from xla_kernels.kernels.paged_attention.testing import TOLERANCES, make_inputs, rel_error
+from xla_kernels.kernels.paged_cache import FP8
 from xla_kernels.runtime import kernel_of
 from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
 from xla_kernels.runtime.library import load_kernel
 
 CPU = jax.devices("cpu")[0]
 ARGS = ("query", "key_cache", "value_cache", "block_tables", "seq_lens")
-
-
-def _attrs(scale: float, softcap: float = 0.0, sliding_window: int = 0,
-           layout: str = "vllm", k_scale: float = 1.0, v_scale: float = 1.0) -> dict:
-    return {"scale": np.float32(scale), "softcap": np.float32(softcap),
-            "sliding_window": np.int64(sliding_window), "layout": layout,
-            "k_scale": np.float32(k_scale), "v_scale": np.float32(v_scale)}
 
 
 def run_cpu_kernel(x: dict, **attrs) -> np.ndarray:
@@ -47,19 +49,13 @@ def run_cpu_kernel(x: dict, **attrs) -> np.ndarray:
     ws = np.full(workspace_size(q.shape[0], q.shape[1], q.shape[2],
                                 x["block_tables"].shape[1] * block_size), np.nan, np.float32)
     call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(x[k])) for k in ARGS],
-                 rets=[Buffer.from_array(out), Buffer.from_array(ws)], attrs=_attrs(**attrs),
+                 rets=[Buffer.from_array(out), Buffer.from_array(ws)], attrs=handler_attrs(**attrs),
                  op_name=paged_attention.name)
     return out
 
 
 def reference(x: dict, **attrs) -> np.ndarray:
     return paged_attention_numpy_f64(*(x[k] for k in ARGS), **attrs)
-
-
-def check(out: np.ndarray, ref: np.ndarray, dtype: str) -> None:
-    assert not np.isnan(np.asarray(out, np.float32)).any(), "NaN in the output"
-    err = rel_error(out, ref)
-    assert err <= TOLERANCES[dtype], f"relative error {err:.3g} > {TOLERANCES[dtype]}"
 
 
 # A covering set: every dtype x head_dim x block_size once, layouts and GQA ratios
@@ -205,10 +201,7 @@ BAD_CALLS = [
 
 @pytest.mark.parametrize("name,specs,attrs,arg,words", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
 def test_bad_input_errors_name_argument_and_fix(name, specs, attrs, arg, words):
-    with pytest.raises(xk.OpInputError) as e:
-        paged_attention.bind(specs, {"scale": 0.1, **attrs})
-    msg = str(e.value)
-    assert f"argument '{arg}'" in msg and words in msg and "Fix:" in msg, msg
+    assert_refused(paged_attention, specs, attrs, arg, words)
 
 
 def test_bad_dtype_rejected(rng):
@@ -232,12 +225,12 @@ def test_kernel_validates_shapes_itself(rng):
     with pytest.raises(KernelError, match="head_dim") as e:
         call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(bad[k])) for k in ARGS],
                      rets=[Buffer.from_array(out), Buffer.from_array(ws)],
-                     attrs=_attrs(0.1), op_name=paged_attention.name)
+                     attrs=handler_attrs(0.1), op_name=paged_attention.name)
     assert e.value.code_name == "INVALID_ARGUMENT"
     with pytest.raises(KernelError, match="layout"):
         call_handler(fn, args=[Buffer.from_array(x[k]) for k in ARGS],
                      rets=[Buffer.from_array(out), Buffer.from_array(ws)],
-                     attrs=_attrs(0.1, layout="bogus"), op_name=paged_attention.name)
+                     attrs=handler_attrs(0.1, layout="bogus"), op_name=paged_attention.name)
 
 
 
@@ -261,7 +254,6 @@ def test_workspace_formula_is_the_one_in_limits_h():
 
 # ------------------------------------------------------------------ fp8 KV cache
 
-FP8 = "f8e4m3fn"
 # Every query dtype x head_dim x block_size once with fp8 caches; layouts and GQA ratios
 # rotate through them.
 FP8_MATRIX = [
@@ -305,11 +297,7 @@ def test_fp8_error_is_no_worse_than_the_same_kernel_on_the_dequantized_cache(rng
                            scales=(2.0**-5, 2.0**-6), max_context=300)
     ref = reference(x, **attrs)
     fp8_err = rel_error(run_cpu_kernel(x, **attrs), ref)
-    np_dtype = x["query"].dtype
-    deq = dict(x, key_cache=(x["key_cache"].astype(np.float32) * attrs["k_scale"]).astype(
-        np_dtype), value_cache=(x["value_cache"].astype(np.float32) * attrs["v_scale"]).astype(
-        np_dtype))
-    plain = {k: v for k, v in attrs.items() if k not in ("k_scale", "v_scale")}
+    deq, plain = dequantized(x, attrs, "query")
     same_err = rel_error(run_cpu_kernel(deq, **plain), ref)
     assert fp8_err <= same_err * 1.01 + 1e-7, (fp8_err, same_err)
     assert fp8_err <= TOLERANCES[dtype]
@@ -347,49 +335,18 @@ def test_fp8_cache_in_torch_eager(rng, dtype):
 
     x, attrs = fp8_problem(rng, dtype=dtype, layout="pallas", heads=(4, 4))
     tdtype = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-
-    def tensor(a):
-        if a.dtype.name == "float8_e4m3fn":
-            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
-        if a.dtype.name == "bfloat16":
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
-
-    out = torch_op(paged_attention)(*(tensor(x[k]) for k in ARGS), **attrs)
+    out = torch_op(paged_attention)(*(torch_tensor(x[k]) for k in ARGS), **attrs)
     assert out.dtype == tdtype
     check(out.float().numpy(), reference(x, **attrs), dtype)
 
 
-FP8_BAD_CALLS = [
-    ("f32 query", _specs(dtype="f32", kdtype=FP8), {}, "query",
-     "dtype f32 is not supported with f8e4m3fn caches. Fix: pass bf16 or f16 query"),
-    ("one fp8 cache", [*_specs(kdtype=FP8)[:2], xk.Spec((10, 16, 2, 128), "bf16"),
-                       *_specs()[3:]], {}, "value_cache",
-     "dtype bf16 differs from the other cache's f8e4m3fn. Fix: store both caches in "
-     "f8e4m3fn"),
-    ("fp8 key, query's value", [*_specs(kdtype="bf16")[:2], xk.Spec((10, 16, 2, 128), FP8),
-                                *_specs()[3:]], {}, "key_cache",
-     "dtype bf16 differs from the other cache's f8e4m3fn"),
-    ("zero k_scale", _specs(kdtype=FP8), {"k_scale": 0.0}, "k_scale", "must be finite and > 0"),
-    ("negative v_scale", _specs(kdtype=FP8), {"v_scale": -0.5}, "v_scale",
-     "must be finite and > 0"),
-    ("nan k_scale", _specs(kdtype=FP8), {"k_scale": float("nan")}, "k_scale",
-     "must be finite and > 0"),
-    ("inf v_scale", _specs(kdtype=FP8), {"v_scale": float("inf")}, "v_scale",
-     "must be finite and > 0"),
-    ("scale without fp8", _specs(), {"k_scale": 0.5}, "k_scale",
-     "the caches are bf16: scales apply to f8e4m3fn caches only. Fix: pass k_scale=1.0"),
-]
+FP8_BAD_CALLS = fp8_bad_calls(_specs, "query")
 
 
 @pytest.mark.parametrize("name,specs,attrs,arg,words", FP8_BAD_CALLS,
                          ids=[c[0] for c in FP8_BAD_CALLS])
 def test_fp8_bad_calls_name_argument_and_fix(name, specs, attrs, arg, words):
-    with pytest.raises(xk.OpInputError) as e:
-        paged_attention.bind(specs, {"scale": 0.1, **attrs})
-    msg = str(e.value)
-    assert msg.startswith("xla_kernels.paged_attention: ") and f"argument '{arg}'" in msg, msg
-    assert words in msg, msg
+    assert_refused(paged_attention, specs, attrs, arg, words)
 
 
 def test_fp8_query_is_refused_by_dtype():

@@ -16,9 +16,19 @@ import numpy as np
 import pytest
 
 import xla_kernels as xk
+from attention_checks import (
+    assert_refused,
+    check,
+    dequantized,
+    fp8_bad_calls,
+    handler_attrs,
+    jit_runner,
+    torch_tensor,
+)
 from toolchain import requires_nvcc
 from xla_kernels import builder
 from xla_kernels.kernels.paged_attention import paged_attention
+from xla_kernels.kernels.paged_cache import FP8
 from xla_kernels.kernels.ragged_paged_attention import (
     BLOCK_SIZES,
     HEAD_DIMS,
@@ -31,6 +41,7 @@ from xla_kernels.kernels.ragged_paged_attention import (
 from xla_kernels.kernels.ragged_paged_attention.testing import (
     ARGS,
     TOLERANCES,
+    garbage_metadata,
     make_inputs,
     mix,
     rel_error,
@@ -39,13 +50,6 @@ from xla_kernels.runtime.eager import Buffer, KernelError, call_handler
 from xla_kernels.runtime.library import load_kernel
 
 ATTRS = ("scale", "softcap", "sliding_window", "layout", "k_scale", "v_scale")
-
-
-def _attrs(scale: float, softcap: float = 0.0, sliding_window: int = 0,
-           layout: str = "vllm", k_scale: float = 1.0, v_scale: float = 1.0) -> dict:
-    return {"scale": np.float32(scale), "softcap": np.float32(softcap),
-            "sliding_window": np.int64(sliding_window), "layout": layout,
-            "k_scale": np.float32(k_scale), "v_scale": np.float32(v_scale)}
 
 
 def _rets(out: np.ndarray) -> list:
@@ -58,30 +62,16 @@ def run_cpu_kernel(x: dict, **attrs) -> np.ndarray:
     fn = load_kernel(ragged_paged_attention, "cpu").function
     out = np.full_like(x["queries"], np.nan)
     call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(x[k])) for k in ARGS],
-                 rets=_rets(out), attrs=_attrs(**attrs),
+                 rets=_rets(out), attrs=handler_attrs(**attrs),
                  op_name=ragged_paged_attention.name)
     return out
 
 
-_xla_fns: dict = {}
-
-
-def run_xla(x: dict, **attrs) -> np.ndarray:
-    key = tuple(sorted(attrs.items()))
-    if key not in _xla_fns:
-        _xla_fns[key] = jax.jit(lambda *a: ragged_paged_attention_xla(*a, **attrs))
-    return np.asarray(_xla_fns[key](*(x[k] for k in ARGS)))
+run_xla = jit_runner(ragged_paged_attention_xla, ARGS)
 
 
 def reference(x: dict, **attrs) -> np.ndarray:
     return ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **attrs)
-
-
-def check(out, ref: np.ndarray, dtype: str, what: str = "") -> None:
-    out = np.asarray(out, np.float32)
-    assert not np.isnan(out).any(), f"{what}: NaN in the output"
-    err = rel_error(out, ref)
-    assert err <= TOLERANCES[dtype], f"{what}: relative error {err:.3g} > {TOLERANCES[dtype]}"
 
 
 def owned_rows(x: dict) -> int:
@@ -299,10 +289,7 @@ BAD_CALLS = [
 
 @pytest.mark.parametrize("name,specs,attrs,arg,words", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])
 def test_bad_input_errors_name_argument_and_fix(name, specs, attrs, arg, words):
-    with pytest.raises(xk.OpInputError) as e:
-        ragged_paged_attention.bind(specs, {"scale": 0.1, **attrs})
-    msg = str(e.value)
-    assert f"argument '{arg}'" in msg and words in msg and "Fix:" in msg, msg
+    assert_refused(ragged_paged_attention, specs, attrs, arg, words)
 
 
 def test_bad_dtypes_rejected(rng):
@@ -324,7 +311,7 @@ def test_kernel_validates_inputs_itself(rng):
 
     def call(y: dict, **attrs) -> None:
         call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
-                     rets=_rets(out), attrs=_attrs(0.1, **attrs),
+                     rets=_rets(out), attrs=handler_attrs(0.1, **attrs),
                      op_name=ragged_paged_attention.name)
 
     bad = dict(x, key_cache=np.ascontiguousarray(x["key_cache"][..., :32]),
@@ -386,7 +373,7 @@ def test_kernel_error_messages(rng):
     fn = load_kernel(ragged_paged_attention, "cpu").function
     for name, y, attrs, out, arg, words in _mutations(x):
         out = np.zeros_like(y["queries"]) if out is None else out
-        all_attrs = {**_attrs(0.1), **{k: np.float32(v) for k, v in attrs.items()}}
+        all_attrs = {**handler_attrs(0.1), **{k: np.float32(v) for k, v in attrs.items()}}
         with pytest.raises(KernelError) as e:
             call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(y[k])) for k in ARGS],
                          rets=_rets(out), attrs=all_attrs,
@@ -411,16 +398,8 @@ def test_random_garbage_metadata_matches_the_oracle(rng):
     x = make_inputs(rng, q_lens=[3, 5, 1, 7], kv_lens=[20, 5, 64, 40], num_q_heads=4,
                     num_kv_heads=2, head_dim=64, block_size=16, dtype="f32", num_tokens=20,
                     max_seqs=6, poison=False)
-    num_blocks = x["key_cache"].shape[0]
     for _ in range(6):
-        y = dict(x)
-        y["cu_q_lens"] = np.sort(rng.integers(-3, 24, size=7)).astype(np.int32)
-        swap = rng.integers(0, 6)
-        y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]  # one descent
-        y["kv_lens"] = rng.integers(-5, 80, size=6).astype(np.int32)
-        y["num_seqs"] = rng.integers(-1, 9, size=1).astype(np.int32)
-        y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
-                                         ).astype(np.int32)
+        y = garbage_metadata(rng, x, max_cu=24, max_kv_len=80)
         ref = reference(y, scale=0.1, sliding_window=9)
         for what, out in (("kernel", run_cpu_kernel(y, scale=0.1, sliding_window=9)),
                           ("xla", run_xla(y, scale=0.1, sliding_window=9))):
@@ -429,7 +408,6 @@ def test_random_garbage_metadata_matches_the_oracle(rng):
 
 # ------------------------------------------------------------------ fp8 KV cache
 
-FP8 = "f8e4m3fn"
 # Both query dtypes x every head_dim x block size once with fp8 caches; layouts, GQA ratios
 # and batch mixes (decode-only, whole prompts q_len = kv_len, chunks, mixed, prime lengths)
 # rotate through them.
@@ -451,16 +429,6 @@ def fp8_problem(rng, *, dtype, q_lens, kv_lens, head_dim=64, block_size=16, layo
                     **kw)
     scale = float(rng.uniform(0.5, 2.0)) / np.sqrt(head_dim)
     return x, dict(scale=scale, layout=layout, k_scale=k_scale, v_scale=v_scale)
-
-
-def dequantized(x: dict, attrs: dict) -> dict:
-    """The fp8 problem with its caches dequantized into the queries' dtype (exact for
-    power-of-two scales), and the attrs without the scales."""
-    np_dtype = x["queries"].dtype
-    y = dict(x, key_cache=(x["key_cache"].astype(np.float32) * attrs["k_scale"]).astype(np_dtype),
-             value_cache=(x["value_cache"].astype(np.float32) * attrs["v_scale"]).astype(
-                 np_dtype))
-    return y, {k: v for k, v in attrs.items() if k not in ("k_scale", "v_scale")}
 
 
 @pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads,kind", FP8_MATRIX)
@@ -489,7 +457,7 @@ def test_fp8_error_is_no_worse_than_the_same_kernel_on_the_dequantized_cache(rng
                            layout=layout, scales=(2.0**-5, 2.0**-6))
     ref = reference(x, **attrs)
     fp8_err = rel_error(run_cpu_kernel(x, **attrs), ref)
-    deq, plain = dequantized(x, attrs)
+    deq, plain = dequantized(x, attrs, "queries")
     np.testing.assert_array_equal(reference(deq, **plain), ref)
     same_err = rel_error(run_cpu_kernel(deq, **plain), ref)
     assert fp8_err <= same_err * 1.01 + 1e-7, (fp8_err, same_err)
@@ -562,52 +530,18 @@ def test_fp8_cache_in_torch_eager(rng, dtype):
     x, attrs = fp8_problem(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, layout="pallas",
                            heads=(4, 4))
     tdtype = {"bf16": torch.bfloat16, "f16": torch.float16}[dtype]
-
-    def tensor(a):
-        if a.dtype.name == "float8_e4m3fn":
-            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
-        if a.dtype.name == "bfloat16":
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
-
-    out = torch_op(ragged_paged_attention)(*(tensor(x[k]) for k in ARGS), **attrs)
+    out = torch_op(ragged_paged_attention)(*(torch_tensor(x[k]) for k in ARGS), **attrs)
     assert out.dtype == tdtype
     check(out.float().numpy(), reference(x, **attrs), dtype, "torch")
 
 
-FP8_BAD_CALLS = [
-    ("f32 queries", _specs(dtype="f32", kdtype=FP8), {}, "queries",
-     "dtype f32 is not supported with f8e4m3fn caches. Fix: pass bf16 or f16 queries"),
-    ("one fp8 cache", [*_specs(kdtype=FP8)[:2], xk.Spec((10, 16, 2, 128), "bf16"),
-                       *_specs()[3:]], {}, "value_cache",
-     "dtype bf16 differs from the other cache's f8e4m3fn. Fix: store both caches in "
-     "f8e4m3fn"),
-    ("fp8 value only", [*_specs(kdtype="bf16")[:2], xk.Spec((10, 16, 2, 128), FP8),
-                        *_specs()[3:]], {}, "key_cache",
-     "dtype bf16 differs from the other cache's f8e4m3fn"),
-    ("zero k_scale", _specs(kdtype=FP8), {"k_scale": 0.0}, "k_scale", "must be finite and > 0"),
-    ("negative v_scale", _specs(kdtype=FP8), {"v_scale": -0.5}, "v_scale",
-     "must be finite and > 0"),
-    ("nan k_scale", _specs(kdtype=FP8), {"k_scale": float("nan")}, "k_scale",
-     "must be finite and > 0"),
-    ("inf v_scale", _specs(kdtype=FP8), {"v_scale": float("inf")}, "v_scale",
-     "must be finite and > 0"),
-    ("scale without fp8", _specs(), {"k_scale": 0.5}, "k_scale",
-     "the caches are bf16: scales apply to f8e4m3fn caches only. Fix: pass k_scale=1.0"),
-    ("v_scale without fp8", _specs(dtype="f32"), {"v_scale": 2.0}, "v_scale",
-     "the caches are f32: scales apply to f8e4m3fn caches only. Fix: pass v_scale=1.0"),
-]
+FP8_BAD_CALLS = fp8_bad_calls(_specs, "queries")
 
 
 @pytest.mark.parametrize("name,specs,attrs,arg,words", FP8_BAD_CALLS,
                          ids=[c[0] for c in FP8_BAD_CALLS])
 def test_fp8_bad_calls_name_argument_and_fix(name, specs, attrs, arg, words):
-    with pytest.raises(xk.OpInputError) as e:
-        ragged_paged_attention.bind(specs, {"scale": 0.1, **attrs})
-    msg = str(e.value)
-    assert msg.startswith("xla_kernels.ragged_paged_attention: "), msg
-    assert f"argument '{arg}'" in msg, msg
-    assert words in msg, msg
+    assert_refused(ragged_paged_attention, specs, attrs, arg, words)
 
 
 def test_fp8_queries_are_refused_by_dtype():
@@ -633,7 +567,7 @@ def test_fp8_handler_validates_itself(rng, change, arg, words):
             x["queries"].dtype)
         change.pop("value_cache")
     if "plain_scale" in change:
-        x, attrs = dequantized(x, attrs)
+        x, attrs = dequantized(x, attrs, "queries")
         attrs["k_scale"] = change.pop("plain_scale")
     attrs.update(change)
     with pytest.raises(KernelError) as e:

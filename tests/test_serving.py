@@ -8,10 +8,10 @@ import json
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
+from serving_engine import fresh, run_engine
 from xla_kernels import cli
 from xla_kernels.serving.batch import empty_batch
 from xla_kernels.serving.bench import make_requests, make_runner
@@ -19,52 +19,17 @@ from xla_kernels.serving.blocks import BlockAllocator
 from xla_kernels.serving.config import EngineConfig, ServingConfigError, Workload, preset
 from xla_kernels.serving.engine import Engine, Request
 from xla_kernels.serving.reference import (
-    dense_greedy,
     dense_outputs,
     divergence_report,
     first_divergence,
 )
-from xla_kernels.serving.weights import init_weights
 
-TINY = preset("tiny")
+MODEL = preset("tiny")
 # Lengths that cross block boundaries and get chunked (budget 32), staggered arrivals.
 WORKLOAD = Workload(requests=6, prompt_len=24, new_tokens=10, prompt_spread=0.8,
                     output_spread=0.7, arrival_every=2)
 ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
                       token_budget=32)
-
-
-@pytest.fixture(scope="module")
-def cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
-@pytest.fixture(scope="module")
-def weights(cpu):
-    return init_weights(TINY, seed=0)
-
-
-@pytest.fixture(scope="module")
-def requests() -> list[Request]:
-    return make_requests(WORKLOAD, TINY.vocab_size, seed=1)
-
-
-@pytest.fixture(scope="module")
-def reference(weights, requests) -> dict[int, list[int]]:
-    out = dense_greedy(TINY, weights, [r.prompt for r in requests],
-                       [r.max_new_tokens for r in requests])
-    return {r.id: o for r, o in zip(requests, out, strict=True)}
-
-
-def fresh(requests: list[Request]) -> list[Request]:
-    return [Request(r.id, list(r.prompt), r.max_new_tokens, r.arrival) for r in requests]
-
-
-def run_engine(runner, requests, config=ENGINE, *, shuffle_seed=None, engine_type=Engine):
-    engine = engine_type(runner, config, BlockAllocator(config.num_blocks,
-                                                        shuffle_seed=shuffle_seed))
-    return engine.run(fresh(requests)), engine
 
 
 # The paged engine against the dense reference ------------------------------------------
@@ -73,16 +38,16 @@ def run_engine(runner, requests, config=ENGINE, *, shuffle_seed=None, engine_typ
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
 def test_paged_engine_matches_dense_reference_with_shuffled_blocks(
         frontend, cpu, weights, requests, reference):
-    runner = make_runner(frontend, TINY, weights, ENGINE, "xla-kernels")
-    outputs, engine = run_engine(runner, requests, shuffle_seed=3)
+    runner = make_runner(frontend, MODEL, weights, ENGINE, "xla-kernels")
+    outputs, engine = run_engine(runner, requests, ENGINE, shuffle_seed=3)
     assert first_divergence(outputs, reference) is None
     assert any(r.prefill_tokens and r.decode_tokens for r in engine.records)  # mixed steps
     assert engine.allocator.num_used == 0
 
 
 def test_plain_xla_attention_matches_dense_reference(cpu, weights, requests, reference):
-    runner = make_runner("jax", TINY, weights, ENGINE, "plain-xla")
-    outputs, _ = run_engine(runner, requests, shuffle_seed=4)
+    runner = make_runner("jax", MODEL, weights, ENGINE, "plain-xla")
+    outputs, _ = run_engine(runner, requests, ENGINE, shuffle_seed=4)
     assert first_divergence(outputs, reference) is None
 
 
@@ -101,8 +66,9 @@ class ContiguousSlotsEngine(Engine):
 
 def test_the_reference_check_catches_an_engine_that_assumes_contiguous_blocks(
         cpu, weights, requests, reference):
-    runner = make_runner("jax", TINY, weights, ENGINE, "xla-kernels")
-    outputs, _ = run_engine(runner, requests, shuffle_seed=3, engine_type=ContiguousSlotsEngine)
+    runner = make_runner("jax", MODEL, weights, ENGINE, "xla-kernels")
+    outputs, _ = run_engine(runner, requests, ENGINE, shuffle_seed=3,
+                            engine_type=ContiguousSlotsEngine)
     assert first_divergence(outputs, reference) is not None
 
 
@@ -110,7 +76,7 @@ def test_engine_waits_for_blocks_and_still_matches(cpu, weights, requests, refer
     # Room for about two requests' reservations: the others wait until blocks are freed.
     config = EngineConfig(block_size=16, num_blocks=5, max_num_seqs=3, max_model_len=64,
                           token_budget=32)
-    runner = make_runner("jax", TINY, weights, config, "xla-kernels")
+    runner = make_runner("jax", MODEL, weights, config, "xla-kernels")
     engine = Engine(runner, config, BlockAllocator(5, shuffle_seed=5))
     blocked = []
 
@@ -125,7 +91,7 @@ def test_engine_waits_for_blocks_and_still_matches(cpu, weights, requests, refer
 
 
 def test_divergence_report_names_the_runner_up_and_its_margin(cpu, weights, requests, reference):
-    ref = dense_outputs(TINY, weights, [r.prompt for r in requests],
+    ref = dense_outputs(MODEL, weights, [r.prompt for r in requests],
                         [r.max_new_tokens for r in requests])
     assert ref.tokens == [reference[r.id] for r in requests]
     margins = np.concatenate([np.asarray(m) for m in ref.margins])
@@ -148,16 +114,16 @@ def test_divergence_report_names_the_runner_up_and_its_margin(cpu, weights, requ
 
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
 def test_step_is_one_program_per_bucket_with_the_caches_donated(frontend, cpu, weights):
-    runner = make_runner(frontend, TINY, weights, ENGINE, "xla-kernels")
+    runner = make_runner(frontend, MODEL, weights, ENGINE, "xla-kernels")
     for bucket in (*ENGINE.buckets(), 16):
         runner.step(empty_batch(bucket, ENGINE.max_num_seqs, ENGINE.max_blocks_per_seq))
     assert runner.compiled_buckets() == len(ENGINE.buckets()) == 2
     text = runner.lower(empty_batch(16, ENGINE.max_num_seqs,
                                     ENGINE.max_blocks_per_seq)).as_text()
-    assert text.count("tf.aliasing_output") == 2 * TINY.num_layers     # every cache donated
-    assert text.count("@xla_kernels.reshape_and_cache(") == TINY.num_layers
-    assert text.count("@xla_kernels.ragged_paged_attention(") == TINY.num_layers
-    assert text.count("@xla_kernels.rms_norm(") == 2 * TINY.num_layers + 1
+    assert text.count("tf.aliasing_output") == 2 * MODEL.num_layers     # every cache donated
+    assert text.count("@xla_kernels.reshape_and_cache(") == MODEL.num_layers
+    assert text.count("@xla_kernels.ragged_paged_attention(") == MODEL.num_layers
+    assert text.count("@xla_kernels.rms_norm(") == 2 * MODEL.num_layers + 1
 
 
 # Scheduler and allocator (a stand-in runner: no model) ---------------------------------
@@ -334,14 +300,15 @@ def test_async_scheduling_gives_the_synchronous_engines_tokens_and_steps():
 
 class QueuedDeviceRunner(MixingRunner):
     """A simulated device queue: a step's tokens are ready ``cost`` seconds after the device
-    is free (prefill 1 ms a row, a decode step 4 ms); fetch waits for them."""
+    is free (prefill 5 ms a row, a decode step 50 ms: long next to the host's own work, even
+    on a loaded machine that stalls it for tens of ms); fetch waits for them."""
 
     def __init__(self):
         self.free_at = 0.0
 
     def launch(self, batch):
         rows = int(batch.cu_q_lens[int(batch.num_seqs[0])])
-        cost = 0.004 if rows == int(batch.num_seqs[0]) else 0.001 * rows
+        cost = 0.05 if rows == int(batch.num_seqs[0]) else 0.005 * rows
         self.free_at = max(self.free_at, time.perf_counter()) + cost
         return super().launch(batch), self.free_at
 
@@ -355,20 +322,20 @@ class QueuedDeviceRunner(MixingRunner):
 
 
 def test_async_scheduling_books_each_steps_wait_in_its_own_record():
-    """The 64-row prefill step's device time (64 ms) shows in the prefill record, not in the
+    """The 64-row prefill step's device time (320 ms) shows in the prefill record, not in the
     decode record after it; and the last step's wait is booked too."""
     config = EngineConfig(num_blocks=64, max_num_seqs=4, token_budget=64)
     engine = Engine(QueuedDeviceRunner(), config, async_scheduling=True)
     engine.run([Request(i, [1] * 16, 4) for i in range(4)])
     times = [(r.kind, r.host_ms + r.step_ms) for r in engine.records]
     assert [k for k, _ in times] == ["prefill", "decode", "decode", "decode"]
-    assert times[0][1] > 50 and all(t < 30 for _, t in times[1:]), times
-    assert engine.records[-1].step_ms > 1, times
+    assert times[0][1] > 300 and all(t < 200 for _, t in times[1:]), times
+    assert engine.records[-1].step_ms > 10, times
 
 
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
 def test_async_scheduling_matches_dense_reference(frontend, cpu, weights, requests, reference):
-    runner = make_runner(frontend, TINY, weights, ENGINE, "xla-kernels")
+    runner = make_runner(frontend, MODEL, weights, ENGINE, "xla-kernels")
     engine = Engine(runner, ENGINE, BlockAllocator(ENGINE.num_blocks, shuffle_seed=3),
                     async_scheduling=True)
     assert engine.run(fresh(requests)) == reference
@@ -433,8 +400,8 @@ def test_serve_bench_bad_names_are_one_line_errors_with_the_fix(argv, message, c
 
 
 def test_workload_is_seeded_and_spread():
-    a = make_requests(WORKLOAD, TINY.vocab_size, seed=1)
-    b = make_requests(WORKLOAD, TINY.vocab_size, seed=1)
+    a = make_requests(WORKLOAD, MODEL.vocab_size, seed=1)
+    b = make_requests(WORKLOAD, MODEL.vocab_size, seed=1)
     assert [r.prompt for r in a] == [r.prompt for r in b]
     assert len({len(r.prompt) for r in a}) > 1 and len({r.max_new_tokens for r in a}) > 1
     assert [r.arrival for r in a] == [0, 2, 4, 6, 8, 10]

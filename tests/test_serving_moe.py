@@ -8,57 +8,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jax
 import pytest
 
+from serving_engine import run_engine
 from xla_kernels import cli
 from xla_kernels.serving.batch import empty_batch
-from xla_kernels.serving.bench import make_requests, make_runner
-from xla_kernels.serving.blocks import BlockAllocator
+from xla_kernels.serving.bench import make_runner
 from xla_kernels.serving.config import EngineConfig, ServingConfigError, Workload, preset
-from xla_kernels.serving.engine import Engine, Request
-from xla_kernels.serving.reference import dense_greedy, first_divergence
+from xla_kernels.serving.reference import first_divergence
 from xla_kernels.serving.tp import check_tp
-from xla_kernels.serving.weights import init_weights, weight_shapes
+from xla_kernels.serving.weights import weight_shapes
 
-TINY_MOE = preset("tiny-moe")
+MODEL = preset("tiny-moe")
 WORKLOAD = Workload(requests=5, prompt_len=24, new_tokens=8, prompt_spread=0.8,
                     output_spread=0.7, arrival_every=2)
 ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
                       token_budget=32)
 
 
-@pytest.fixture(scope="module")
-def cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
-@pytest.fixture(scope="module")
-def weights(cpu):
-    return init_weights(TINY_MOE, seed=0)
-
-
-@pytest.fixture(scope="module")
-def requests() -> list[Request]:
-    return make_requests(WORKLOAD, TINY_MOE.vocab_size, seed=1)
-
-
-@pytest.fixture(scope="module")
-def reference(weights, requests) -> dict[int, list[int]]:
-    out = dense_greedy(TINY_MOE, weights, [r.prompt for r in requests],
-                       [r.max_new_tokens for r in requests])
-    return {r.id: o for r, o in zip(requests, out, strict=True)}
-
-
 def run(runner, requests):
-    engine = Engine(runner, ENGINE, BlockAllocator(ENGINE.num_blocks, shuffle_seed=3))
-    fresh = [Request(r.id, list(r.prompt), r.max_new_tokens, r.arrival) for r in requests]
-    return engine.run(fresh)
+    return run_engine(runner, requests, ENGINE, shuffle_seed=3)[0]
 
 
 def test_moe_weights_are_in_fused_moe_layout():
-    shapes = weight_shapes(TINY_MOE)
+    shapes = weight_shapes(MODEL)
     assert shapes["layers.0.mlp.gate.weight"] == (8, 128)
     assert shapes["layers.1.mlp.experts.w13_weight"] == (8, 128, 128)
     assert shapes["layers.1.mlp.experts.w2_weight"] == (8, 128, 64)
@@ -69,17 +42,17 @@ def test_moe_weights_are_in_fused_moe_layout():
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
 def test_paged_moe_engine_matches_dense_reference(frontend, attention, cpu, weights, requests,
                                                   reference):
-    runner = make_runner(frontend, TINY_MOE, weights, ENGINE, attention)
+    runner = make_runner(frontend, MODEL, weights, ENGINE, attention)
     assert first_divergence(run(runner, requests), reference) is None
 
 
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
 def test_the_step_calls_fused_moe_once_per_layer(frontend, cpu, weights):
     batch = empty_batch(16, ENGINE.max_num_seqs, ENGINE.max_blocks_per_seq)
-    text = make_runner(frontend, TINY_MOE, weights, ENGINE, "xla-kernels").lower(
+    text = make_runner(frontend, MODEL, weights, ENGINE, "xla-kernels").lower(
         batch).as_text()
-    assert text.count("@xla_kernels.fused_moe(") == TINY_MOE.num_layers
-    plain = make_runner(frontend, TINY_MOE, weights, ENGINE, "plain-xla").lower(batch).as_text()
+    assert text.count("@xla_kernels.fused_moe(") == MODEL.num_layers
+    plain = make_runner(frontend, MODEL, weights, ENGINE, "plain-xla").lower(batch).as_text()
     assert "@xla_kernels.fused_moe(" not in plain
 
 

@@ -16,9 +16,11 @@
 #   sampling         sample vs FlashInfer's sampling (its wheels in .whl-fi/)
 #   moe              fused_moe vs the ragged_dot MoE and the plain-XLA expert loop
 #                    (Mixtral-8x7B and Qwen3-30B-A3B layers, bf16 and fp8)
+#   fp8_linear       fp8_linear vs XLA's fp8 dot, dequantize + bf16 dot and torch._scaled_mm
+#                    (Llama-3-8B's linears, 1-256 tokens; fraction of the weight-read roofline)
 # Writes the benchmark's files and OUT_DIR/NAME.txt.
 source "$(dirname "$0")/common.sh" "${1:-}"
-name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling|moe [--quick]}
+name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling|moe|fp8_linear [--quick]}
 quick=${3:-}
 case $name in
   simple_add) cmd=(benchmarks/simple_add.py --out "$out") ;;
@@ -32,6 +34,7 @@ case $name in
   flashinfer) cmd=(benchmarks/flashinfer_decode.py --out "$out" $quick) ;;
   sampling) cmd=(benchmarks/sampling.py --out "$out") ;;
   moe) cmd=(benchmarks/moe.py --out "$out") ;;
+  fp8_linear) cmd=(benchmarks/fp8_linear.py --out "$out") ;;
   *) echo "bench.sh: unknown benchmark '$name'" >&2; exit 2 ;;
 esac
 python3 "${cmd[@]}" 2>&1 | tee "$out/$name.txt"

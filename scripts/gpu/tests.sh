@@ -6,9 +6,11 @@
 #   bash scripts/gpu/tests.sh OUT_DIR PART [pytest options...]
 #
 # PART:
-#   core          every @pytest.mark.gpu test but the ragged attention and MoE files (kernels,
-#                 torch eager / native / in-place autograd, stages, fused K/V, rms_norm)
+#   core          every @pytest.mark.gpu test but the ragged attention, MoE and fp8_linear files
+#                 (kernels, torch eager / native / in-place autograd, stages, fused K/V, rms_norm)
 #   moe           tests/gpu/test_moe_gpu.py (fused_moe's CUDA kernels vs the float64 oracle)
+#   fp8-linear    tests/gpu/test_fp8_linear_gpu.py (fp8_linear's CUDA kernel vs the float64
+#                 oracle, the XLA fp8 peer, torch eager on poisoned memory, sanitizer cases)
 #   ragged-wgmma  tests/gpu/test_ragged_paged_attention_gpu.py -k "wgmma or fp8", with
 #                 XLA_KERNELS_RAGGED_WGMMA=require (a call the Hopper kernel should serve
 #                 fails if it cannot: a pass means it ran)
@@ -21,18 +23,21 @@
 # GPU_SHARDS=N deals the tests over N pytest processes instead of one per visible GPU.
 # Writes OUT_DIR/gpu_tests_PART.txt (and the shards' logs), OUT_DIR/env.txt.
 source "$(dirname "$0")/common.sh" "${1:-}"
-part=${2:?usage: tests.sh OUT_DIR core|moe|ragged-wgmma|ragged-rest|torch-python|wgmma-unit|demo [...]}
+part=${2:?usage: tests.sh OUT_DIR core|moe|fp8-linear|ragged-wgmma|ragged-rest|torch-python|wgmma-unit|demo [...]}
 shift 2
 ragged=tests/gpu/test_ragged_paged_attention_gpu.py
 moe=tests/gpu/test_moe_gpu.py
+fp8_linear=tests/gpu/test_fp8_linear_gpu.py
 shards() {  # pytest arguments...: the selection dealt over the visible GPUs
   python3 scripts/gpu_test_shards.py --out "$out" --shards "${GPU_SHARDS:-0}" -- -q -m gpu \
     -p no:cacheprovider --durations=15 "$@" 2>&1 | tee "$out/gpu_tests_$part.txt"
   return "${PIPESTATUS[0]}"
 }
 case $part in
-  core) shards tests/ --ignore="$ragged" --ignore="$moe" "$@" || status=1 ;;
+  core) shards tests/ --ignore="$ragged" --ignore="$moe" --ignore="$fp8_linear" "$@" \
+          || status=1 ;;
   moe) shards "$moe" "$@" || status=1 ;;
+  fp8-linear) shards "$fp8_linear" "$@" || status=1 ;;
   ragged-wgmma) XLA_KERNELS_RAGGED_WGMMA=require shards "$ragged" -k "wgmma or fp8" "$@" \
                   || status=1 ;;
   ragged-rest) XLA_KERNELS_RAGGED_WGMMA=require shards "$ragged" -k "not (wgmma or fp8)" "$@" \

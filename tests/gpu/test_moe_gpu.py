@@ -2,8 +2,9 @@
 configuration the host picks for bf16/f16 (decode: 16-row tiles with 64 or 128 columns; 64-
 and 128-row prefill tiles) and the f32 CUDA-core path, odd sizes (element-wise loads), one
 expert, no tokens, experts never routed (their weights NaN), fp8 per-channel and block
-scales, torch eager on CUDA with NaN left in the allocator, and the compute-sanitizer
-cases."""
+scales, torch eager on CUDA with NaN left in the allocator, the expert-parallel ops
+(fused_moe_ep / fused_moe_fp8_ep: a block of the experts, the offset on the device), and the
+compute-sanitizer cases."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import numpy as np
 import pytest
 
 from moe_oracle import TOL, dequantize_f64, moe_f64, rel
-from xla_kernels.kernels.moe import fp8_quantize, fused_moe, fused_moe_fp8
+from xla_kernels.kernels.moe import (
+    fp8_quantize,
+    fused_moe,
+    fused_moe_ep,
+    fused_moe_fp8,
+    fused_moe_fp8_ep,
+)
 from xla_kernels.kernels.moe.testing import ARGS, make_inputs, sanitize_cases
 
 pytestmark = pytest.mark.gpu
@@ -89,6 +96,69 @@ def test_cuda_fp8_matches_float64_on_the_dequantized_weights(rng, dtype, block_s
     got = fused_moe_fp8(*gpu([x["hidden"], x["router_logits"], q13, q2, s13, s2]),
                         top_k=top_k, block_shape=block_shape)
     assert rel(got, want) < TOL[dtype]
+
+
+# (shape name, expert offset, local experts): blocks at the start, middle and end; an offset
+# past the experts and a negative one (the local experts outside 0 .. experts-1 get nothing).
+EP_CASES = [("decode qwen-like bm16 bn128", 0, 32), ("decode qwen-like bm16 bn128", 64, 32),
+            ("prefill bm128", 12, 4), ("bm64", 3, 2), ("odd hidden and intermediate", 2, 2),
+            ("prefill bm128", 14, 4), ("bm64", -1, 2), ("bm64", 100, 4)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("case", EP_CASES, ids=[str(c) for c in EP_CASES])
+def test_cuda_expert_block_matches_float64(rng, dtype, case):
+    name, offset, local = case
+    tokens, hidden, experts, inter, top_k = SHAPES[name]
+    x = make_inputs(rng, tokens=tokens, hidden=hidden, experts=experts, intermediate=inter,
+                    dtype=dtype)
+    lo, hi = max(offset, 0), max(min(offset + local, experts), 0)
+    w13 = np.zeros((local, 2 * inter, hidden), x["w13"].dtype)
+    w2 = np.zeros((local, hidden, inter), x["w2"].dtype)
+    if hi > lo:  # the global experts this block holds
+        w13[lo - offset:hi - offset] = x["w13"][lo:hi]
+        w2[lo - offset:hi - offset] = x["w2"][lo:hi]
+    args = [x["hidden"], x["router_logits"], w13, w2]
+    f = jax.jit(lambda *a: fused_moe_ep(*a, top_k=top_k))  # the offset traced, on the device
+    got = np.asarray(f(*gpu([*args, np.int32(offset)])), np.float32)
+    want = moe_f64(*args, top_k=top_k, expert_offset=offset)
+    if not np.any(want):
+        assert not np.any(got)
+    else:
+        assert rel(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_cuda_expert_blocks_add_up_to_the_layer(rng, dtype):
+    tokens, hidden, experts, inter, top_k = SHAPES["decode qwen-like bm16 bn128"]
+    x = make_inputs(rng, tokens=tokens, hidden=hidden, experts=experts, intermediate=inter,
+                    dtype=dtype)
+    whole = np.asarray(fused_moe(*gpu([x[k] for k in ARGS]), top_k=top_k), np.float32)
+    local = experts // 4
+    parts = [np.asarray(fused_moe_ep(*gpu([x["hidden"], x["router_logits"],
+                                           x["w13"][o:o + local], x["w2"][o:o + local],
+                                           np.int32(o)]), top_k=top_k), np.float32)
+             for o in range(0, experts, local)]
+    assert rel(sum(parts), whole) < 2 * TOL[dtype]
+    assert rel(whole, moe_f64(*(x[k] for k in ARGS), top_k=top_k)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("block_shape", [(0, 0), (128, 128)])
+def test_cuda_fp8_expert_block_matches_float64(rng, block_shape):
+    tokens, hidden, experts, inter, top_k = SHAPES["prefill bm128"]
+    x = make_inputs(rng, tokens=tokens, hidden=hidden, experts=experts, intermediate=inter,
+                    dtype="bf16")
+    q13, s13 = fp8_quantize(x["w13"].astype(np.float32), block_shape)
+    q2, s2 = fp8_quantize(x["w2"].astype(np.float32), block_shape)
+    o, n = 8, 8
+    want = moe_f64(x["hidden"], x["router_logits"],
+                   dequantize_f64(q13[o:o + n], s13[o:o + n], block_shape),
+                   dequantize_f64(q2[o:o + n], s2[o:o + n], block_shape), top_k=top_k,
+                   expert_offset=o)
+    got = fused_moe_fp8_ep(*gpu([x["hidden"], x["router_logits"], q13[o:o + n], q2[o:o + n],
+                                 s13[o:o + n], s2[o:o + n], np.int32(o)]),
+                           top_k=top_k, block_shape=block_shape)
+    assert rel(got, want) < TOL["bf16"]
 
 
 def test_torch_eager_cuda_with_poisoned_memory(rng):

@@ -9,6 +9,7 @@ kernel must not read.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 
@@ -18,13 +19,14 @@ import jax
 import numpy as np
 import pytest
 
+import attention_checks
+from attention_checks import check, dequantized, jit_runner, run_cuda_handler, torch_tensor
 from xla_kernels.kernels.paged_attention import (
     paged_attention,
     paged_attention_numpy_f64,
     workspace_size,
 )
 from xla_kernels.kernels.paged_attention.testing import (
-    TOLERANCES,
     make_inputs,
     rel_error,
 )
@@ -37,25 +39,11 @@ def gpu() -> jax.Device:
     return jax.devices("gpu")[0]
 
 
-_jitted: dict = {}
-
-
-def run_jax(x: dict, **attrs) -> np.ndarray:
-    key = tuple(sorted(attrs.items()))
-    if key not in _jitted:
-        _jitted[key] = jax.jit(lambda *a: paged_attention(*a, **attrs))
-    args = [jax.device_put(x[k], gpu()) for k in ARGS]
-    return np.asarray(_jitted[key](*args)).astype(np.float32)
+run_jax = jit_runner(paged_attention, ARGS, gpu)
 
 
 def reference(x: dict, **attrs) -> np.ndarray:
     return paged_attention_numpy_f64(*(x[k] for k in ARGS), **attrs)
-
-
-def check(out: np.ndarray, ref: np.ndarray, dtype: str, what: str = "") -> None:
-    assert not np.isnan(out).any(), f"{what}: NaN in the output"
-    err = rel_error(out, ref)
-    assert err <= TOLERANCES[dtype], f"{what}: relative error {err:.3g} > {TOLERANCES[dtype]}"
 
 
 HEADS = [(8, 8), (8, 2), (32, 1)]
@@ -166,55 +154,28 @@ def test_chained_calls_see_each_others_results(rng, seq_lens):
         q = (out.astype(np.float32) * 3.0 + q.astype(np.float32)).astype(q.dtype)
 
 
-def _torch_tensor(a: np.ndarray):
-    import torch
-
-    if a.dtype.name == "bfloat16":
-        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
-    return torch.from_numpy(np.ascontiguousarray(a)).cuda()
-
-
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("seq_lens", [[1, 5000, 33, 640], [20000]])
 def test_poisoned_output_and_workspace_fully_written(rng, dtype, seq_lens):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch sees no GPU")
-    from xla_kernels.runtime.eager import Buffer, call_handler
-    from xla_kernels.runtime.library import load_kernel
-
     x = make_inputs(rng, num_seqs=len(seq_lens), num_q_heads=16, num_kv_heads=4,
                     head_dim=128, block_size=16, dtype=dtype, seq_lens=seq_lens)
     q = x["query"]
-    ins = [_torch_tensor(x[k]) for k in ARGS]
-    out = torch.full(q.shape, float("nan"), dtype=ins[0].dtype, device="cuda")
     n = workspace_size(q.shape[0], q.shape[1], q.shape[2], x["block_tables"].shape[1] * 16)
-    ws = torch.full((n,), float("nan"), dtype=torch.float32, device="cuda")
-    fn = load_kernel(paged_attention, "cuda").function
-    attrs = {"scale": np.float32(0.1), "softcap": np.float32(0.0),
-             "sliding_window": np.int64(0), "layout": "vllm", "k_scale": np.float32(1.0),
-             "v_scale": np.float32(1.0)}
-    call_handler(fn, args=[Buffer.from_array(t) for t in ins],
-                 rets=[Buffer.from_array(out), Buffer.from_array(ws)], attrs=attrs,
-                 platform="cuda", stream=torch.cuda.current_stream().cuda_stream,
-                 op_name=paged_attention.name)
-    torch.cuda.synchronize()
-    got = out.float().cpu().numpy()
+    got = run_cuda_handler(paged_attention, [torch_tensor(x[k], "cuda") for k in ARGS], n,
+                           dict(scale=0.1))
     check(got, reference(x, scale=0.1), dtype, "eager")
 
 
 # ------------------------------------------------------------------ fp8 KV cache
 
-FP8 = "f8e4m3fn"
 FP8_FULL = list(itertools.product(("bf16", "f16"), (64, 128, 256), (16, 32, 64),
                                   ("vllm", "pallas"), HEADS))
 
 
-def fp8_inputs(rng, *, dtype, scales=None, **kw):
-    """make_inputs with fp8 caches quantized with random (or given) scales; the scale attrs."""
-    k_scale, v_scale = scales or (float(rng.uniform(0.005, 0.1)), float(rng.uniform(0.005, 0.1)))
-    x = make_inputs(rng, dtype=dtype, cache_dtype=FP8, kv_scales=(k_scale, v_scale), **kw)
-    return x, dict(k_scale=k_scale, v_scale=v_scale)
+fp8_inputs = functools.partial(attention_checks.fp8_inputs, make_inputs)
 
 
 @pytest.mark.parametrize("dtype,head_dim,block_size,layout,heads", FP8_FULL)
@@ -240,11 +201,8 @@ def test_fp8_error_no_worse_than_the_bf16_kernel_on_the_dequantized_cache(rng, d
     attrs = dict(scale=head_dim**-0.5, **scales)
     ref = reference(x, **attrs)
     fp8_err = rel_error(run_jax(x, **attrs), ref)
-    np_dtype = x["query"].dtype
-    deq = dict(x, **{k: (x[k].astype(np.float32) * s).astype(np_dtype)
-                     for k, s in (("key_cache", scales["k_scale"]),
-                                  ("value_cache", scales["v_scale"]))})
-    same_err = rel_error(run_jax(deq, scale=attrs["scale"]), ref)
+    deq, plain = dequantized(x, attrs, "query")
+    same_err = rel_error(run_jax(deq, **plain), ref)
     print(f"fp8 {fp8_err:.3g} vs {dtype} {same_err:.3g}")
     assert fp8_err <= 1.2 * same_err + 1e-6, (fp8_err, same_err)
 
@@ -318,35 +276,17 @@ def test_fp8_poisoned_output_and_workspace_through_torch(rng, dtype, seq_lens):
     if not torch.cuda.is_available():
         pytest.skip("torch sees no GPU")
     from xla_kernels.frontends.torch import torch_op
-    from xla_kernels.runtime.eager import Buffer, call_handler
-    from xla_kernels.runtime.library import load_kernel
 
     x, scales = fp8_inputs(rng, dtype=dtype, num_seqs=len(seq_lens), num_q_heads=16,
                            num_kv_heads=4, head_dim=128, block_size=16, seq_lens=seq_lens)
-
-    def tensor(a):
-        if a.dtype.name == "float8_e4m3fn":
-            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
-        return _torch_tensor(a)
-
-    ins = [tensor(x[k]) for k in ARGS]
+    ins = [torch_tensor(x[k], "cuda") for k in ARGS]
     ref = reference(x, scale=0.1, **scales)
     got = torch_op(paged_attention)(*ins, scale=0.1, **scales)
     check(got.float().cpu().numpy(), ref, dtype, "torch op")
     q = x["query"]
-    out = torch.full(q.shape, float("nan"), dtype=ins[0].dtype, device="cuda")
     n = workspace_size(q.shape[0], q.shape[1], q.shape[2], x["block_tables"].shape[1] * 16)
-    ws = torch.full((n,), float("nan"), dtype=torch.float32, device="cuda")
-    attrs = {"scale": np.float32(0.1), "softcap": np.float32(0.0),
-             "sliding_window": np.int64(0), "layout": "vllm",
-             "k_scale": np.float32(scales["k_scale"]), "v_scale": np.float32(scales["v_scale"])}
-    call_handler(load_kernel(paged_attention, "cuda").function,
-                 args=[Buffer.from_array(t) for t in ins],
-                 rets=[Buffer.from_array(out), Buffer.from_array(ws)], attrs=attrs,
-                 platform="cuda", stream=torch.cuda.current_stream().cuda_stream,
-                 op_name=paged_attention.name)
-    torch.cuda.synchronize()
-    check(out.float().cpu().numpy(), ref, dtype, "eager")
+    check(run_cuda_handler(paged_attention, ins, n, dict(scale=0.1, **scales)), ref, dtype,
+          "eager")
 
 
 def _kernel_ms_per_call(attrs: dict, args: list, calls: int = 16, programs: int = 3) -> float:

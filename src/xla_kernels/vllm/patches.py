@@ -233,6 +233,75 @@ def copy_host_arrays_on_cpu(upstream, x, *args, **kwargs):
     return upstream(x, *args, **kwargs)
 
 
+def moe_runs_fused_moe(upstream, *args, **kwargs):
+    """``tpu_inference.layers.common.moe.moe_apply`` runs an MoE layer (routing, experts,
+    weighted sum) on one of tpu-inference's backends: the GMM kernels, the fused EP kernel or
+    megablox, all Pallas TPU kernels. Every MoE layer of both model paths reaches it (the
+    JAX-native models through their quant method's ``apply_jax``, vLLM's PyTorch models
+    through ``vllm_moe_apply``), each caller having imported it by name, so the same
+    replacement is set in each of those modules. Off TPU the layer runs xla-kernels'
+    ``fused_moe`` (:func:`xla_kernels.vllm.moe.apply`), or is refused naming what it needs."""
+    if _jax_has_tpu():
+        return upstream(*args, **kwargs)
+    from . import moe
+
+    return moe.apply(upstream, *args, **kwargs)
+
+
+def moe_weights_stay_in_vllm_layout(upstream, weights, moe_backend, w13_reorder_size=None,
+                                    w13_interleave=False, disable_weight_requantization=False):
+    """``tpu_inference.layers.common.process_weights.moe_weights.process_moe_weights`` lays
+    the experts' weights out for the chosen TPU kernel (for GMM: transposed, the
+    intermediate axis padded to 128 and reordered per shard), once at load time. Off TPU
+    ``fused_moe`` takes vLLM's own layout, the one this function receives, so the GMM
+    backends keep it (:func:`xla_kernels.vllm.moe.keep_vllm_layout`: no per-step
+    transpose; under tensor parallel w13's gate and up rows are laid out per shard there,
+    once); quantized, biased or expert-parallel experts are refused there, at load time."""
+    from . import moe
+
+    if _jax_has_tpu() or moe._backend_name(moe_backend) not in ("gmm_tp", "gmm_ep",
+                                                                "fused_moe"):
+        return upstream(weights, moe_backend, w13_reorder_size, w13_interleave,
+                        disable_weight_requantization)
+    return moe.keep_vllm_layout(weights, moe_backend, w13_reorder_size, w13_interleave)
+
+
+def moe_weights_split_for_fused_moe(upstream, weights, moe_backend, mesh):
+    """``tpu_inference.layers.common.process_weights.moe_weights.shard_moe_weights`` places
+    the processed weights on the mesh with the PartitionSpecs of upstream's GMM layout
+    (w13 [E, H, 2I] split along its last axis, the intermediate one). Our weights stayed in
+    vLLM's layout (w13 [E, 2I, H]), where that spec would split the hidden dimension. Off
+    TPU the GMM_TP backend's weights are split along the intermediate dimension of our
+    layout over the same mesh axis (:func:`xla_kernels.vllm.moe.shard_vllm_layout`). Its
+    callers import it by name, so the replacement is set in each of those modules."""
+    from . import moe
+
+    if _jax_has_tpu() or moe._backend_name(moe_backend) != "gmm_tp":
+        return upstream(weights, moe_backend, mesh)
+    return moe.shard_vllm_layout(weights, mesh)
+
+
+SHARD_MOE_WEIGHTS_SHA256 = "2f2ee73b962c1d081efb5559ed79599b32cc3621d34c05996f34788be24240a7"
+SHARD_MOE_WEIGHTS_CALLERS = (
+    "tpu_inference.layers.common.process_weights.moe_weights",
+    "tpu_inference.layers.vllm.quantization.unquantized",
+    "tpu_inference.layers.jax.quantization.unquantized",
+)
+"""The modules that hold ``shard_moe_weights`` for unquantized experts (quantized ones are
+refused at processing, before they are placed)."""
+
+
+MOE_APPLY_SHA256 = "c6959bf244e411c77c0f539a4e4eb76786ee53a01cff6be0890e37a4bb6e1d78"
+MOE_APPLY_CALLERS = (
+    "tpu_inference.layers.common.moe",
+    "tpu_inference.layers.vllm.interface.moe",
+    "tpu_inference.layers.jax.quantization.unquantized",
+    "tpu_inference.layers.jax.quantization.fp8",
+    "tpu_inference.layers.jax.quantization.mxfp4",
+)
+"""The modules that hold ``moe_apply`` under that name (its own and those importing it)."""
+
+
 PATCHES: list[Patch] = [
     Patch("tpu_inference.runner.tpu_runner:TPUModelRunner", "_create_2d_mesh",
           "d28c4fca3f35f88a98d34770a2c3e059bd11991dd29d52ddc7f20a5a30403e8b", plain_2d_mesh,
@@ -257,6 +326,13 @@ PATCHES: list[Patch] = [
     Patch("jax._src.compiler", "get_compile_options",
           "a648a14b9de52eae5dd4873430a686a328888599152630ecb6ec65b74fd0ea94",
           drop_tpu_compile_options),
+    Patch("tpu_inference.layers.common.process_weights.moe_weights", "process_moe_weights",
+          "e4262431f8e606cca8f9207ee214ca72f8215cca4fbcd4ccbdc98f3659413a6a",
+          moe_weights_stay_in_vllm_layout),
+    *(Patch(module, "moe_apply", MOE_APPLY_SHA256, moe_runs_fused_moe)
+      for module in MOE_APPLY_CALLERS),
+    *(Patch(module, "shard_moe_weights", SHARD_MOE_WEIGHTS_SHA256,
+            moe_weights_split_for_fused_moe) for module in SHARD_MOE_WEIGHTS_CALLERS),
 ]
 
 

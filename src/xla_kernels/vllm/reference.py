@@ -32,6 +32,17 @@ def _register_fp8_kv_attention() -> None:
     AttentionInterface.register(FP8_KV_ATTENTION, attention)
 
 
+def _load(model_dir: Path, kv_cache_dtype: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {}
+    if kv_cache_dtype == "fp8":
+        _register_fp8_kv_attention()
+        kwargs["attn_implementation"] = FP8_KV_ATTENTION
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs).eval()
+
+
 def greedy_tokens(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, *,
                   kv_cache_dtype: str = "auto") -> tuple[list[list[int]], list[float]]:
     """Each prompt's ``max_new_tokens`` greedy continuation (EOS ignored, as in the vLLM run),
@@ -40,14 +51,8 @@ def greedy_tokens(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
     ``kv_cache_dtype="fp8"`` attention reads an fp8-rounded cache
     (:func:`_register_fp8_kv_attention`)."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    kwargs = {}
-    if kv_cache_dtype == "fp8":
-        _register_fp8_kv_attention()
-        kwargs["attn_implementation"] = FP8_KV_ATTENTION
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
-                                                 **kwargs).eval()
+    model = _load(model_dir, kv_cache_dtype)
     tokens, margins = [], []
     with torch.no_grad():
         for prompt in prompts:
@@ -65,3 +70,27 @@ def greedy_tokens(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
             tokens.append(out)
             margins.append(margin)
     return tokens, margins
+
+
+def logit_deficits(model_dir: Path, prompts: list[list[int]], generated: list[list[int]], *,
+                   kv_cache_dtype: str = "auto") -> list[list[float]]:
+    """Teacher-forced scoring of another engine's greedy tokens: per prompt and step, how far
+    the generated token's logit lies below the best logit, the reference reading the
+    engine's own prefix (prompt + its tokens so far). 0 where the engine took the
+    reference's argmax. Unlike comparing free-running sequences, one near-tie does not turn
+    every later step into a mismatch: each step is judged on the same context, so a small
+    deficit at a near-tie and 0 elsewhere is rounding, and a large one anywhere is an error."""
+    import torch
+
+    model = _load(model_dir, kv_cache_dtype)
+    deficits = []
+    with torch.no_grad():
+        for prompt, tokens in zip(prompts, generated, strict=True):
+            if not tokens:
+                deficits.append([])
+                continue
+            logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0]
+            steps = logits[len(prompt) - 1:-1].double()
+            chosen = steps[torch.arange(len(tokens)), torch.tensor(tokens)]
+            deficits.append([float(d) for d in steps.max(-1).values - chosen])
+    return deficits

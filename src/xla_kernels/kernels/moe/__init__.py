@@ -39,10 +39,17 @@ the activation in its epilogue, a second grouped GEMM weighting its rows, and a 
 sum; design in docs/design/moe.md). :func:`fused_moe_xla` is the plain-XLA fallback (a loop
 over experts), :func:`fused_moe_ragged_dot` the ``jax.lax.ragged_dot`` peer.
 
-Sharding: tokens split freely across devices; the experts and the weights' other axes stay
-whole (expert parallel needs each shard to know its experts' global ids, and tensor parallel
-of ``w13`` needs each shard's gate and up rows together: neither is a slice of the arrays as
-laid out here).
+Expert parallel: ``fused_moe_ep(hidden, router_logits, w13, w2, expert_offset, ...)`` and
+``fused_moe_fp8_ep(..., w13_scale, w2_scale, expert_offset, ...)`` take a block of the
+experts (w13/w2 [local experts, ...]) and router_logits with every expert's column [tokens,
+global experts]; the int32 scalar ``expert_offset`` is the global id of the first local
+expert. Routing runs over all the logits; only the pairs routed to a local expert add to
+the output (an offset outside ``0 .. global - local`` just leaves some local experts
+without tokens). The sum over the shards is the unsharded call.
+
+Sharding: under plain ``jit`` the tokens split freely across devices and the experts and
+the weights' other axes stay whole. Expert and tensor parallel run under ``shard_map``:
+:func:`xla_kernels.kernels.moe.parallel.fused_moe_sharded` (docs/kernels/moe.md).
 
 Example:
     >>> import jax.numpy as jnp
@@ -69,15 +76,29 @@ LOGIT_DTYPES = ("f32", "bf16", "f16")
 FP8 = "f8e4m3fn"
 
 
+def _check_routed(router_logits: Spec, tokens: int, experts: int, ep: bool) -> int:
+    """The number of experts routing chooses among: router_logits' width."""
+    if not ep:
+        if router_logits.shape != (tokens, experts):
+            raise Invalid("router_logits", f"expected shape ({tokens}, {experts}) (tokens, "
+                          f"experts), got {router_logits.shape}",
+                          "pass one logit per token and expert (w13's first dimension)")
+        return experts
+    routed = router_logits.shape[1]
+    if router_logits.shape[0] != tokens or not experts <= routed <= MAX_EXPERTS:
+        raise Invalid("router_logits", f"expected shape ({tokens}, global experts) with "
+                      f"{experts} (w13's local experts) <= global experts <= {MAX_EXPERTS}, "
+                      f"got {router_logits.shape}",
+                      "pass every expert's logit, not only the local block's")
+    return routed
+
+
 def _check_common(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, top_k: int,
-                  activation: str) -> tuple[int, int, int, int]:
-    """(tokens, hidden, experts, intermediate) of a valid call."""
+                  activation: str, ep: bool = False) -> tuple[int, int, int, int]:
+    """(tokens, hidden, experts, intermediate) of a valid call (experts: w13's)."""
     tokens, h = hidden.shape
     experts = w13.shape[0]
-    if router_logits.shape != (tokens, experts):
-        raise Invalid("router_logits", f"expected shape ({tokens}, {experts}) (tokens, "
-                      f"experts), got {router_logits.shape}",
-                      "pass one logit per token and expert (w13's first dimension)")
+    routed = _check_routed(router_logits, tokens, experts, ep)
     if not 1 <= experts <= MAX_EXPERTS:
         raise Invalid("w13", f"{experts} experts: expected 1 to {MAX_EXPERTS}",
                       f"split the experts into groups of at most {MAX_EXPERTS}")
@@ -93,8 +114,8 @@ def _check_common(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, top_k:
     if h < 1:
         raise Invalid("hidden", f"hidden size must be >= 1, got shape {hidden.shape}",
                       "pass rows of at least one element")
-    if not 1 <= int(top_k) <= min(experts, MAX_TOP_K):
-        raise Invalid("top_k", f"must be in 1 .. {min(experts, MAX_TOP_K)} for {experts} "
+    if not 1 <= int(top_k) <= min(routed, MAX_TOP_K):
+        raise Invalid("top_k", f"must be in 1 .. {min(routed, MAX_TOP_K)} for {routed} "
                       f"experts, got {int(top_k)}",
                       f"route each token to between 1 and min(experts, {MAX_TOP_K}) experts")
     if not is_symbolic(tokens) and tokens * int(top_k) > MAX_PAIRS:
@@ -114,14 +135,23 @@ def _outputs(hidden: Spec, top_k: int, experts: int, inter: int) -> list[Spec]:
 
 
 def _output_rule(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, *, top_k: int,
-                 renormalize: bool, activation: str) -> list[Spec]:
+                 renormalize: bool, activation: str, ep: bool = False) -> list[Spec]:
     """Validate a call; returns [out, i32 workspace, f32 workspace, activation workspace]."""
     for name, w in (("w13", w13), ("w2", w2)):
         if w.dtype != hidden.dtype:
             raise Invalid(name, f"dtype {w.dtype} differs from hidden's {hidden.dtype}",
                           f"cast {name} to hidden's dtype (fp8 weights: use fused_moe_fp8)")
-    _, _, experts, inter = _check_common(hidden, router_logits, w13, w2, top_k, activation)
+    _, _, experts, inter = _check_common(hidden, router_logits, w13, w2, top_k, activation, ep)
     return _outputs(hidden, top_k, experts, inter)
+
+
+def _ep_output_rule(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec,
+                    expert_offset: Spec, *, top_k: int, renormalize: bool,
+                    activation: str) -> list[Spec]:
+    """Validate an expert-parallel call (the offset's rank and dtype are the declaration's);
+    returns the outputs of :func:`_output_rule`."""
+    return _output_rule(hidden, router_logits, w13, w2, top_k=top_k, renormalize=renormalize,
+                        activation=activation, ep=True)
 
 
 def scale_shape(experts: int, rows: int, cols: int, block_shape: tuple[int, int]
@@ -140,14 +170,15 @@ def scale_shape(experts: int, rows: int, cols: int, block_shape: tuple[int, int]
 
 def _fp8_output_rule(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, w13_scale: Spec,
                      w2_scale: Spec, *, top_k: int, renormalize: bool, activation: str,
-                     block_shape: tuple[int, int]) -> list[Spec]:
+                     block_shape: tuple[int, int], ep: bool = False) -> list[Spec]:
     """Validate an fp8 call; returns the outputs of :func:`_output_rule`."""
     bn, bk = (int(b) for b in block_shape)
     if not ((bn == 0 and bk == 0) or (bn >= 1 and bk >= 1)):
         raise Invalid("block_shape", f"expected (0, 0) (per-channel scales) or two sizes >= 1, "
                       f"got ({bn}, {bk})", "pass block_shape=(128, 128) for DeepSeek-style "
                       "block scales or (0, 0) for one scale per output channel")
-    _, h, experts, inter = _check_common(hidden, router_logits, w13, w2, top_k, activation)
+    _, h, experts, inter = _check_common(hidden, router_logits, w13, w2, top_k, activation,
+                                         ep)
     for name, s, rows, cols in (("w13_scale", w13_scale, 2 * inter, h),
                                 ("w2_scale", w2_scale, h, inter)):
         want = scale_shape(experts, rows, cols, (bn, bk))
@@ -158,11 +189,29 @@ def _fp8_output_rule(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec, w13
     return _outputs(hidden, top_k, experts, inter)
 
 
+def _fp8_ep_output_rule(hidden: Spec, router_logits: Spec, w13: Spec, w2: Spec,
+                        w13_scale: Spec, w2_scale: Spec, expert_offset: Spec, *, top_k: int,
+                        renormalize: bool, activation: str,
+                        block_shape: tuple[int, int]) -> list[Spec]:
+    """Validate an expert-parallel fp8 call; returns the outputs of :func:`_output_rule`."""
+    return _fp8_output_rule(hidden, router_logits, w13, w2, w13_scale, w2_scale, top_k=top_k,
+                            renormalize=renormalize, activation=activation,
+                            block_shape=block_shape, ep=True)
+
+
 def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
     """Tokens split freely; experts, hidden and intermediate stay whole."""
     scales = ", e a b, e c d" if len(plan.inputs) == 6 else ""
     whole = ("h", "e", "f", "n") + (("a", "b", "c", "d") if scales else ())
     return (f"t h, t e, e f h, e h n{scales} -> t h", {"need_replication_factors": whole})
+
+
+def _ep_sharding_rule(plan: CallPlan) -> tuple[str, dict]:
+    """As :func:`_sharding_rule`; router_logits' width (g) is its own factor, the offset a
+    scalar."""
+    scales = ", e a b, e c d" if len(plan.inputs) == 7 else ""
+    whole = ("h", "g", "e", "f", "n") + (("a", "b", "c", "d") if scales else ())
+    return (f"t h, t g, e f h, e h n{scales}, -> t h", {"need_replication_factors": whole})
 
 
 _ATTRS = (
@@ -208,6 +257,45 @@ fused_moe_fp8 = Op(
     doc="fused_moe with fp8 e4m3 weights and their f32 scales (see fused_moe).",
 )
 
+_OFFSET = Tensor("expert_offset", ("i32",), rank=0,
+                 doc="global id of w13's first expert (int32 scalar)")
+
+fused_moe_ep = Op(
+    "xla_kernels.fused_moe_ep",
+    inputs=[_INPUTS[0],
+            Tensor("router_logits", LOGIT_DTYPES, rank=2, doc="[tokens, global experts]"),
+            Tensor("w13", DTYPES, rank=3, doc="[local experts, 2 * intermediate, hidden]"),
+            Tensor("w2", DTYPES, rank=3, doc="[local experts, hidden, intermediate]"),
+            _OFFSET],
+    attrs=list(_ATTRS),
+    outputs=_ep_output_rule,
+    output_names=_OUTPUT_NAMES,
+    sharding_rule=_ep_sharding_rule,
+    kernels={"cpu": Kernel(["moe_cpu.cc"], handler="XkFusedMoeEpCpu"),
+             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeEpCuda")},
+    doc="fused_moe over a block of the experts (expert parallel; see fused_moe).",
+)
+
+fused_moe_fp8_ep = Op(
+    "xla_kernels.fused_moe_fp8_ep",
+    inputs=[_INPUTS[0],
+            Tensor("router_logits", LOGIT_DTYPES, rank=2, doc="[tokens, global experts]"),
+            Tensor("w13", (FP8,), rank=3, doc="[local experts, 2 * intermediate, hidden]"),
+            Tensor("w2", (FP8,), rank=3, doc="[local experts, hidden, intermediate] e4m3"),
+            Tensor("w13_scale", ("f32",), rank=3, doc="per channel or per block"),
+            Tensor("w2_scale", ("f32",), rank=3, doc="per channel or per block"),
+            _OFFSET],
+    attrs=[*_ATTRS,
+           Attr("block_shape", tuple[int, int], default=(0, 0),
+                doc="(0, 0): per output channel scales; (bn, bk): per bn x bk block")],
+    outputs=_fp8_ep_output_rule,
+    output_names=_OUTPUT_NAMES,
+    sharding_rule=_ep_sharding_rule,
+    kernels={"cpu": Kernel(["moe_cpu.cc"], handler="XkFusedMoeFp8EpCpu"),
+             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeFp8EpCuda")},
+    doc="fused_moe_fp8 over a block of the experts (expert parallel; see fused_moe).",
+)
+
 __all__ = [
     "ACTIVATIONS",
     "DTYPES",
@@ -215,7 +303,9 @@ __all__ = [
     "dequantize",
     "fp8_quantize",
     "fused_moe",
+    "fused_moe_ep",
     "fused_moe_fp8",
+    "fused_moe_fp8_ep",
     "fused_moe_ragged_dot",
     "fused_moe_xla",
     "route_xla",

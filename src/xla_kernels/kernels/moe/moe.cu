@@ -1,7 +1,9 @@
 // fused_moe on NVIDIA GPUs: the XLA FFI binding of the kernel core in moe_routing.cuh and
 // moe_gemm.cuh (design and roofline in docs/design/moe.md).
 //
-// Handlers XkFusedMoeCuda and XkFusedMoeFp8Cuda: decode and validate (moe_ffi.h, shared with
+// Handlers XkFusedMoeCuda and XkFusedMoeFp8Cuda, and the expert-parallel XkFusedMoeEpCuda and
+// XkFusedMoeFp8EpCuda (routing over every expert's logit, the sort keeping the local block's
+// pairs; the offset stays on the device, read by the sort kernel): decode and validate (moe_ffi.h, shared with
 // the CPU handlers), pick the tiles (moe_tuning.h), then five launches on XLA's stream:
 // routing, the sort by expert, GEMM1 + activation, GEMM2 + routing weight, the per-token sum.
 // bf16/f16 run the tensor-core GEMMs of moe_gemm.cuh; f32 runs SimtGemmKernel (CUDA cores).
@@ -78,9 +80,9 @@ template <typename L>
 void LaunchRoute(cudaStream_t stream, const Shape& s, const void* logits, int32_t* ids,
                  float* weights) {
   const unsigned blocks = static_cast<unsigned>(CeilDiv(s.tokens, kRouteWarps));
-  const size_t smem = sizeof(float) * kRouteWarps * static_cast<size_t>(s.experts);
+  const size_t smem = sizeof(float) * kRouteWarps * static_cast<size_t>(s.routed);
   RouteKernel<L><<<blocks, kRouteWarps * 32, smem, stream>>>(
-      static_cast<const L*>(logits), static_cast<int>(s.tokens), static_cast<int>(s.experts),
+      static_cast<const L*>(logits), static_cast<int>(s.tokens), static_cast<int>(s.routed),
       static_cast<int>(s.top_k), s.renormalize, ids, weights);
 }
 
@@ -89,7 +91,8 @@ bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 template <typename T, bool kFp8>
 cudaError_t Run(cudaStream_t stream, const Shape& s, const void* hidden, const void* logits,
                 const void* w13, const void* w2, const float* w13_scale, const float* w2_scale,
-                void* out, int32_t* ws_i32, float* ws_f32, void* ws_act) {
+                const int32_t* expert_offset, void* out, int32_t* ws_i32, float* ws_f32,
+                void* ws_act) {
   const int64_t P = s.pairs, E = s.experts;
   int32_t* ids = ws_i32;
   int32_t* sorted_pairs = ids + P;
@@ -113,7 +116,7 @@ cudaError_t Run(cudaStream_t stream, const Shape& s, const void* hidden, const v
                                 : tuning::ChooseTiles(P, E, s.inter, s.hidden, SmCount());
   SortKernel<<<1, kSortThreads, 0, stream>>>(ids, static_cast<int>(P), static_cast<int>(E),
                                              t.bm, sorted_pairs, row_of_pair, offsets, tiles,
-                                             tile_count);
+                                             tile_count, expert_offset);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
@@ -170,7 +173,7 @@ cudaError_t Run(cudaStream_t stream, const Shape& s, const void* hidden, const v
 
 ffi::Error Execute(cudaStream_t stream, const char* op, const Shape& s, const void* hidden,
                    const void* logits, const void* w13, const void* w2, const float* w13_scale,
-                   const float* w2_scale, ffi::Result<ffi::AnyBuffer>& out,
+                   const float* w2_scale, const int32_t* off, ffi::Result<ffi::AnyBuffer>& out,
                    ffi::Result<ffi::AnyBuffer>& ws_i32, ffi::Result<ffi::AnyBuffer>& ws_f32,
                    ffi::Result<ffi::AnyBuffer>& ws_act) {
   if (CeilDiv(s.hidden, 64) > 65535 || CeilDiv(s.inter, 64) > 65535 || s.tokens > 0x7fffffff)
@@ -184,21 +187,21 @@ ffi::Error Execute(cudaStream_t stream, const char* op, const Shape& s, const vo
   switch (s.dtype) {
     case ffi::DataType::BF16:
       err = s.fp8 ? Run<__nv_bfloat16, true>(stream, s, hidden, logits, w13, w2, w13_scale,
-                                             w2_scale, o, i32, f32, act)
+                                             w2_scale, off, o, i32, f32, act)
                   : Run<__nv_bfloat16, false>(stream, s, hidden, logits, w13, w2, nullptr,
-                                              nullptr, o, i32, f32, act);
+                                              nullptr, off, o, i32, f32, act);
       break;
     case ffi::DataType::F16:
       err = s.fp8 ? Run<__half, true>(stream, s, hidden, logits, w13, w2, w13_scale, w2_scale,
-                                      o, i32, f32, act)
-                  : Run<__half, false>(stream, s, hidden, logits, w13, w2, nullptr, nullptr, o,
-                                       i32, f32, act);
+                                      off, o, i32, f32, act)
+                  : Run<__half, false>(stream, s, hidden, logits, w13, w2, nullptr, nullptr,
+                                       off, o, i32, f32, act);
       break;
     default:  // f32 (Decode accepts f32, bf16 and f16 only)
-      err = s.fp8 ? Run<float, true>(stream, s, hidden, logits, w13, w2, w13_scale, w2_scale, o,
-                                     i32, f32, act)
-                  : Run<float, false>(stream, s, hidden, logits, w13, w2, nullptr, nullptr, o,
-                                      i32, f32, act);
+      err = s.fp8 ? Run<float, true>(stream, s, hidden, logits, w13, w2, w13_scale, w2_scale,
+                                     off, o, i32, f32, act)
+                  : Run<float, false>(stream, s, hidden, logits, w13, w2, nullptr, nullptr,
+                                      off, o, i32, f32, act);
   }
   if (err != cudaSuccess)
     return ffi::Error::Internal(std::string(op) + ": launch failed: " + cudaGetErrorString(err));
@@ -215,8 +218,8 @@ ffi::Error FusedMoeCuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::AnyBuff
                           renormalize, activation, &s);
   if (err.failure()) return err;
   return Execute(stream, kOp, s, hidden.untyped_data(), logits.untyped_data(),
-                 w13.untyped_data(), w2.untyped_data(), nullptr, nullptr, out, ws_i32, ws_f32,
-                 ws_act);
+                 w13.untyped_data(), w2.untyped_data(), nullptr, nullptr, nullptr, out, ws_i32,
+                 ws_f32, ws_act);
 }
 
 ffi::Error FusedMoeFp8Cuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::AnyBuffer logits,
@@ -230,12 +233,58 @@ ffi::Error FusedMoeFp8Cuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::AnyB
   ffi::Error err = Decode(kOpFp8, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
                           top_k, renormalize, activation, &s);
   if (err.failure()) return err;
-  err = DecodeScales(w13_scale, w2_scale, block_shape, &s);
+  err = DecodeScales(kOpFp8, w13_scale, w2_scale, block_shape, &s);
   if (err.failure()) return err;
   return Execute(stream, kOpFp8, s, hidden.untyped_data(), logits.untyped_data(),
                  w13.untyped_data(), w2.untyped_data(),
                  static_cast<const float*>(w13_scale.untyped_data()),
-                 static_cast<const float*>(w2_scale.untyped_data()), out, ws_i32, ws_f32, ws_act);
+                 static_cast<const float*>(w2_scale.untyped_data()), nullptr, out, ws_i32,
+                 ws_f32, ws_act);
+}
+
+const int32_t* OffsetPtr(const ffi::AnyBuffer& offset) {
+  return static_cast<const int32_t*>(offset.untyped_data());
+}
+
+ffi::Error FusedMoeEpCuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::AnyBuffer logits,
+                          ffi::AnyBuffer w13, ffi::AnyBuffer w2, ffi::AnyBuffer expert_offset,
+                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws_i32,
+                          ffi::Result<ffi::AnyBuffer> ws_f32,
+                          ffi::Result<ffi::AnyBuffer> ws_act, int64_t top_k, bool renormalize,
+                          std::string_view activation) {
+  Shape s{};
+  ffi::Error err = Decode(kOpEp, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
+                          top_k, renormalize, activation, &s);
+  if (err.failure()) return err;
+  err = DecodeOffset(kOpEp, expert_offset);
+  if (err.failure()) return err;
+  return Execute(stream, kOpEp, s, hidden.untyped_data(), logits.untyped_data(),
+                 w13.untyped_data(), w2.untyped_data(), nullptr, nullptr,
+                 OffsetPtr(expert_offset), out, ws_i32, ws_f32, ws_act);
+}
+
+ffi::Error FusedMoeFp8EpCuda(cudaStream_t stream, ffi::AnyBuffer hidden, ffi::AnyBuffer logits,
+                             ffi::AnyBuffer w13, ffi::AnyBuffer w2, ffi::AnyBuffer w13_scale,
+                             ffi::AnyBuffer w2_scale, ffi::AnyBuffer expert_offset,
+                             ffi::Result<ffi::AnyBuffer> out,
+                             ffi::Result<ffi::AnyBuffer> ws_i32,
+                             ffi::Result<ffi::AnyBuffer> ws_f32,
+                             ffi::Result<ffi::AnyBuffer> ws_act, int64_t top_k,
+                             bool renormalize, std::string_view activation,
+                             ffi::Span<const int64_t> block_shape) {
+  Shape s{};
+  ffi::Error err = Decode(kOpFp8Ep, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
+                          top_k, renormalize, activation, &s);
+  if (err.failure()) return err;
+  err = DecodeScales(kOpFp8Ep, w13_scale, w2_scale, block_shape, &s);
+  if (err.failure()) return err;
+  err = DecodeOffset(kOpFp8Ep, expert_offset);
+  if (err.failure()) return err;
+  return Execute(stream, kOpFp8Ep, s, hidden.untyped_data(), logits.untyped_data(),
+                 w13.untyped_data(), w2.untyped_data(),
+                 static_cast<const float*>(w13_scale.untyped_data()),
+                 static_cast<const float*>(w2_scale.untyped_data()), OffsetPtr(expert_offset),
+                 out, ws_i32, ws_f32, ws_act);
 }
 
 }  // namespace
@@ -259,6 +308,41 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeCuda, xla_kernels::moe::FusedMoeCuda,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeFp8Cuda, xla_kernels::moe::FusedMoeFp8Cuda,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("top_k")
+                                  .Attr<bool>("renormalize")
+                                  .Attr<std::string_view>("activation")
+                                  .Attr<ffi::Span<const int64_t>>("block_shape"),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeEpCuda, xla_kernels::moe::FusedMoeEpCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("top_k")
+                                  .Attr<bool>("renormalize")
+                                  .Attr<std::string_view>("activation"),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeFp8EpCuda, xla_kernels::moe::FusedMoeFp8EpCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -1,7 +1,9 @@
 // fused_moe on the host: routing, then the experts one after the other, each over the token
 // pairs routed to it (its weight rows are read and, for fp8, dequantized once per call),
 // then each token's weighted expert outputs summed in f32 and rounded once.
-// Handlers XkFusedMoeCpu and XkFusedMoeFp8Cpu; the workspaces are the CUDA kernels' (unused).
+// Handlers XkFusedMoeCpu and XkFusedMoeFp8Cpu, and their expert-parallel forms
+// XkFusedMoeEpCpu and XkFusedMoeFp8EpCpu (routing over every expert's logit, only the local
+// experts computed); the workspaces are the CUDA kernels' (unused).
 #include <cmath>
 #include <cstdint>
 #include <string_view>
@@ -56,14 +58,14 @@ void StoreRow(ffi::DataType dt, const float* src, int64_t n, void* dst, int64_t 
   }
 }
 
-// softmax in f32, the top_k largest (the lower expert first among equal ones), optionally
-// renormalized: ids and weights [tokens, top_k].
+// softmax in f32 over the routed experts, the top_k largest (the lower expert first among
+// equal ones), optionally renormalized: global ids and weights [tokens, top_k].
 void Route(const Shape& s, const void* logits, std::vector<int32_t>* ids,
            std::vector<float>* weights) {
-  std::vector<float> p(static_cast<size_t>(s.experts));
-  std::vector<char> taken(static_cast<size_t>(s.experts));
+  std::vector<float> p(static_cast<size_t>(s.routed));
+  std::vector<char> taken(static_cast<size_t>(s.routed));
   for (int64_t t = 0; t < s.tokens; ++t) {
-    LoadF32(s.logits_dtype, logits, t * s.experts, s.experts, p.data());
+    LoadF32(s.logits_dtype, logits, t * s.routed, s.routed, p.data());
     float m = -INFINITY;
     for (float v : p) m = std::fmax(m, v);
     float sum = 0.f;
@@ -73,7 +75,7 @@ void Route(const Shape& s, const void* logits, std::vector<int32_t>* ids,
     float chosen = 0.f;
     for (int64_t j = 0; j < s.top_k; ++j) {
       int64_t best = -1;
-      for (int64_t e = 0; e < s.experts; ++e)
+      for (int64_t e = 0; e < s.routed; ++e)
         if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
       taken[best] = 1;
       (*ids)[t * s.top_k + j] = static_cast<int32_t>(best);
@@ -107,14 +109,19 @@ float Dot(const float* a, const float* b, int64_t n) {
   return acc;
 }
 
+// `expert_offset`: the global id of local expert 0; pairs routed elsewhere add nothing.
 void Run(const Shape& s, const void* hidden, const void* logits, const void* w13,
-         const void* w2, const float* w13_scale, const float* w2_scale, void* out) {
+         const void* w2, const float* w13_scale, const float* w2_scale, int64_t expert_offset,
+         void* out) {
   const int64_t H = s.hidden, N = s.inter, K = s.top_k;
   std::vector<int32_t> ids(static_cast<size_t>(s.pairs));
   std::vector<float> weights(static_cast<size_t>(s.pairs));
   Route(s, logits, &ids, &weights);
   std::vector<std::vector<int64_t>> pairs_of(static_cast<size_t>(s.experts));
-  for (int64_t p = 0; p < s.pairs; ++p) pairs_of[ids[p]].push_back(p);
+  for (int64_t p = 0; p < s.pairs; ++p) {
+    const int64_t local = ids[p] - expert_offset;
+    if (local >= 0 && local < s.experts) pairs_of[local].push_back(p);
+  }
   std::vector<float> x(static_cast<size_t>(s.tokens * H));
   LoadF32(s.dtype, hidden, 0, s.tokens * H, x.data());
   std::vector<float> y(static_cast<size_t>(s.pairs * H), 0.f);
@@ -158,7 +165,7 @@ ffi::Error FusedMoeCpu(ffi::AnyBuffer hidden, ffi::AnyBuffer logits, ffi::AnyBuf
                           renormalize, activation, &s);
   if (err.failure()) return err;
   Run(s, hidden.untyped_data(), logits.untyped_data(), w13.untyped_data(), w2.untyped_data(),
-      nullptr, nullptr, out->untyped_data());
+      nullptr, nullptr, 0, out->untyped_data());
   return ffi::Error::Success();
 }
 
@@ -172,11 +179,54 @@ ffi::Error FusedMoeFp8Cpu(ffi::AnyBuffer hidden, ffi::AnyBuffer logits, ffi::Any
   ffi::Error err = Decode(kOpFp8, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
                           top_k, renormalize, activation, &s);
   if (err.failure()) return err;
-  err = DecodeScales(w13_scale, w2_scale, block_shape, &s);
+  err = DecodeScales(kOpFp8, w13_scale, w2_scale, block_shape, &s);
   if (err.failure()) return err;
   Run(s, hidden.untyped_data(), logits.untyped_data(), w13.untyped_data(), w2.untyped_data(),
       static_cast<const float*>(w13_scale.untyped_data()),
-      static_cast<const float*>(w2_scale.untyped_data()), out->untyped_data());
+      static_cast<const float*>(w2_scale.untyped_data()), 0, out->untyped_data());
+  return ffi::Error::Success();
+}
+
+int64_t OffsetValue(const ffi::AnyBuffer& offset) {
+  return *static_cast<const int32_t*>(offset.untyped_data());
+}
+
+ffi::Error FusedMoeEpCpu(ffi::AnyBuffer hidden, ffi::AnyBuffer logits, ffi::AnyBuffer w13,
+                         ffi::AnyBuffer w2, ffi::AnyBuffer expert_offset,
+                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws_i32,
+                         ffi::Result<ffi::AnyBuffer> ws_f32,
+                         ffi::Result<ffi::AnyBuffer> ws_act, int64_t top_k, bool renormalize,
+                         std::string_view activation) {
+  Shape s{};
+  ffi::Error err = Decode(kOpEp, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
+                          top_k, renormalize, activation, &s);
+  if (err.failure()) return err;
+  err = DecodeOffset(kOpEp, expert_offset);
+  if (err.failure()) return err;
+  Run(s, hidden.untyped_data(), logits.untyped_data(), w13.untyped_data(), w2.untyped_data(),
+      nullptr, nullptr, OffsetValue(expert_offset), out->untyped_data());
+  return ffi::Error::Success();
+}
+
+ffi::Error FusedMoeFp8EpCpu(ffi::AnyBuffer hidden, ffi::AnyBuffer logits, ffi::AnyBuffer w13,
+                            ffi::AnyBuffer w2, ffi::AnyBuffer w13_scale, ffi::AnyBuffer w2_scale,
+                            ffi::AnyBuffer expert_offset, ffi::Result<ffi::AnyBuffer> out,
+                            ffi::Result<ffi::AnyBuffer> ws_i32,
+                            ffi::Result<ffi::AnyBuffer> ws_f32,
+                            ffi::Result<ffi::AnyBuffer> ws_act, int64_t top_k, bool renormalize,
+                            std::string_view activation, ffi::Span<const int64_t> block_shape) {
+  Shape s{};
+  ffi::Error err = Decode(kOpFp8Ep, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
+                          top_k, renormalize, activation, &s);
+  if (err.failure()) return err;
+  err = DecodeScales(kOpFp8Ep, w13_scale, w2_scale, block_shape, &s);
+  if (err.failure()) return err;
+  err = DecodeOffset(kOpFp8Ep, expert_offset);
+  if (err.failure()) return err;
+  Run(s, hidden.untyped_data(), logits.untyped_data(), w13.untyped_data(), w2.untyped_data(),
+      static_cast<const float*>(w13_scale.untyped_data()),
+      static_cast<const float*>(w2_scale.untyped_data()), OffsetValue(expert_offset),
+      out->untyped_data());
   return ffi::Error::Success();
 }
 
@@ -198,6 +248,37 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeCpu, xla_kernels::moe::FusedMoeCpu,
                                   .Attr<std::string_view>("activation"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeFp8Cpu, xla_kernels::moe::FusedMoeFp8Cpu,
                               ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("top_k")
+                                  .Attr<bool>("renormalize")
+                                  .Attr<std::string_view>("activation")
+                                  .Attr<ffi::Span<const int64_t>>("block_shape"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeEpCpu, xla_kernels::moe::FusedMoeEpCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("top_k")
+                                  .Attr<bool>("renormalize")
+                                  .Attr<std::string_view>("activation"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeFp8EpCpu, xla_kernels::moe::FusedMoeFp8EpCpu,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()

@@ -17,11 +17,24 @@ namespace ffi = xla::ffi;
 
 constexpr const char* kOp = "xla_kernels.fused_moe";
 constexpr const char* kOpFp8 = "xla_kernels.fused_moe_fp8";
+// Expert parallel: w13/w2 hold a block of the experts; router_logits has every expert's
+// column, and the int32 scalar `expert_offset` is the global id of the first local expert.
+constexpr const char* kOpEp = "xla_kernels.fused_moe_ep";
+constexpr const char* kOpFp8Ep = "xla_kernels.fused_moe_fp8_ep";
+
+inline bool IsFp8Op(const char* op) {
+  return std::string_view(op) == kOpFp8 || std::string_view(op) == kOpFp8Ep;
+}
+inline bool IsEpOp(const char* op) {
+  return std::string_view(op) == kOpEp || std::string_view(op) == kOpFp8Ep;
+}
 
 enum class Activation { kSilu, kGelu };
 
 struct Shape {
-  int64_t tokens, hidden, experts, inter, top_k, pairs;
+  // experts: those of w13/w2 (local); routed: router_logits' columns, the experts the
+  // routing chooses among (== experts except for the expert-parallel ops).
+  int64_t tokens, hidden, experts, routed, inter, top_k, pairs;
   ffi::DataType dtype, logits_dtype;
   bool renormalize;
   Activation activation;
@@ -62,12 +75,20 @@ inline ffi::Error Decode(const char* op, const ffi::AnyBuffer& hidden,
     return InvalidArgument(op, "w2", "expected [experts, hidden, intermediate], got " +
                                          DimsText(bd),
                            "pass each expert's down projection");
-  if (ld.size() != 2 || ld[0] != s->tokens || ld[1] != s->experts || !IsFloat(s->logits_dtype))
-    return InvalidArgument(op, "router_logits", "expected [tokens, experts] of f32, bf16 or "
-                           "f16, got " + DimsText(ld), "pass one logit per token and expert");
+  if (ld.size() != 2 || ld[0] != s->tokens || !IsFloat(s->logits_dtype) ||
+      (IsEpOp(op) ? ld[1] < s->experts || ld[1] > kMaxExperts : ld[1] != s->experts))
+    return InvalidArgument(op, "router_logits",
+                           IsEpOp(op) ? "expected [tokens, global experts] of f32, bf16 or "
+                                        "f16 with w13's experts <= global experts <= " +
+                                            std::to_string(kMaxExperts) + ", got " +
+                                            DimsText(ld)
+                                      : "expected [tokens, experts] of f32, bf16 or f16, got " +
+                                            DimsText(ld),
+                           "pass one logit per token and expert (every expert's)");
+  s->routed = ld[1];
   if (s->hidden < 1)
     return InvalidArgument(op, "hidden", "hidden size must be >= 1", "pass non-empty rows");
-  if (top_k < 1 || top_k > s->experts || top_k > kMaxTopK)
+  if (top_k < 1 || top_k > s->routed || top_k > kMaxTopK)
     return InvalidArgument(op, "top_k", "must be in 1 .. min(experts, " +
                                             std::to_string(kMaxTopK) + "), got " +
                                             std::to_string(top_k),
@@ -89,7 +110,7 @@ inline ffi::Error Decode(const char* op, const ffi::AnyBuffer& hidden,
   const ffi::DataType wt = w13.element_type();
   s->fp8 = wt == ffi::DataType::F8E4M3FN;
   if (w2.element_type() != wt || (!s->fp8 && wt != s->dtype) ||
-      (s->fp8 != (std::string_view(op) == kOpFp8)))
+      s->fp8 != IsFp8Op(op))
     return InvalidArgument(op, "w13", "w13 and w2 must both have hidden's dtype (fused_moe) or "
                            "both be f8e4m3fn (fused_moe_fp8)", "cast the weights");
   if (out.element_type() != s->dtype || out.element_count() != hidden.element_count())
@@ -111,36 +132,47 @@ inline ffi::Error Decode(const char* op, const ffi::AnyBuffer& hidden,
 
 // fp8 scales: per output channel ([experts, rows, 1], block_shape (0, 0)) or per (bn x bk)
 // block ([experts, ceil(rows / bn), ceil(cols / bk)]).
-inline ffi::Error DecodeScale(const char* name, const ffi::AnyBuffer& scale, int64_t experts,
+inline ffi::Error DecodeScale(const char* op, const char* name, const ffi::AnyBuffer& scale, int64_t experts,
                               int64_t rows, int64_t cols, int64_t bn, int64_t bk) {
   const auto d = scale.dimensions();
   const int64_t want1 = bn == 0 ? rows : CeilDiv(rows, bn);
   const int64_t want2 = bn == 0 ? 1 : CeilDiv(cols, bk);
   if (scale.element_type() != ffi::DataType::F32 || d.size() != 3 || d[0] != experts ||
       d[1] != want1 || d[2] != want2)
-    return InvalidArgument(kOpFp8, name, "expected f32 [" + std::to_string(experts) + ", " +
+    return InvalidArgument(op, name, "expected f32 [" + std::to_string(experts) + ", " +
                                              std::to_string(want1) + ", " +
                                              std::to_string(want2) + "], got " + DimsText(d),
                            "pass the scales the weights were quantized with");
   return ffi::Error::Success();
 }
 
-inline ffi::Error DecodeScales(const ffi::AnyBuffer& w13_scale, const ffi::AnyBuffer& w2_scale,
+inline ffi::Error DecodeScales(const char* op, const ffi::AnyBuffer& w13_scale, const ffi::AnyBuffer& w2_scale,
                                ffi::Span<const int64_t> block_shape, Shape* s) {
   if (block_shape.size() != 2)
-    return InvalidArgument(kOpFp8, "block_shape", "expected two sizes", "pass (bn, bk)");
+    return InvalidArgument(op, "block_shape", "expected two sizes", "pass (bn, bk)");
   const int64_t bn = block_shape[0], bk = block_shape[1];
   if (!((bn == 0 && bk == 0) || (bn >= 1 && bk >= 1)))
-    return InvalidArgument(kOpFp8, "block_shape", "expected (0, 0) or two sizes >= 1",
+    return InvalidArgument(op, "block_shape", "expected (0, 0) or two sizes >= 1",
                            "pass (128, 128) or (0, 0)");
-  ffi::Error err = DecodeScale("w13_scale", w13_scale, s->experts, 2 * s->inter, s->hidden,
+  ffi::Error err = DecodeScale(op, "w13_scale", w13_scale, s->experts, 2 * s->inter, s->hidden,
                                bn, bk);
   if (err.failure()) return err;
-  err = DecodeScale("w2_scale", w2_scale, s->experts, s->hidden, s->inter, bn, bk);
+  err = DecodeScale(op, "w2_scale", w2_scale, s->experts, s->hidden, s->inter, bn, bk);
   if (err.failure()) return err;
   // A per-channel scale is a block of one row spanning every column.
   s->bn = bn == 0 ? 1 : bn;
   s->bk = bn == 0 ? 0 : bk;
+  return ffi::Error::Success();
+}
+
+// The expert-parallel ops' `expert_offset`: an int32 scalar. Any value is accepted: local
+// expert i is global expert expert_offset + i, and tokens routed to a global expert outside
+// [expert_offset, expert_offset + experts) add nothing on this shard.
+inline ffi::Error DecodeOffset(const char* op, const ffi::AnyBuffer& offset) {
+  if (offset.element_type() != ffi::DataType::S32 || offset.dimensions().size() != 0)
+    return InvalidArgument(op, "expert_offset", "expected an int32 scalar, got " +
+                                                    DimsText(offset.dimensions()),
+                           "pass the global id of w13's first expert as an int32 scalar");
   return ffi::Error::Success();
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "xla_kernels/fp8_scales.h"  // CeilDiv, ScaleIndex (fp8 weights)
 #include "xla_kernels/host_device.h"
 
 namespace xla_kernels::moe {
@@ -39,17 +40,6 @@ inline int64_t WorkspaceF32(int64_t pairs) { return pairs + 1; }
 // then each row's weighted second-GEMM output [pairs, hidden].
 inline int64_t WorkspaceAct(int64_t pairs, int64_t intermediate, int64_t hidden) {
   return pairs * (intermediate + hidden) + 1;
-}
-
-XK_HOST_DEVICE inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// fp8 weights: the index of the scale of weight (row, col) among one expert's scales, for a
-// weight matrix of `cols` columns: per output channel (bk == 0: scales [rows, 1]) or per
-// (bn x bk) block (scales [ceil(rows / bn), ceil(cols / bk)]).
-XK_HOST_DEVICE inline int64_t ScaleIndex(int64_t row, int64_t col, int64_t cols, int64_t bn,
-                                         int64_t bk) {
-  if (bk == 0) return row;
-  return (row / bn) * CeilDiv(cols, bk) + col / bk;
 }
 
 }  // namespace xla_kernels::moe

@@ -7,7 +7,11 @@
 //     tile of at most `tile_rows` rows of one expert, with their count. The order of the rows
 //     within an expert is whatever the atomics give: every row is computed on its own and
 //     each token sums its experts in its own order, so the result does not depend on it.
-//   CombineKernel: out[t] = sum over j of y[row_of_pair[t * top_k + j]] in f32, rounded once.
+//     Expert parallel: with `expert_offset` (device int32, or null for 0) local expert e is
+//     global expert *expert_offset + e; a pair routed to a global expert outside the local
+//     block gets no row (row_of_pair -1).
+//   CombineKernel: out[t] = sum over j of y[row_of_pair[t * top_k + j]] in f32 (pairs without
+//     a row add nothing), rounded once.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -120,14 +124,23 @@ __global__ void __launch_bounds__(kSortThreads)
     SortKernel(const int32_t* __restrict__ ids, int pairs, int experts, int tile_rows,
                int32_t* __restrict__ sorted_pairs, int32_t* __restrict__ row_of_pair,
                int32_t* __restrict__ offsets, int32_t* __restrict__ tiles,
-               int32_t* __restrict__ tile_count) {
+               int32_t* __restrict__ tile_count, const int32_t* __restrict__ expert_offset) {
   __shared__ int count[kSortThreads];
   __shared__ int cursor[kSortThreads];
   __shared__ int scratch[32];
   const int tid = threadIdx.x;
+  const int64_t first_expert = expert_offset != nullptr ? *expert_offset : 0;
+  // The local expert of pair p, or -1 where it routes outside the local block.
+  auto local = [&](int p) {
+    const int64_t e = static_cast<int64_t>(ids[p]) - first_expert;
+    return e >= 0 && e < experts ? static_cast<int>(e) : -1;
+  };
   count[tid] = 0;
   __syncthreads();
-  for (int p = tid; p < pairs; p += kSortThreads) atomicAdd(&count[ids[p]], 1);
+  for (int p = tid; p < pairs; p += kSortThreads) {
+    const int e = local(p);
+    if (e >= 0) atomicAdd(&count[e], 1);
+  }
   __syncthreads();
   const int c = tid < experts ? count[tid] : 0;
   const int n_tiles = (c + tile_rows - 1) / tile_rows;
@@ -148,7 +161,12 @@ __global__ void __launch_bounds__(kSortThreads)
   }
   __syncthreads();
   for (int p = tid; p < pairs; p += kSortThreads) {
-    const int row = atomicAdd(&cursor[ids[p]], 1);
+    const int e = local(p);
+    if (e < 0) {
+      row_of_pair[p] = -1;
+      continue;
+    }
+    const int row = atomicAdd(&cursor[e], 1);
     sorted_pairs[row] = p;
     row_of_pair[p] = row;
   }
@@ -163,8 +181,10 @@ __global__ void CombineKernel(const T* __restrict__ y, const int32_t* __restrict
   const int64_t h = blockIdx.y * static_cast<int64_t>(kCombineThreads) + threadIdx.x;
   if (h >= hidden) return;
   float acc = 0.f;
-  for (int j = 0; j < top_k; ++j)
-    acc += ToF32(y[static_cast<int64_t>(row_of_pair[t * top_k + j]) * hidden + h]);
+  for (int j = 0; j < top_k; ++j) {
+    const int32_t row = row_of_pair[t * top_k + j];
+    if (row >= 0) acc += ToF32(y[static_cast<int64_t>(row) * hidden + h]);
+  }
   out[t * hidden + h] = FromF32<T>(acc);
 }
 

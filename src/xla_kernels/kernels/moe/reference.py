@@ -17,9 +17,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from xla_kernels.kernels.fp8_weights import dequantize, fp8_quantize
 
 ACTIVATIONS = ("silu", "gelu")
+__all__ = ["ACTIVATIONS", "activate", "dequantize", "fp8_quantize", "fused_moe_ragged_dot",
+           "fused_moe_xla", "local_routes", "route"]
 
 
 def route(router_logits: Any, top_k: int, renormalize: bool = True) -> tuple[Any, Any]:
@@ -44,20 +47,6 @@ def activate(gate_up: Any, activation: str) -> Any:
     raise ValueError(f"unknown activation {activation!r}; use one of {ACTIVATIONS}")
 
 
-def dequantize(w: Any, scale: Any, block_shape: tuple[int, int]) -> Any:
-    """f32 weights [..., rows, cols] from e4m3 values and their scales: per output channel
-    (``block_shape == (0, 0)``: scale [..., rows, 1]) or per (bn x bk) block (scale
-    [..., ceil(rows / bn), ceil(cols / bk)])."""
-    w = jnp.asarray(w).astype(jnp.float32)
-    scale = jnp.asarray(scale, jnp.float32)
-    bn, bk = (int(b) for b in block_shape)
-    if bn == 0:
-        return w * scale
-    rows, cols = w.shape[-2:]
-    full = jnp.repeat(jnp.repeat(scale, bn, axis=-2), bk, axis=-1)
-    return w * full[..., :rows, :cols]
-
-
 def _weights(w13: Any, w2: Any, scales: tuple[Any, Any] | None,
              block_shape: tuple[int, int]) -> tuple[Any, Any]:
     if scales is None:
@@ -65,19 +54,33 @@ def _weights(w13: Any, w2: Any, scales: tuple[Any, Any] | None,
     return dequantize(w13, scales[0], block_shape), dequantize(w2, scales[1], block_shape)
 
 
+def local_routes(router_logits: Any, top_k: int, renormalize: bool, experts: int,
+                 expert_offset: Any = None) -> tuple[Any, Any]:
+    """(local ids, weights) [tokens, top_k] of the routing over every column of
+    ``router_logits``, for the block of ``experts`` experts starting at global id
+    ``expert_offset`` (None: 0): a pair routed outside the block gets id ``experts`` and
+    weight 0."""
+    ids, weights = route(router_logits, top_k, renormalize)
+    if expert_offset is not None:
+        ids = ids - jnp.asarray(expert_offset, jnp.int32)
+    inside = (ids >= 0) & (ids < experts)
+    return jnp.where(inside, ids, experts), jnp.where(inside, weights, 0.0)
+
+
 def fused_moe_xla(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, top_k: int,
                   renormalize: bool = True, activation: str = "silu",
                   w13_scale: Any = None, w2_scale: Any = None,
-                  block_shape: tuple[int, int] = (0, 0)) -> Any:
+                  block_shape: tuple[int, int] = (0, 0), expert_offset: Any = None) -> Any:
     """The op in plain XLA: every expert's two GEMMs over all tokens (a loop over experts),
     weighted by the routing (zero for tokens not routed there). E times the FLOPs of the
     routed computation; memory stays one expert's weights at a time. fp8 weights (pass the
-    scales) are dequantized to f32."""
+    scales) are dequantized to f32. ``expert_offset``: w13/w2 hold the experts from that
+    global id on and router_logits every expert's column (fused_moe_ep's semantics)."""
     hidden = jnp.asarray(hidden)
     dtype = hidden.dtype
-    ids, weights = route(router_logits, top_k, renormalize)
     tokens, experts = hidden.shape[0], w13.shape[0]
-    combine = jnp.zeros((tokens, experts), jnp.float32).at[
+    ids, weights = local_routes(router_logits, top_k, renormalize, experts, expert_offset)
+    combine = jnp.zeros((tokens, experts + 1), jnp.float32).at[
         jnp.arange(tokens)[:, None], ids].add(weights)
     scales = None if w13_scale is None else (jnp.asarray(w13_scale), jnp.asarray(w2_scale))
     w13, w2 = jnp.asarray(w13), jnp.asarray(w2)
@@ -100,19 +103,21 @@ def fused_moe_xla(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, top_k: 
 def fused_moe_ragged_dot(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, top_k: int,
                          renormalize: bool = True, activation: str = "silu",
                          w13_scale: Any = None, w2_scale: Any = None,
-                         block_shape: tuple[int, int] = (0, 0)) -> Any:
+                         block_shape: tuple[int, int] = (0, 0),
+                         expert_offset: Any = None) -> Any:
     """The op with ``jax.lax.ragged_dot``: the (token, expert) pairs sorted by expert, the
     tokens' rows gathered, two grouped GEMMs over the experts' groups, the rows weighted and
     added back per token. fp8 weights are dequantized to hidden's dtype first (all of them,
-    every call)."""
+    every call). ``expert_offset`` as in :func:`fused_moe_xla` (pairs routed outside the
+    local block sort last, in no group, with weight 0)."""
     hidden = jnp.asarray(hidden)
     dtype = hidden.dtype
     tokens, experts = hidden.shape[0], w13.shape[0]
-    ids, weights = route(router_logits, top_k, renormalize)
+    ids, weights = local_routes(router_logits, top_k, renormalize, experts, expert_offset)
     flat = ids.reshape(-1)
     order = jnp.argsort(flat, stable=True)
     token_of_row = order // top_k
-    group_sizes = jnp.bincount(flat, length=experts).astype(jnp.int32)
+    group_sizes = jnp.sum(flat[:, None] == jnp.arange(experts), axis=0, dtype=jnp.int32)
     scales = None if w13_scale is None else (w13_scale, w2_scale)
     a, b = _weights(w13, w2, scales, block_shape)
     a, b = a.astype(dtype), b.astype(dtype)
@@ -126,28 +131,7 @@ def fused_moe_ragged_dot(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, 
     act = activate(gate_up, activation).astype(dtype)
     y = jax.lax.ragged_dot_general(act, b, group_sizes, dims,
                                    preferred_element_type=jnp.float32)
-    y = y * weights.reshape(-1)[order][:, None]
+    w_rows = weights.reshape(-1)[order][:, None]
+    y = jnp.where(w_rows != 0, y * w_rows, 0.0)  # rows in no group hold no product
     out = jnp.zeros((tokens, hidden.shape[1]), jnp.float32).at[token_of_row].add(y)
     return out.astype(dtype)
-
-
-def fp8_quantize(w: Any, block_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(e4m3 weights, f32 scales) of f32 weights [experts, rows, cols], vLLM's way: each
-    output channel (``(0, 0)``) or (bn x bk) block scaled so that its largest magnitude maps
-    to 448, the largest e4m3 value. A helper for tests and benchmarks (NumPy)."""
-    import ml_dtypes
-
-    w = np.asarray(w, np.float32)
-    experts, rows, cols = w.shape
-    bn, bk = (int(b) for b in block_shape)
-    if bn == 0:
-        amax = np.abs(w).max(axis=-1, keepdims=True)
-        scale = np.maximum(amax, 1e-12) / 448.0
-        return (w / scale).astype(ml_dtypes.float8_e4m3fn), scale.astype(np.float32)
-    nb, kb = -(-rows // bn), -(-cols // bk)
-    padded = np.zeros((experts, nb * bn, kb * bk), np.float32)
-    padded[:, :rows, :cols] = w
-    blocks = padded.reshape(experts, nb, bn, kb, bk)
-    scale = np.maximum(np.abs(blocks).max(axis=(2, 4)), 1e-12) / 448.0
-    full = np.repeat(np.repeat(scale, bn, axis=1), bk, axis=2)[:, :rows, :cols]
-    return (w / full).astype(ml_dtypes.float8_e4m3fn), scale.astype(np.float32)

@@ -43,11 +43,11 @@ def make_inputs(rng: np.random.Generator, *, tokens: int, hidden: int, experts: 
 
 def sanitize_cases(platform: str = "gpu") -> None:
     """Small calls covering every CUDA tile configuration, odd sizes (element-wise loads),
-    fp8 per-channel and block scales; run under compute-sanitizer by
-    scripts/sanitize_kernels.py."""
+    fp8 per-channel and block scales, expert-parallel blocks (offsets inside and outside the
+    experts); run under compute-sanitizer by scripts/sanitize_kernels.py."""
     import jax
 
-    from . import fp8_quantize, fused_moe, fused_moe_fp8
+    from . import fp8_quantize, fused_moe, fused_moe_ep, fused_moe_fp8
 
     rng = np.random.default_rng(0)
     device = jax.devices(platform)[0]
@@ -68,6 +68,13 @@ def sanitize_cases(platform: str = "gpu") -> None:
             args = [jax.device_put(a, device)
                     for a in (x["hidden"], x["router_logits"], q13, q2, s13, s2)]
             jax.block_until_ready(fused_moe_fp8(*args, top_k=top_k, block_shape=block_shape))
+        # Expert parallel: the first half of the experts, then offsets past either end.
+        local = max(experts // 2, 1)
+        for offset in (0, local, -local, experts):
+            args = [jax.device_put(a, device) for a in
+                    (x["hidden"], x["router_logits"], x["w13"][:local], x["w2"][:local],
+                     np.int32(offset))]
+            jax.block_until_ready(fused_moe_ep(*args, top_k=top_k))
 
 
 def as_arrays(x: dict[str, Any]) -> list[Any]:

@@ -50,28 +50,25 @@ Example:
 
 from __future__ import annotations
 
-import math
-
-from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
 from ..paged_cache import (
+    BLOCK_SIZES,
+    CACHE_DTYPES,
+    DTYPES,
     FP8,
+    FP8_QUERY_DTYPES,
+    HEAD_DIMS,
     LAYOUTS,
+    attention_attrs,
     cache_dims,
     cache_factors,
+    check_attention_attrs,
     check_attention_caches,
     check_kv_scales,
 )
 from .reference import paged_attention_numpy_f64, paged_attention_xla
-from .workspace import LIMITS, max_partitions, workspace_size
-
-DTYPES = ("bf16", "f16", "f32")
-CACHE_DTYPES = (*DTYPES, FP8)
-FP8_QUERY_DTYPES = ("bf16", "f16")
-"""Query (and output) dtypes allowed with an fp8 cache."""
-HEAD_DIMS: tuple[int, ...] = LIMITS["kHeadDims"]  # type: ignore[assignment]
-BLOCK_SIZES: tuple[int, ...] = LIMITS["kBlockSizes"]  # type: ignore[assignment]
+from .workspace import max_partitions, workspace_size
 
 
 def _output_rule(query: Spec, key_cache: Spec, value_cache: Spec, block_tables: Spec,
@@ -89,15 +86,7 @@ def _output_rule(query: Spec, key_cache: Spec, value_cache: Spec, block_tables: 
     if seq_lens.shape != (num_seqs,):
         raise Invalid("seq_lens", f"expected shape ({num_seqs},), got {seq_lens.shape}",
                       "pass one length per sequence")
-    if not math.isfinite(float(scale)):
-        raise Invalid("scale", f"must be finite, got {float(scale)}",
-                      "pass e.g. scale=head_dim ** -0.5")
-    if not math.isfinite(float(softcap)) or float(softcap) < 0:
-        raise Invalid("softcap", f"must be finite and >= 0, got {float(softcap)}",
-                      "pass softcap=0.0 to disable it")
-    if int(sliding_window) < 0:
-        raise Invalid("sliding_window", f"must be >= 0, got {int(sliding_window)}",
-                      "pass sliding_window=0 to disable it")
+    check_attention_attrs(scale, softcap, sliding_window)
     max_context = block_tables.shape[1] * block_size
     ws = workspace_size(num_seqs, num_q_heads, head_dim, max_context)
     return [Spec(query.shape, query.dtype), Spec((ws,), "f32", workspace=True)]
@@ -123,14 +112,7 @@ paged_attention = Op(
         Tensor("block_tables", dtypes=("i32",), rank=2, doc="[num_seqs, max_blocks_per_seq]"),
         Tensor("seq_lens", dtypes=("i32",), rank=1, doc="[num_seqs]"),
     ],
-    attrs=[
-        Attr("scale", float, doc="multiplies q.k"),
-        Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
-        Attr("sliding_window", int, default=0, doc="> 0: attend the last this many tokens"),
-        Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
-        Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
-        Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
-    ],
+    attrs=attention_attrs("> 0: attend the last this many tokens"),
     outputs=_output_rule,
     output_names=("out",),
     sharding_rule=_sharding_rule,

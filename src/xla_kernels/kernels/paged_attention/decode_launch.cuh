@@ -9,6 +9,7 @@
 
 #include "decode_main_kernel.cuh"
 #include "decode_reduce_kernel.cuh"
+#include "xla_kernels/attention_launch.cuh"
 
 namespace xla_kernels::paged_attention {
 namespace detail {
@@ -150,39 +151,19 @@ inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const K
 inline std::string launch_paged_attention(cudaStream_t stream, const Params& p) {
   using detail::KernelArgs;
   if (p.num_seqs == 0 || p.num_q_heads == 0) return "";
-  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0)
-    return "paged_attention: num_q_heads must be a multiple of num_kv_heads";
-  if (!IsSupportedBlockSize(p.block_size))
-    return "paged_attention: block_size must be 16, 32, 64, 128 or 256";
+  if (std::string err = CheckHeadsAndBlockSize("paged_attention", p); !err.empty()) return err;
   const int64_t capacity = p.max_blocks_per_seq * p.block_size;
   if (capacity >= (int64_t{1} << 30) || p.num_blocks > INT_MAX || p.num_seqs > INT_MAX ||
       p.num_q_heads > INT_MAX)
     return "paged_attention: sizes out of range (context capacity must be < 2^30 tokens)";
   KernelArgs a{};
+  SetPagedAttentionArgs(p, detail::kLog2e, &a);
   a.q = p.query;
-  a.k = p.key_cache;
-  a.v = p.value_cache;
-  a.cache = paged_cache::View::Make(p.block_tables, p.num_blocks, p.block_size,
-                                    p.max_blocks_per_seq, p.stride_block, p.stride_slot,
-                                    p.stride_head);
   a.lens = p.seq_lens;
-  a.out = p.out;
   a.ws = p.workspace;
   a.S = static_cast<int>(p.num_seqs);
-  a.Hq = static_cast<int>(p.num_q_heads);
-  a.Hkv = static_cast<int>(p.num_kv_heads);
-  a.G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   a.window = p.sliding_window <= 0 ? 0
              : (p.sliding_window >= INT_MAX ? INT_MAX : static_cast<int>(p.sliding_window));
-  const float scale = p.scale * p.k_scale;  // k_scale: 1 unless the caches are fp8
-  if (p.softcap > 0.f) {
-    a.qk_scale = scale / p.softcap;
-    a.cap_mul = p.softcap * detail::kLog2e;
-  } else {
-    a.qk_scale = scale * detail::kLog2e;
-    a.cap_mul = 0.f;
-  }
-  a.out_scale = p.v_scale;
   switch (p.head_dim) {
     case 64: return detail::launch_head_dim<64>(stream, p, a);
     case 128: return detail::launch_head_dim<128>(stream, p, a);

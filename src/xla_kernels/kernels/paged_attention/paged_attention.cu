@@ -39,33 +39,17 @@ ffi::Error PagedAttentionCuda(cudaStream_t stream, ffi::AnyBuffer query, ffi::An
                "allocate workspace_size(num_seqs, num_q_heads, head_dim, max_context) elements");
 
   Params p;
-  p.dtype = s.dtype == ffi::DataType::BF16  ? DType::kBF16
-            : s.dtype == ffi::DataType::F16 ? DType::kF16
-                                            : DType::kF32;
-  p.fp8_cache = s.cache_dtype == ffi::DataType::F8E4M3FN;
-  p.k_scale = k_scale;
-  p.v_scale = v_scale;
-  p.query = query.untyped_data();
+  static_cast<PagedAttentionParams&>(p) =
+      PagedAttentionParamsOf(s, scale, softcap, sliding_window, k_scale, v_scale);
   p.key_cache = key_cache.untyped_data();
   p.value_cache = value_cache.untyped_data();
   p.block_tables = block_tables.typed_data();
-  p.seq_lens = seq_lens.typed_data();
   p.out = out->untyped_data();
   p.workspace = workspace->typed_data();
   p.workspace_elems = have;
+  p.query = query.untyped_data();
+  p.seq_lens = seq_lens.typed_data();
   p.num_seqs = s.num_seqs;
-  p.num_q_heads = s.num_q_heads;
-  p.num_kv_heads = s.num_kv_heads;
-  p.head_dim = s.head_dim;
-  p.num_blocks = s.num_blocks;
-  p.block_size = s.block_size;
-  p.max_blocks_per_seq = s.max_blocks_per_seq;
-  p.stride_block = s.stride_block;
-  p.stride_slot = s.stride_slot;
-  p.stride_head = s.stride_head;
-  p.scale = scale;
-  p.softcap = softcap;
-  p.sliding_window = sliding_window;
   const std::string msg = launch_paged_attention(stream, p);
   if (!msg.empty()) return ffi::Error::Internal("xla_kernels." + msg);
   return ffi::Error::Success();

@@ -1,15 +1,15 @@
-// paged_attention's limits and workspace size: the one definition. The CUDA and CPU handlers
-// include it; the Python declaration reads the constants from this file
+// paged_attention's limits and workspace size: the one definition (the head dims and block sizes
+// it shares with ragged_paged_attention are in xla_kernels/attention_limits.h). The CUDA and CPU
+// handlers include it; the Python declaration reads the constants from this file
 // (xla_kernels.kernel_kit.read_constants) and the CPU library exports WorkspaceElems, which a
 // test compares with the Python shape rule. Plain C++, usable from host and device code.
 #pragma once
 
 #include <cstdint>
 
-namespace xla_kernels::paged_attention {
+#include "xla_kernels/attention_limits.h"
 
-constexpr int64_t kHeadDims[] = {64, 128, 256};
-constexpr int64_t kBlockSizes[] = {16, 32, 64, 128, 256};
+namespace xla_kernels::paged_attention {
 
 // Flash-decoding partitions.
 constexpr int64_t kPartMin = 64;       // fewest tokens per partition (before rounding to the tile)
@@ -33,24 +33,6 @@ inline int64_t WorkspaceElems(int64_t num_seqs, int64_t num_q_heads, int64_t hea
   const int64_t p = MaxPartitions(num_seqs, max_context);
   if (p <= 1) return 1;
   return num_seqs * num_q_heads * p * (head_dim + 2);
-}
-
-inline bool IsSupportedHeadDim(int64_t d) {
-  for (int64_t x : kHeadDims) if (x == d) return true;
-  return false;
-}
-
-inline bool IsSupportedBlockSize(int64_t b) {
-  for (int64_t x : kBlockSizes) if (x == b) return true;
-  return false;
-}
-
-// log2 of a supported block size (a power of two): the kernels split a token position into
-// block and slot with a shift and a mask.
-inline int Log2BlockSize(int64_t b) {
-  int l = 0;
-  while ((int64_t{1} << l) < b) ++l;
-  return l;
 }
 
 }  // namespace xla_kernels::paged_attention

@@ -35,10 +35,7 @@ import numpy as np
 
 from xla_kernels import dtypes
 from xla_kernels.kernels.paged_cache import FP8, LAYOUTS, cache_dims
-
-
-def _is_fp8(cache: Any) -> bool:
-    return np.dtype(cache.dtype) == dtypes.to_numpy(FP8)
+from xla_kernels.kernels.paged_reference import attend_f64, masked_attention_xla, read_tokens_f64
 
 
 def paged_attention_xla(
@@ -99,29 +96,16 @@ def paged_attention_xla(
     if layout == "vllm":  # -> [S, capacity, Hkv, D]
         k = jnp.asarray(key_cache)[idx].reshape(num_seqs, capacity, num_kv_heads, head_dim)
         v = jnp.asarray(value_cache)[idx].reshape(num_seqs, capacity, num_kv_heads, head_dim)
-        spec_k, spec_v = "skgd,stkd->skgt", "skgt,stkd->skgd"
+        specs = ("skgd,stkd->skgt", "skgt,stkd->skgd")
         vmask = mask[:, :, None, None]
     else:  # -> [Hkv, S, capacity, D]
         k = jnp.asarray(key_cache)[:, idx].reshape(num_kv_heads, num_seqs, capacity, head_dim)
         v = jnp.asarray(value_cache)[:, idx].reshape(num_kv_heads, num_seqs, capacity, head_dim)
-        spec_k, spec_v = "skgd,kstd->skgt", "skgt,kstd->skgd"
+        specs = ("skgd,kstd->skgt", "skgt,kstd->skgd")
         vmask = mask[None, :, :, None]
-    if _is_fp8(key_cache):  # attend over the dequantized cache, in f32
-        k = k.astype(jnp.float32) * jnp.float32(k_scale)
-        v = v.astype(jnp.float32) * jnp.float32(v_scale)
-    logits = jnp.einsum(spec_k, q, k, preferred_element_type=jnp.float32) * scale
-    if softcap > 0:
-        logits = softcap * jnp.tanh(logits / softcap)
-    m4 = mask[:, None, None, :]
-    logits = jnp.where(m4, logits, -jnp.inf)
-    mx = jnp.max(logits, axis=-1, keepdims=True)
-    mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-    p = jnp.where(m4, jnp.exp(logits - mx), 0.0)
-    denom = jnp.sum(p, axis=-1, keepdims=True)
-    # Masked slots may hold garbage (even NaN) in a real cache: zero them, 0 * NaN is NaN.
-    v = jnp.where(vmask, v, jnp.zeros((), v.dtype))
-    out = jnp.einsum(spec_v, p, v.astype(jnp.float32), preferred_element_type=jnp.float32)
-    out = out / jnp.where(denom > 0, denom, 1.0)
+    fp8 = np.dtype(key_cache.dtype) == dtypes.to_numpy(FP8)
+    out = masked_attention_xla(q, k, v, mask[:, None, None, :], vmask, specs=specs, scale=scale,
+                               softcap=softcap, fp8=fp8, k_scale=k_scale, v_scale=v_scale)
     return out.reshape(num_seqs, num_q_heads, head_dim).astype(query.dtype)
 
 
@@ -153,39 +137,19 @@ def paged_attention_numpy_f64(
         array([1., 1., 1.])
     """
     q = np.asarray(query).astype(np.float64)
-    kc = np.asarray(key_cache)
-    vc = np.asarray(value_cache)
     bt = np.asarray(block_tables).astype(np.int64)
     lens = np.asarray(seq_lens).astype(np.int64)
-    num_seqs, num_q_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads = cache_dims(tuple(kc.shape), layout)[:3]
-    group = num_q_heads // num_kv_heads
+    kc, vc = np.asarray(key_cache), np.asarray(value_cache)
+    block_size = cache_dims(kc.shape, layout)[1]
     capacity = bt.shape[1] * block_size
-    out = np.zeros((num_seqs, num_q_heads, head_dim), np.float64)
-    for s in range(num_seqs):
+    out = np.zeros(q.shape, np.float64)
+    for s in range(q.shape[0]):
         n = min(int(lens[s]), capacity)
         lo = max(0, n - sliding_window) if sliding_window > 0 else 0
-        t = np.arange(lo, max(n, lo))
-        blk = bt[s, t // block_size] if t.size else np.zeros(0, np.int64)
-        ok = (blk >= 0) & (blk < num_blocks)
-        t, blk = t[ok], blk[ok]
-        if t.size == 0:
-            continue
-        slot = t % block_size
-        if layout == "vllm":  # [T, Hkv, D]
-            k = kc[blk, slot].astype(np.float64) * float(k_scale)
-            v = vc[blk, slot].astype(np.float64) * float(v_scale)
-        else:
-            k = kc[:, blk, slot].astype(np.float64).transpose(1, 0, 2) * float(k_scale)
-            v = vc[:, blk, slot].astype(np.float64).transpose(1, 0, 2) * float(v_scale)
-        qs = q[s].reshape(num_kv_heads, group, head_dim)
-        logits = np.einsum("kgd,tkd->kgt", qs, k) * scale
-        if softcap > 0:
-            logits = softcap * np.tanh(logits / softcap)
-        logits -= logits.max(axis=-1, keepdims=True)
-        p = np.exp(logits)
-        p /= p.sum(axis=-1, keepdims=True)
-        out[s] = np.einsum("kgt,tkd->kgd", p, v).reshape(num_q_heads, head_dim)
+        t, k, v = read_tokens_f64(kc, vc, bt[s], np.arange(lo, max(n, lo)),
+                                  layout=layout, k_scale=k_scale, v_scale=v_scale)
+        if t.size:
+            out[s] = attend_f64(q[s], k, v, scale=scale, softcap=softcap)
     return out
 
 

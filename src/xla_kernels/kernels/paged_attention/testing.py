@@ -17,29 +17,17 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from xla_kernels import dtypes
-from xla_kernels.kernels.paged_cache import quantize_fp8
-
-TOLERANCES = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
-"""Relative Frobenius error allowed against the float64 reference, per query dtype (with fp8
-caches too: the reference then reads the dequantized cache, so the cache's own rounding is
-not an error of the kernel, and the kernel is held to the bf16/f16 kernel's bound)."""
-
-
-def rel_error(out: Any, ref: np.ndarray) -> float:
-    """``||out - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN).
-
-    Example:
-        >>> rel_error(np.array([1.0, 2.0]), np.array([1.0, 2.0]))
-        0.0
-    """
-    out = np.asarray(out).astype(np.float64)
-    denom = np.linalg.norm(ref)
-    return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
+from xla_kernels.kernels.paged_testing import (
+    SANITIZE_CASES,
+    TOLERANCES,
+    poison_unattended,
+    random_paged_cache,
+    rel_error,
+)
 
 
 def random_seq_lens(rng: np.random.Generator, num_seqs: int, max_context: int) -> list[int]:
@@ -84,54 +72,25 @@ def make_inputs(
     standard-normal keys and values quantized with ``kv_scales`` (stored = x / scale,
     saturated), as ``reshape_and_cache`` would; the caches default to ``dtype``.
     """
-    np_dtype = dtypes.to_numpy(dtype)
-    cache_np_dtype = dtypes.to_numpy(cache_dtype or dtype)
     if seq_lens is None:
         seq_lens = random_seq_lens(rng, num_seqs, max_context or 256)
     lens = np.asarray(seq_lens, np.int64)
     if max_context is None:
         max_context = max(1, int(lens.max()))
-    max_blocks = -(-max_context // block_size)
-    capacity = max_blocks * block_size
-    used = np.clip(lens, 0, capacity)
-    blocks_needed = -(-used // block_size)
-    num_blocks = int(blocks_needed.sum()) + extra_blocks
-    perm = rng.permutation(num_blocks)
-    # Unused entries: ids that must never be dereferenced.
-    junk = np.array([-1, num_blocks, num_blocks + 7, -(2**31), 2**31 - 1], np.int64)
-    tables = rng.choice(junk, size=(num_seqs, max_blocks))
-    at = 0
-    for s in range(num_seqs):
-        n = int(blocks_needed[s])
-        tables[s, :n] = perm[at:at + n]
-        at += n
-
-    def cache(scale: float) -> np.ndarray:
-        shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "vllm"
-                 else (num_kv_heads, num_blocks, block_size, head_dim))
-        x = rng.standard_normal(shape, np.float32)
-        if cache_np_dtype == np_dtype:
-            return x.astype(np_dtype)
-        return quantize_fp8(x, scale)
-
-    key_cache, value_cache = cache(kv_scales[0]), cache(kv_scales[1])
+    cache = random_paged_cache(rng, kv_lens=lens, table_rows=num_seqs, max_context=max_context,
+                               num_kv_heads=num_kv_heads, head_dim=head_dim,
+                               block_size=block_size, dtype=dtype, layout=layout,
+                               extra_blocks=extra_blocks, cache_dtype=cache_dtype,
+                               kv_scales=kv_scales)
     if poison:
-        attended = np.zeros((num_blocks, block_size), bool)
-        for s in range(num_seqs):
-            lo = max(0, int(used[s]) - sliding_window) if sliding_window > 0 else 0
-            for t in range(lo, int(used[s])):
-                attended[tables[s, t // block_size], t % block_size] = True
-        for c in (key_cache, value_cache):
-            if layout == "vllm":
-                c[~attended] = np.nan
-            else:
-                c[:, ~attended] = np.nan
-    query = rng.standard_normal((num_seqs, num_q_heads, head_dim), np.float32).astype(np_dtype)
+        poison_unattended(cache, [(max(0, n - sliding_window) if sliding_window > 0 else 0, n)
+                                  for n in cache["used"].tolist()], layout=layout)
+    query = rng.standard_normal((num_seqs, num_q_heads, head_dim), np.float32)
     return {
-        "query": query,
-        "key_cache": key_cache,
-        "value_cache": value_cache,
-        "block_tables": tables.astype(np.int32),
+        "query": query.astype(dtypes.to_numpy(dtype)),
+        "key_cache": cache["key_cache"],
+        "value_cache": cache["value_cache"],
+        "block_tables": cache["block_tables"].astype(np.int32),
         "seq_lens": lens.astype(np.int32),
     }
 
@@ -151,15 +110,7 @@ def sanitize_cases(platform: str = "gpu") -> None:
     device = jax.devices(platform)[0]
     rng = np.random.default_rng(1234)
     names = ("query", "key_cache", "value_cache", "block_tables", "seq_lens")
-    cases = [(dtype, d, layout, heads) for dtype in ("bf16", "f16", "f32") for d in (64, 128, 256)
-             for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
-    cases += [("bf16", 128, "vllm", (32, 1)), ("f32", 64, "pallas", (16, 1))]
-    cases = [(dtype, None, *rest) for dtype, *rest in cases]
-    # fp8 caches: both query dtypes, every head_dim, both layouts, MQA.
-    cases += [(dtype, "f8e4m3fn", d, layout, heads) for dtype in ("bf16", "f16")
-              for d in (64, 128, 256) for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
-    cases += [("bf16", "f8e4m3fn", 128, "vllm", (32, 1))]
-    for dtype, cache_dtype, d, layout, (hq, hkv) in cases:
+    for dtype, cache_dtype, d, layout, (hq, hkv) in SANITIZE_CASES:
         scales = (0.05, 0.02) if cache_dtype else (1.0, 1.0)
         x = make_inputs(rng, num_seqs=3, num_q_heads=hq, num_kv_heads=hkv, head_dim=d,
                         block_size=16, dtype=dtype, layout=layout, seq_lens=[0, 37, 1200],

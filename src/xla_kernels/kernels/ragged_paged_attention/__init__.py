@@ -72,23 +72,28 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from xla_kernels.attrs import Attr
 from xla_kernels.kernel_kit import read_constants
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
 from ..paged_attention.workspace import workspace_size
 from ..paged_cache import (
+    BLOCK_SIZES,
+    CACHE_DTYPES,
+    DTYPES,
     FP8,
+    FP8_QUERY_DTYPES,
+    HEAD_DIMS,
     LAYOUTS,
+    attention_attrs,
     cache_dims,
     cache_factors,
+    check_attention_attrs,
     check_attention_caches,
     check_kv_scales,
     fused_cache_dims,
@@ -104,12 +109,6 @@ from .reference import (
 LIMITS_HEADER = Path(__file__).with_name("ragged_paged_attention_limits.h")
 LIMITS = read_constants(LIMITS_HEADER)
 
-DTYPES = ("bf16", "f16", "f32")
-CACHE_DTYPES = (*DTYPES, FP8)
-FP8_QUERY_DTYPES = ("bf16", "f16")
-"""Query (and output) dtypes allowed with an fp8 cache."""
-HEAD_DIMS: tuple[int, ...] = LIMITS["kHeadDims"]  # type: ignore[assignment]
-BLOCK_SIZES: tuple[int, ...] = LIMITS["kBlockSizes"]  # type: ignore[assignment]
 MAX_PACKED_ROWS: int = LIMITS["kMaxPackedRows"]  # type: ignore[assignment]
 MAX_CAPACITY: int = LIMITS["kMaxCapacity"]  # type: ignore[assignment]
 
@@ -159,15 +158,7 @@ def _output_rule(queries: Spec, key_cache: Spec, value_cache: Spec, kv_lens: Spe
     if num_seqs.shape != (1,):
         raise Invalid("num_seqs", f"expected shape (1,), got {num_seqs.shape}",
                       "pass the number of sequences as an int32 array of one element")
-    if not math.isfinite(float(scale)):
-        raise Invalid("scale", f"must be finite, got {float(scale)}",
-                      "pass e.g. scale=head_dim ** -0.5")
-    if not math.isfinite(float(softcap)) or float(softcap) < 0:
-        raise Invalid("softcap", f"must be finite and >= 0, got {float(softcap)}",
-                      "pass softcap=0.0 to disable it")
-    if int(sliding_window) < 0:
-        raise Invalid("sliding_window", f"must be >= 0, got {int(sliding_window)}",
-                      "pass sliding_window=0 to disable it")
+    check_attention_attrs(scale, softcap, sliding_window)
     if num_tokens * num_q_heads > MAX_PACKED_ROWS:
         raise Invalid("queries", f"num_tokens * num_q_heads = {num_tokens * num_q_heads} is "
                       f"above {MAX_PACKED_ROWS}", "split the batch into several calls")
@@ -197,17 +188,7 @@ _METADATA = (
     Tensor("cu_q_lens", dtypes=("i32",), rank=1, doc="[max_seqs + 1] row offsets"),
     Tensor("num_seqs", dtypes=("i32",), rank=1, doc="[1] sequences in use"),
 )
-_MASKING = (
-    Attr("scale", float, doc="multiplies q.k"),
-    Attr("softcap", float, default=0.0, doc="> 0: softcap * tanh(logit / softcap)"),
-    Attr("sliding_window", int, default=0,
-         doc="> 0: a row at position p attends only t > p - sliding_window"),
-)
-_KV_SCALES = (
-    Attr("k_scale", float, default=1.0, doc="fp8 caches: key = stored key * k_scale"),
-    Attr("v_scale", float, default=1.0, doc="fp8 caches: value = stored value * v_scale"),
-)
-
+_WINDOW_DOC = "> 0: a row at position p attends only t > p - sliding_window"
 
 ragged_paged_attention = Op(
     "xla_kernels.ragged_paged_attention",
@@ -218,11 +199,7 @@ ragged_paged_attention = Op(
                doc="paged values, key_cache's shape and dtype"),
         *_METADATA,
     ],
-    attrs=[
-        *_MASKING,
-        Attr("layout", str, default="vllm", doc='"vllm" or "pallas" cache layout'),
-        *_KV_SCALES,
-    ],
+    attrs=attention_attrs(_WINDOW_DOC),
     outputs=_output_rule,
     output_names=("out",),
     sharding_rule=_sharding_rule,
@@ -277,10 +254,7 @@ ragged_paged_attention_fused = Op(
                    "2h, its value at 2h + 1"),
         *_METADATA,
     ],
-    attrs=[
-        *_MASKING,
-        *_KV_SCALES,
-    ],
+    attrs=attention_attrs(_WINDOW_DOC, layout=False),
     outputs=_fused_output_rule,
     output_names=("out",),
     sharding_rule=_fused_sharding_rule,

@@ -94,34 +94,15 @@ inline std::string launch_decode_path(cudaStream_t stream, const Params& p, Args
                                                                               tables);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return cuda_error("launching the decode-path kernels", e);
+  // The same cache, attributes and workspace; the rows are the decode rows, one per
+  // "sequence", with the block tables and lengths the kernels above wrote.
   paged_attention::Params d;
-  d.dtype = p.dtype == DType::kBF16  ? paged_attention::DType::kBF16
-            : p.dtype == DType::kF16 ? paged_attention::DType::kF16
-                                     : paged_attention::DType::kF32;
-  d.fp8_cache = p.fp8_cache;
-  d.k_scale = p.k_scale;
-  d.v_scale = p.v_scale;
-  d.query = p.queries;
-  d.key_cache = p.key_cache;
-  d.value_cache = p.value_cache;
+  static_cast<PagedAttentionParams&>(d) = p;
   d.block_tables = tables;
-  d.seq_lens = lens;
-  d.out = p.out;
-  d.workspace = p.workspace;
   d.workspace_elems = partials;
+  d.query = p.queries;
+  d.seq_lens = lens;
   d.num_seqs = p.num_tokens;
-  d.num_q_heads = p.num_q_heads;
-  d.num_kv_heads = p.num_kv_heads;
-  d.head_dim = p.head_dim;
-  d.num_blocks = p.num_blocks;
-  d.block_size = p.block_size;
-  d.max_blocks_per_seq = p.max_blocks_per_seq;
-  d.stride_block = p.stride_block;
-  d.stride_slot = p.stride_slot;
-  d.stride_head = p.stride_head;
-  d.scale = p.scale;
-  d.softcap = p.softcap;
-  d.sliding_window = p.sliding_window;
   const std::string err = paged_attention::launch_paged_attention(stream, d);
   if (!err.empty()) return "ragged_paged_attention's decode path: " + err;
   a->skip = decode;

@@ -9,6 +9,7 @@
 #include "ragged_paged_attention_sm90.cuh"
 #include "ragged_simt_kernel.cuh"
 #include "ragged_zero_kernel.cuh"
+#include "xla_kernels/attention_launch.cuh"
 
 namespace xla_kernels::ragged_paged_attention {
 namespace detail {
@@ -149,42 +150,23 @@ inline std::string launch_head_dim(cudaStream_t stream, const Params& p, const A
 inline std::string launch_ragged_paged_attention(cudaStream_t stream, const Params& p) {
   using detail::Args;
   if (p.num_tokens == 0 || p.num_q_heads == 0) return "";
-  if (p.num_kv_heads <= 0 || p.num_q_heads % p.num_kv_heads != 0)
-    return "ragged_paged_attention: num_q_heads must be a multiple of num_kv_heads";
-  if (!IsSupportedBlockSize(p.block_size))
-    return "ragged_paged_attention: block_size must be 16, 32, 64, 128 or 256";
+  if (std::string err = CheckHeadsAndBlockSize("ragged_paged_attention", p); !err.empty())
+    return err;
   const int64_t capacity = p.max_blocks_per_seq * p.block_size;
   if (capacity > kMaxCapacity || p.num_tokens * p.num_q_heads > kMaxPackedRows ||
       p.num_blocks > INT_MAX || p.max_seqs < 1 || p.max_seqs >= INT_MAX)
     return "ragged_paged_attention: sizes out of range";
   Args a{};
+  SetPagedAttentionArgs(p, detail::kLog2e, &a);
   a.q = p.queries;
-  a.k = p.key_cache;
-  a.v = p.value_cache;
   a.kv_lens = p.kv_lens;
-  a.cache = paged_cache::View::Make(p.block_tables, p.num_blocks, p.block_size,
-                                    p.max_blocks_per_seq, p.stride_block, p.stride_slot,
-                                    p.stride_head);
   a.cu = p.cu_q_lens;
   a.num_seqs = p.num_seqs;
-  a.out = p.out;
   a.T = static_cast<int>(p.num_tokens);
-  a.Hq = static_cast<int>(p.num_q_heads);
-  a.Hkv = static_cast<int>(p.num_kv_heads);
-  a.G = static_cast<int>(p.num_q_heads / p.num_kv_heads);
   a.max_seqs = static_cast<int>(p.max_seqs);
   a.capacity = static_cast<int>(capacity);
   a.window = p.sliding_window <= 0 ? 0
              : (p.sliding_window >= INT_MAX / 2 ? INT_MAX / 2 : static_cast<int>(p.sliding_window));
-  const float scale = p.scale * p.k_scale;  // k_scale: 1 unless the caches are fp8
-  if (p.softcap > 0.f) {
-    a.qk_scale = scale / p.softcap;
-    a.cap_mul = p.softcap * detail::kLog2e;
-  } else {
-    a.qk_scale = scale * detail::kLog2e;
-    a.cap_mul = 0.f;
-  }
-  a.out_scale = p.v_scale;
   const int64_t elem = p.dtype == DType::kF32 ? 4 : 2;
   const int64_t row_bytes = p.num_q_heads * p.head_dim * elem;
   if (row_bytes > INT_MAX) return "ragged_paged_attention: sizes out of range";

@@ -4,7 +4,6 @@
 // shape rule. Plain C++ (no CUDA).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -13,7 +12,7 @@
 
 #include "ragged_paged_attention_limits.h"
 #include "xla/ffi/api/ffi.h"
-#include "xla_kernels/dtype_dispatch.h"
+#include "xla_kernels/attention_ffi.h"
 #include "xla_kernels/errors.h"
 #include "xla_kernels/paged_cache_checks.h"
 
@@ -21,16 +20,11 @@ namespace xla_kernels::ragged_paged_attention {
 
 namespace ffi = xla::ffi;
 
-// The problem, as read from the buffers. Strides are in elements and describe either layout.
-struct Shape {
-  ffi::DataType dtype;        // queries and output
-  ffi::DataType cache_dtype;  // dtype, or F8E4M3FN (then dtype is BF16 or F16)
-  int64_t num_tokens, num_q_heads, num_kv_heads, head_dim;
-  int64_t num_blocks, block_size, max_seqs, max_blocks_per_seq;
-  int64_t stride_block, stride_slot, stride_head;
-  // Elements from the key cache's first element to the value cache's: 0 where keys and values
-  // are separate arrays; head_dim in the fused layout, where one array holds both.
-  int64_t value_offset;
+constexpr char kOp[] = "xla_kernels.ragged_paged_attention";
+
+// The problem, as read from the buffers: the queries' and the cache's part and the ragged rows.
+struct Shape : PagedCacheShape {
+  int64_t num_tokens, max_seqs;
 };
 
 // Element size of a cache dtype (bf16/f16/f32, or fp8).
@@ -46,7 +40,7 @@ inline const void* ValueCacheData(const ffi::AnyBuffer& value_cache, const Shape
 }
 
 inline ffi::Error Bad(const std::string& arg, const std::string& problem, const std::string& fix) {
-  return InvalidArgument("xla_kernels.ragged_paged_attention", arg, problem, fix);
+  return InvalidArgument(kOp, arg, problem, fix);
 }
 
 // Checks every shape, dtype and attribute; fills `shape` on success.
@@ -64,23 +58,16 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   const auto qd = queries.dimensions();
   const auto kd = fused ? FusedCacheDims(key_cache.dimensions(), &packed)
                         : key_cache.dimensions();
-  const auto vd = fused ? kd : value_cache.dimensions();
   const auto ld = kv_lens.dimensions();
   const auto bd = block_tables.dimensions();
   const auto cd = cu_q_lens.dimensions();
   const auto nd = num_seqs.dimensions();
-  const auto od = out.dimensions();
-  const ffi::DataType dt = queries.element_type();
-  const ffi::DataType ct = key_cache.element_type();
-  if (ffi::Error e = CheckPagedCacheDtypes("xla_kernels.ragged_paged_attention", "queries", dt, ct,
-                                           value_cache.element_type(), out.element_type(),
-                                           k_scale, v_scale);
+  if (ffi::Error e = CheckPagedCacheDtypes(kOp, "queries", queries.element_type(),
+                                           key_cache.element_type(), value_cache.element_type(),
+                                           out.element_type(), k_scale, v_scale);
       e.failure())
     return e;
-  if (layout != "vllm" && layout != "pallas" && layout != "fused")
-    return Bad("layout", "unknown layout '" + std::string(layout) + "'",
-               "use \"vllm\" ([num_blocks, block_size, num_kv_heads, head_dim]) or \"pallas\" "
-               "([num_kv_heads, num_blocks, block_size, head_dim])");
+  if (ffi::Error e = CheckAttentionLayout(kOp, layout, /*fused_ok=*/true); e.failure()) return e;
   // The fused layout's one array [num_blocks, block_size, 2 * num_kv_heads, head_dim] holds
   // head h's key at index 2h and its value at 2h + 1 of the third axis (tpu-inference's
   // layout); the handler passes it as both caches.
@@ -89,47 +76,23 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
     return Bad("queries", "expected shape [num_tokens, num_q_heads, head_dim], got " +
                               DimsText(qd),
                "pass the batch's query tokens, concatenated");
-  if (kd.size() != 4)
-    return Bad(cache_arg, "expected a rank-4 cache, got shape " + DimsText(kd),
-               "pass the paged cache in the declared layout");
   if (fused && key_cache.untyped_data() != value_cache.untyped_data())
     return Bad("layout", "\"fused\" is the layout of one kv_cache array",
                "call ragged_paged_attention_fused with the kv_cache, or pass separate caches "
                "in layout \"vllm\" or \"pallas\"");
-  if (fused && kd[2] % 2 != 0)
+  if (fused && kd.size() == 4 && kd[2] % 2 != 0)
     return Bad(cache_arg, "its third axis has " + std::to_string(kd[2]) +
                               " entries; the fused layout needs 2 * num_kv_heads",
                "pass [num_blocks, block_size, 2 * num_kv_heads, head_dim], keys and values "
                "interleaved per head");
-  if (vd.size() != 4 || vd[0] != kd[0] || vd[1] != kd[1] || vd[2] != kd[2] || vd[3] != kd[3])
-    return Bad("value_cache", "shape " + DimsText(vd) + " differs from key_cache's " +
-                                  DimsText(kd),
-               "pass key and value caches of one shape");
-  const bool pallas = layout == "pallas";
   Shape s{};
-  s.dtype = dt;
-  s.cache_dtype = ct;
+  s.dtype = queries.element_type();
+  s.cache_dtype = key_cache.element_type();
   s.num_tokens = qd[0];
-  s.num_q_heads = qd[1];
-  s.head_dim = qd[2];
-  s.num_kv_heads = pallas ? kd[0] : fused ? kd[2] / 2 : kd[2];
-  s.num_blocks = pallas ? kd[1] : kd[0];
-  s.block_size = pallas ? kd[2] : kd[1];
-  if (!IsSupportedHeadDim(s.head_dim))
-    return Bad("queries", "head_dim " + std::to_string(s.head_dim) + " is not supported",
-               "use head_dim 64, 128 or 256");
-  if (kd[3] != s.head_dim)
-    return Bad(cache_arg, "head_dim " + std::to_string(kd[3]) + " differs from the queries' " +
-                                std::to_string(s.head_dim),
-               "pass caches with the queries' head_dim");
-  if (!IsSupportedBlockSize(s.block_size))
-    return Bad(cache_arg, "block_size " + std::to_string(s.block_size) + " is not supported",
-               "use block_size 16, 32, 64, 128 or 256 (check the layout attribute)");
-  if (s.num_kv_heads <= 0 || s.num_q_heads % s.num_kv_heads != 0)
-    return Bad(cache_arg, "num_q_heads " + std::to_string(s.num_q_heads) +
-                                " is not a multiple of num_kv_heads " +
-                                std::to_string(s.num_kv_heads),
-               "use a kv head count that divides the query head count");
+  if (ffi::Error e = CheckPagedCacheShapes(kOp, "queries", cache_arg, qd, kd,
+                                           fused ? kd : value_cache.dimensions(), layout, &s);
+      e.failure())
+    return e;
   if (ld.size() != 1 || ld[0] < 1)
     return Bad("kv_lens", "expected shape (max_seqs,) with max_seqs >= 1, got " + DimsText(ld),
                "pass one context length per sequence slot");
@@ -145,16 +108,10 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   if (nd.size() != 1 || nd[0] != 1)
     return Bad("num_seqs", "expected shape (1,), got " + DimsText(nd),
                "pass the number of sequences as an int32 array of one element");
-  if (od.size() != 3 || od[0] != qd[0] || od[1] != qd[1] || od[2] != qd[2])
-    return Bad("out", "output shape " + DimsText(od) + " differs from the queries' " +
-                          DimsText(qd),
-               "declare the output like the queries");
-  if (!std::isfinite(scale))
-    return Bad("scale", "must be finite", "pass e.g. scale=1/sqrt(head_dim)");
-  if (!(softcap >= 0.f) || !std::isfinite(softcap))
-    return Bad("softcap", "must be finite and >= 0", "pass 0 to disable the softcap");
-  if (sliding_window < 0)
-    return Bad("sliding_window", "must be >= 0", "pass 0 to disable the window");
+  if (ffi::Error e = CheckOutputShape(kOp, "queries", out.dimensions(), qd); e.failure())
+    return e;
+  if (ffi::Error e = CheckAttentionAttrs(kOp, scale, softcap, sliding_window); e.failure())
+    return e;
   s.max_blocks_per_seq = bd[1];
   if (s.num_tokens * s.num_q_heads > kMaxPackedRows)
     return Bad("queries", "num_tokens * num_q_heads is above 2^30",
@@ -162,12 +119,6 @@ inline ffi::Error DecodeAndValidate(const ffi::AnyBuffer& queries, const ffi::An
   if (s.max_blocks_per_seq * s.block_size > kMaxCapacity)
     return Bad("block_tables", "max_blocks_per_seq * block_size is above 2^30 tokens",
                "pass a smaller block table");
-  const PagedCacheStrides st = StridesOfPagedCache(layout, s.num_blocks, s.block_size,
-                                                   s.num_kv_heads, s.head_dim);
-  s.stride_block = st.block;
-  s.stride_slot = st.slot;
-  s.stride_head = st.head;
-  s.value_offset = st.value_offset;
   *shape = s;
   return ffi::Error::Success();
 }

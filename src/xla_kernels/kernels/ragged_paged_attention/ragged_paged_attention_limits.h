@@ -1,14 +1,14 @@
-// ragged_paged_attention's limits and tiling: the one definition. The CPU and CUDA handlers
+// ragged_paged_attention's limits and tiling: the one definition (the head dims and block sizes
+// it shares with paged_attention are in xla_kernels/attention_limits.h). The CPU and CUDA handlers
 // include it; the Python declaration reads the constants from this file
 // (xla_kernels.kernel_kit.read_constants). Plain C++, usable from host and device code.
 #pragma once
 
 #include <cstdint>
 
-namespace xla_kernels::ragged_paged_attention {
+#include "xla_kernels/attention_limits.h"
 
-constexpr int64_t kHeadDims[] = {64, 128, 256};
-constexpr int64_t kBlockSizes[] = {16, 32, 64, 128, 256};
+namespace xla_kernels::ragged_paged_attention {
 
 // CUDA tiling. A CTA serves one kv head and a tile of "packed rows" of one sequence: packed
 // row r is (query row r / G, q head r % G of the kv head's group), G = num_q_heads /
@@ -22,24 +22,6 @@ constexpr int64_t kKvTile = 32;           // cache tokens per shared-memory tile
 // must stay addressable with 32-bit indices on the device.
 constexpr int64_t kMaxPackedRows = 1073741824;  // 2^30
 constexpr int64_t kMaxCapacity = 1073741824;    // 2^30
-
-inline bool IsSupportedHeadDim(int64_t d) {
-  for (int64_t x : kHeadDims) if (x == d) return true;
-  return false;
-}
-
-inline bool IsSupportedBlockSize(int64_t b) {
-  for (int64_t x : kBlockSizes) if (x == b) return true;
-  return false;
-}
-
-// log2 of a supported block size (a power of two): the kernels split a token position into
-// block and slot with a shift and a mask.
-inline int Log2BlockSize(int64_t b) {
-  int l = 0;
-  while ((int64_t{1} << l) < b) ++l;
-  return l;
-}
 
 // Packed rows per CTA for a dtype path.
 inline int64_t TileRows(bool tensor_cores) {

@@ -8,33 +8,21 @@
 #include <string>
 
 #include "../paged_attention/paged_attention_limits.h"
+#include "xla_kernels/attention_params.h"
 
 namespace xla_kernels::ragged_paged_attention {
 
-enum class DType { kF32, kF16, kBF16 };
+using DType = AttentionDType;
 
-// Everything the kernels need; element strides describe either cache layout:
-//   vllm   [num_blocks, block_size, num_kv_heads, head_dim]
-//   pallas [num_kv_heads, num_blocks, block_size, head_dim]
-struct Params {
-  DType dtype = DType::kF32;              // queries and output
-  bool fp8_cache = false;                 // caches are f8e4m3fn (dtype is kBF16 or kF16)
-  const void* queries = nullptr;          // [num_tokens, num_q_heads, head_dim]
-  const void* key_cache = nullptr;        // layout above
-  const void* value_cache = nullptr;      // same shape and layout as key_cache
-  const int32_t* kv_lens = nullptr;       // [max_seqs]
-  const int32_t* block_tables = nullptr;  // [max_seqs, max_blocks_per_seq]
-  const int32_t* cu_q_lens = nullptr;     // [max_seqs + 1]
-  const int32_t* num_seqs = nullptr;      // [1]
-  void* out = nullptr;                    // [num_tokens, num_q_heads, head_dim]
-  int64_t num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
-  int64_t num_blocks = 0, block_size = 0, max_seqs = 0, max_blocks_per_seq = 0;
-  int64_t stride_block = 0, stride_slot = 0, stride_head = 0;  // elements
-  float scale = 1.f, softcap = 0.f;
-  float k_scale = 1.f, v_scale = 1.f;  // fp8 caches: key = stored * k_scale, value likewise
-  int64_t sliding_window = 0;
-  float* workspace = nullptr;  // null: no decode path; else decode_workspace_elems() floats
-  int64_t workspace_elems = 0;
+// Everything the kernels need: the shared part (xla_kernels/attention_params.h; its workspace
+// is null where there is no decode path, else decode_workspace_elems() floats) and the ragged
+// rows.
+struct Params : PagedAttentionParams {
+  const void* queries = nullptr;        // [num_tokens, num_q_heads, head_dim]
+  const int32_t* kv_lens = nullptr;     // [max_seqs]
+  const int32_t* cu_q_lens = nullptr;   // [max_seqs + 1]
+  const int32_t* num_seqs = nullptr;    // [1]
+  int64_t num_tokens = 0, max_seqs = 0;  // block_tables: [max_seqs, max_blocks_per_seq]
 };
 
 // Launches the kernels on `stream`; returns "" on success, else an error message.

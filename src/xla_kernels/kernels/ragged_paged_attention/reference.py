@@ -35,6 +35,7 @@ import numpy as np
 
 from xla_kernels import dtypes
 from xla_kernels.kernels.paged_cache import FP8, LAYOUTS, cache_dims
+from xla_kernels.kernels.paged_reference import attend_f64, masked_attention_xla, read_tokens_f64
 
 
 def sequence_bounds(cu_q_lens: Any, num_seqs: Any, num_tokens: int) -> list[tuple[int, int]]:
@@ -59,27 +60,6 @@ def sequence_bounds(cu_q_lens: Any, num_seqs: Any, num_tokens: int) -> list[tupl
         bounds.append((prev, end))
         prev = end
     return bounds
-
-
-def _token_kv(kc: np.ndarray, vc: np.ndarray, table: np.ndarray, t: int, block_size: int,
-              num_blocks: int, layout: str,
-              seen: dict[int, tuple[np.ndarray, np.ndarray] | None],
-              k_scale: float = 1.0, v_scale: float = 1.0,
-              ) -> tuple[np.ndarray, np.ndarray] | None:
-    """K and V [num_kv_heads, head_dim] of token ``t`` in float64 (times ``k_scale`` and
-    ``v_scale``: the dequantized fp8 cache), or None if its block id is out of range (then
-    nothing is read); memoized in ``seen``."""
-    if t not in seen:
-        blk = int(table[t // block_size])
-        if not 0 <= blk < num_blocks:
-            seen[t] = None
-        elif layout == "vllm":
-            seen[t] = (kc[blk, t % block_size].astype(np.float64) * k_scale,
-                       vc[blk, t % block_size].astype(np.float64) * v_scale)
-        else:
-            seen[t] = (kc[:, blk, t % block_size].astype(np.float64) * k_scale,
-                       vc[:, blk, t % block_size].astype(np.float64) * v_scale)
-    return seen[t]
 
 
 def ragged_paged_attention_numpy_f64(
@@ -114,42 +94,34 @@ def ragged_paged_attention_numpy_f64(
         (array([1., 1.]), array([0., 0.]))
     """
     q = np.asarray(queries).astype(np.float64)
-    kc = np.asarray(key_cache)
-    vc = np.asarray(value_cache)
     lens = np.asarray(kv_lens).astype(np.int64)
     bt = np.asarray(block_tables).astype(np.int64)
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads = cache_dims(tuple(kc.shape), layout)[:3]
-    group = num_q_heads // num_kv_heads
+    num_tokens = q.shape[0]
+    kc, vc = np.asarray(key_cache), np.asarray(value_cache)
+    block_size = cache_dims(kc.shape, layout)[1]
     capacity = bt.shape[1] * block_size
-    out = np.zeros((num_tokens, num_q_heads, head_dim), np.float64)
+    out = np.zeros(q.shape, np.float64)
+
+    def window_start(p: int) -> int:                   # the first position row p attends
+        return max(0, p - sliding_window + 1) if sliding_window > 0 else 0
 
     for s, (start, end) in enumerate(sequence_bounds(cu_q_lens, num_seqs, num_tokens)):
         kv_len = min(max(int(lens[s]), 0), capacity)
         q_len = end - start
         if q_len == 0:
             continue
-        # Tokens of this sequence as f64, converted on first use; a slot is read only when
-        # a row attends it and its block id is valid.
-        seen: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
+        # Every position some row of the sequence attends, read once; row i (at position p)
+        # attends those in [window_start(p), p].
+        first = kv_len - q_len
+        t, k, v = read_tokens_f64(kc, vc, bt[s],
+                                  np.arange(window_start(max(first, 0)), kv_len),
+                                  layout=layout, k_scale=k_scale, v_scale=v_scale)
         for i in range(q_len):
-            p = kv_len - q_len + i
-            lo = max(0, p - sliding_window + 1) if sliding_window > 0 else 0
-            rows = [(t, _token_kv(kc, vc, bt[s], t, block_size, num_blocks, layout, seen,
-                                  float(k_scale), float(v_scale)))
-                    for t in range(lo, p + 1)]
-            rows = [(t, x) for t, x in rows if x is not None]
-            if not rows:
-                continue
-            k = np.stack([x[0] for _, x in rows])        # [n, Hkv, D]
-            v = np.stack([x[1] for _, x in rows])
-            for h in range(num_q_heads):
-                kvh = h // group
-                logits = (k[:, kvh] @ q[start + i, h]) * scale
-                if softcap > 0:
-                    logits = softcap * np.tanh(logits / softcap)
-                w = np.exp(logits - logits.max())
-                out[start + i, h] = (w / w.sum()) @ v[:, kvh]
+            p = first + i
+            rows = (t >= window_start(p)) & (t <= p)
+            if rows.any():
+                out[start + i] = attend_f64(q[start + i], k[rows], v[rows], scale=scale,
+                                            softcap=softcap)
     return out
 
 
@@ -239,21 +211,9 @@ def ragged_paged_attention_xla(
         else:
             k = kc[:, idx].reshape(num_kv_heads, capacity, head_dim).transpose(1, 0, 2)
             v = vc[:, idx].reshape(num_kv_heads, capacity, head_dim).transpose(1, 0, 2)
-        if fp8:  # attend over the dequantized cache, in f32
-            k = k.astype(jnp.float32) * jnp.float32(k_scale)
-            v = v.astype(jnp.float32) * jnp.float32(v_scale)
-        logits = jnp.einsum("kgd,tkd->kgt", qr, k, preferred_element_type=jnp.float32) * scale
-        if softcap > 0:
-            logits = softcap * jnp.tanh(logits / softcap)
-        logits = jnp.where(mask, logits, -jnp.inf)
-        mx = jnp.max(logits, axis=-1, keepdims=True)
-        mx = jnp.where(jnp.isfinite(mx), mx, 0.0)
-        w = jnp.where(mask, jnp.exp(logits - mx), 0.0)
-        denom = jnp.sum(w, axis=-1, keepdims=True)
-        # Masked slots may hold garbage (even NaN): zero them, 0 * NaN is NaN.
-        v = jnp.where(mask[:, None, None], v, jnp.zeros((), v.dtype)).astype(jnp.float32)
-        o = jnp.einsum("kgt,tkd->kgd", w, v, preferred_element_type=jnp.float32)
-        return o / jnp.where(denom > 0, denom, 1.0)
+        return masked_attention_xla(qr, k, v, mask, mask[:, None, None],
+                                    specs=("kgd,tkd->kgt", "kgt,tkd->kgd"), scale=scale,
+                                    softcap=softcap, fp8=fp8, k_scale=k_scale, v_scale=v_scale)
 
     out = jax.lax.map(one_row, (q, seq, pos, owned), batch_size=min(row_batch, num_tokens))
     return out.reshape(num_tokens, num_q_heads, head_dim).astype(queries.dtype)

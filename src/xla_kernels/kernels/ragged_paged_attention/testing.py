@@ -18,33 +18,22 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from xla_kernels import dtypes
-from xla_kernels.kernels.paged_cache import FP8, quantize_fp8
+from xla_kernels.kernels.paged_cache import FP8
+from xla_kernels.kernels.paged_testing import (
+    SANITIZE_CASES,
+    TOLERANCES,
+    poison_unattended,
+    random_paged_cache,
+    rel_error,
+)
 
 ARGS = ("queries", "key_cache", "value_cache", "kv_lens", "block_tables", "cu_q_lens",
         "num_seqs")
 """The op's inputs, in order (keys of :func:`make_inputs`' result)."""
-
-TOLERANCES = {"f32": 1e-5, "bf16": 1e-2, "f16": 2e-3}
-"""Relative Frobenius error allowed against the float64 reference, per query dtype (with fp8
-caches too: the reference then reads the dequantized cache, so the cache's own rounding is
-not an error of the kernel, and the kernel is held to the bf16/f16 kernel's bound)."""
-
-
-def rel_error(out: Any, ref: np.ndarray) -> float:
-    """``||out - ref|| / ||ref||`` in float64 (NaN anywhere gives NaN).
-
-    Example:
-        >>> rel_error(np.array([1.0, 2.0]), np.array([1.0, 2.0]))
-        0.0
-    """
-    out = np.asarray(out).astype(np.float64)
-    denom = np.linalg.norm(ref)
-    return float(np.linalg.norm(out - ref) / (denom if denom > 0 else 1.0))
 
 
 def mix(kind: str, rng: np.random.Generator) -> tuple[list[int], list[int]]:
@@ -105,8 +94,6 @@ def make_inputs(
     standard-normal keys and values quantized with ``kv_scales`` (stored = x / scale,
     saturated), as ``reshape_and_cache`` would; the caches default to ``dtype``.
     """
-    np_dtype = dtypes.to_numpy(dtype)
-    cache_np_dtype = dtypes.to_numpy(cache_dtype or dtype)
     q_lens = [int(x) for x in q_lens]
     kv = np.asarray(kv_lens, np.int64)
     n = len(q_lens)
@@ -114,42 +101,18 @@ def make_inputs(
     max_seqs = n + 1 if max_seqs is None else max_seqs
     if max_context is None:
         max_context = max(1, int(kv.max()) if n else 1)
-    max_blocks = -(-max_context // block_size)
-    capacity = max_blocks * block_size
-    used = np.clip(kv, 0, capacity)
-    blocks_needed = -(-used // block_size)
-    num_blocks = int(blocks_needed.sum()) + extra_blocks
-    perm = rng.permutation(num_blocks)
-    junk = np.array([-1, num_blocks, num_blocks + 7, -(2**31), 2**31 - 1], np.int64)
-    tables = rng.choice(junk, size=(max_seqs, max_blocks))
-    at = 0
-    for s in range(n):
-        b = int(blocks_needed[s])
-        tables[s, :b] = perm[at:at + b]
-        at += b
-
-    def cache(scale: float) -> np.ndarray:
-        shape = ((num_blocks, block_size, num_kv_heads, head_dim) if layout == "vllm"
-                 else (num_kv_heads, num_blocks, block_size, head_dim))
-        x = rng.standard_normal(shape, np.float32)
-        if cache_np_dtype == np_dtype:
-            return x.astype(np_dtype)
-        return quantize_fp8(x, scale)
-
-    key_cache, value_cache = cache(kv_scales[0]), cache(kv_scales[1])
+    cache = random_paged_cache(rng, kv_lens=kv, table_rows=max_seqs, max_context=max_context,
+                               num_kv_heads=num_kv_heads, head_dim=head_dim,
+                               block_size=block_size, dtype=dtype, layout=layout,
+                               extra_blocks=extra_blocks, cache_dtype=cache_dtype,
+                               kv_scales=kv_scales)
     if poison:
-        attended = np.zeros((num_blocks, block_size), bool)
-        for s in range(n):
-            length = int(used[s])
-            first = length - q_lens[s]                   # position of the first query row
-            lo = max(0, first - sliding_window + 1) if sliding_window > 0 else 0
-            for t in range(lo, length):
-                attended[tables[s, t // block_size], t % block_size] = True
-        for c in (key_cache, value_cache):
-            if layout == "vllm":
-                c[~attended] = np.nan
-            else:
-                c[:, ~attended] = np.nan
+        attended = []
+        for used, q_len in zip(cache["used"].tolist(), q_lens, strict=True):
+            first = used - q_len                         # position of the first query row
+            attended.append((max(0, first - sliding_window + 1) if sliding_window > 0 else 0,
+                             used))
+        poison_unattended(cache, attended, layout=layout)
     queries = rng.standard_normal((num_tokens, num_q_heads, head_dim), np.float32)
     cu = np.zeros(max_seqs + 1, np.int64)
     cu[1:n + 1] = np.cumsum(q_lens)
@@ -157,14 +120,42 @@ def make_inputs(
     lens = np.zeros(max_seqs, np.int64)
     lens[:n] = kv
     return {
-        "queries": queries.astype(np_dtype),
-        "key_cache": key_cache,
-        "value_cache": value_cache,
+        "queries": queries.astype(dtypes.to_numpy(dtype)),
+        "key_cache": cache["key_cache"],
+        "value_cache": cache["value_cache"],
         "kv_lens": lens.astype(np.int32),
-        "block_tables": tables.astype(np.int32),
+        "block_tables": cache["block_tables"].astype(np.int32),
         "cu_q_lens": cu.astype(np.int32),
         "num_seqs": np.array([n], np.int32),
     }
+
+
+def garbage_metadata(rng: np.random.Generator, x: dict[str, np.ndarray], *, max_cu: int,
+                     max_kv_len: int) -> dict[str, np.ndarray]:
+    """``x`` (a :func:`make_inputs` problem, vllm layout) with arbitrary int32 metadata of the
+    same shapes, for the op's rules on inconsistent device data: cu_q_lens sorted in
+    [-3, max_cu) but for one descent, kv_lens in [-5, max_kv_len), num_seqs in
+    [-1, max_seqs + 3), block ids in [-2, num_blocks + 2).
+
+    Example:
+        >>> rng = np.random.default_rng(0)
+        >>> x = make_inputs(rng, q_lens=[3, 5], kv_lens=[20, 5], num_q_heads=2,
+        ...                 num_kv_heads=1, head_dim=64, block_size=16, dtype="f32")
+        >>> y = garbage_metadata(rng, x, max_cu=14, max_kv_len=40)
+        >>> {k: y[k].shape == x[k].shape for k in ("cu_q_lens", "kv_lens", "block_tables")}
+        {'cu_q_lens': True, 'kv_lens': True, 'block_tables': True}
+    """
+    max_seqs = x["kv_lens"].shape[0]
+    num_blocks = x["key_cache"].shape[0]
+    y = dict(x)
+    y["cu_q_lens"] = np.sort(rng.integers(-3, max_cu, size=max_seqs + 1)).astype(np.int32)
+    swap = rng.integers(0, max_seqs)
+    y["cu_q_lens"][[swap, swap + 1]] = y["cu_q_lens"][[swap + 1, swap]]  # one descent
+    y["kv_lens"] = rng.integers(-5, max_kv_len, size=max_seqs).astype(np.int32)
+    y["num_seqs"] = rng.integers(-1, max_seqs + 3, size=1).astype(np.int32)
+    y["block_tables"] = rng.integers(-2, num_blocks + 2, size=x["block_tables"].shape
+                                     ).astype(np.int32)
+    return y
 
 
 def sanitize_cases(platform: str = "gpu") -> None:
@@ -184,15 +175,7 @@ def sanitize_cases(platform: str = "gpu") -> None:
 
     device = jax.devices(platform)[0]
     rng = np.random.default_rng(4321)
-    cases = [(dtype, None, d, layout, heads) for dtype in ("bf16", "f16", "f32")
-             for d in (64, 128, 256)
-             for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
-    cases += [("bf16", None, 128, "vllm", (32, 1)), ("f32", None, 64, "pallas", (16, 1))]
-    # fp8 caches: both query dtypes, every head_dim, both layouts, MQA.
-    cases += [(dtype, FP8, d, layout, heads) for dtype in ("bf16", "f16") for d in (64, 128, 256)
-              for layout, heads in (("vllm", (8, 2)), ("pallas", (4, 4)))]
-    cases += [("bf16", FP8, 128, "vllm", (32, 1))]
-    for dtype, cache_dtype, d, layout, (hq, hkv) in cases:
+    for dtype, cache_dtype, d, layout, (hq, hkv) in SANITIZE_CASES:
         scales = (0.05, 0.02) if cache_dtype else (1.0, 1.0)
         kw = dict(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=16, dtype=dtype,
                   layout=layout, max_seqs=6, cache_dtype=cache_dtype, kv_scales=scales)
@@ -304,5 +287,5 @@ def sanitize_fused_cases(platform: str = "gpu") -> None:
         assert err <= TOLERANCES[dtype], ("fused", dtype, cache_dtype, block, q_lens, err)
 
 
-__all__ = ["ARGS", "TOLERANCES", "make_inputs", "mix", "rel_error", "sanitize_cases",
-           "sanitize_fused_cases"]
+__all__ = ["ARGS", "TOLERANCES", "garbage_metadata", "make_inputs", "mix", "rel_error",
+           "sanitize_cases", "sanitize_fused_cases"]

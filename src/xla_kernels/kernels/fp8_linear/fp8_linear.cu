@@ -1,0 +1,276 @@
+// fp8_linear on NVIDIA GPUs: a skinny-M kernel for decode, where the time is the weight read
+// (design and roofline in docs/kernels/fp8_linear.md). Handler XkFp8LinearCuda; one launch
+// on XLA's stream, command-buffer compatible.
+//
+// A CTA owns kRowsPerCta output rows and a tile of kTokens tokens. Per step of kChunk
+// columns: every warp issues its 16-byte weight loads for the step (kRows rows x kChunk /
+// kWarpCols loads per lane), the CTA stages the step's x columns in shared memory as f32
+// (for "dynamic": quantized to e4m3 and back, with the row scales found in a prologue), then
+// each lane dequantizes its 16 weights per load (fp8x2 -> half2 -> float2, times the block
+// scale) and accumulates kRows x kTokens dot products in f32. x sits in shared memory lane-
+// major ([column / 4 of the lane's 16][token][lane][4]), so each float4 read of a warp is
+// 512 contiguous bytes, free of bank conflicts. The lanes' partial sums are added with
+// shuffles; the per-channel and per-token scales multiply the result.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "fp8_linear_ffi.h"
+#include "fp8_linear_tuning.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace xla_kernels::fp8_linear {
+namespace {
+
+using namespace tuning;  // NOLINT: the tile sizes
+
+struct Params {
+  const void* x;
+  const uint8_t* w;
+  const float* scale;
+  void* y;
+  int64_t tokens, in, out;
+  int64_t bn, bk, scale_cols;  // block scales (bk > 0) or per channel (bk == 0)
+  bool dynamic;
+  bool vec;        // 16-byte weight loads: in % 16 == 0 and the weight 16-byte aligned
+  bool vec_scale;  // block scales with bk % 16 == 0: one scale per 16-byte load
+};
+
+__device__ inline float Load(float x) { return x; }
+__device__ inline float Load(__half x) { return __half2float(x); }
+__device__ inline float Load(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ inline T Store(float x);
+template <>
+__device__ inline float Store<float>(float x) { return x; }
+template <>
+__device__ inline __half Store<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ inline __nv_bfloat16 Store<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// Round to e4m3 (nearest even, saturated to +-448, as the host's F32ToE4m3Sat) and back.
+__device__ inline float E4m3RoundTrip(float v) {
+  const __nv_fp8_storage_t q = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(q, __NV_E4M3)));
+}
+
+// Two e4m3 values (the low byte first) as floats; exact through half.
+__device__ inline float2 E4m3x2ToF32(uint32_t two) {
+  const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3));
+  return __half22float2(h);
+}
+
+__device__ inline float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ inline float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Where column k (of a step) of token t lives in the staged x tile (floats).
+__device__ inline int StagedIndex(int t, int k) {
+  const int sub = k / kWarpCols, lane = (k % kWarpCols) / kVec, j = k % kVec;
+  return (((sub * (kVec / 4) + j / 4) * kTokens + t) * 32 + lane) * 4 + j % 4;
+}
+
+// The 16 weights of row `row` from column col0 (a multiple of 16) as raw bytes.
+__device__ inline uint4 LoadWeights(const Params& p, int64_t row, int64_t col0) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (row >= p.out || col0 >= p.in) return v;
+  const uint8_t* src = p.w + row * p.in + col0;
+  if (p.vec) return __ldg(reinterpret_cast<const uint4*>(src));
+  uint32_t words[4] = {0u, 0u, 0u, 0u};
+  for (int e = 0; e < kVec && col0 + e < p.in; ++e)
+    words[e / 4] |= static_cast<uint32_t>(__ldg(src + e)) << (8 * (e % 4));
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// raw's 16 weights in f32, times their block scales (per-channel scales come at the end).
+template <bool kBlock>
+__device__ inline void Dequantize(const Params& p, const uint4& raw, int64_t row, int64_t col0,
+                                  float* w) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const float2 lo = E4m3x2ToF32(words[q]), hi = E4m3x2ToF32(words[q] >> 16);
+    w[4 * q] = lo.x;
+    w[4 * q + 1] = lo.y;
+    w[4 * q + 2] = hi.x;
+    w[4 * q + 3] = hi.y;
+  }
+  if constexpr (kBlock) {
+    if (row >= p.out || col0 >= p.in) return;
+    const float* srow = p.scale + (row / p.bn) * p.scale_cols;
+    if (p.vec_scale) {
+      const float f = __ldg(srow + col0 / p.bk);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) w[e] *= f;
+    } else {
+      for (int e = 0; e < kVec; ++e)
+        w[e] *= col0 + e < p.in ? __ldg(srow + (col0 + e) / p.bk) : 0.f;
+    }
+  }
+}
+
+template <typename T, bool kBlock>
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm) Fp8LinearKernel(const Params p) {
+  __shared__ float4 staged[kChunk * kTokens / 4];
+  __shared__ float row_scale[kTokens];
+  float* staged_f = reinterpret_cast<float*>(staged);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const T* x = static_cast<const T*>(p.x);
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsPerCta + warp * kRows;
+  constexpr int kSubs = kChunk / kWarpCols;
+
+  for (int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTokens; t0 < p.tokens;
+       t0 += static_cast<int64_t>(gridDim.y) * kTokens) {
+    const int nt = p.tokens - t0 < kTokens ? static_cast<int>(p.tokens - t0) : kTokens;
+    __syncthreads();  // row_scale and the staged tile of the previous token tile are read
+    {  // the prologue: warp w finds the scale of token t0 + w
+      float s = 1.f;
+      if (p.dynamic && warp < nt) {
+        const T* xr = x + (t0 + warp) * p.in;
+        float amax = 0.f;
+        for (int64_t i = lane; i < p.in; i += 32) amax = fmaxf(amax, fabsf(Load(xr[i])));
+        s = ActivationScale(WarpMax(amax));
+      }
+      if (lane == 0) row_scale[warp] = s;
+    }
+    float acc[kRows][kTokens];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) acc[r][t] = 0.f;
+
+    for (int64_t c0 = 0; c0 < p.in; c0 += kChunk) {
+      uint4 raw[kRows][kSubs];  // issued first: in flight while x is staged
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int u = 0; u < kSubs; ++u)
+          raw[r][u] = LoadWeights(p, row0 + r, c0 + u * kWarpCols + lane * kVec);
+      __syncthreads();  // the previous step's tile is read; row_scale is written
+      // Only the tile's nt tokens: the arithmetic below skips the others.
+      for (int e = threadIdx.x; e < nt * kChunk; e += kThreads) {
+        const int t = e / kChunk, k = e % kChunk;
+        const int64_t col = c0 + k;
+        float v = 0.f;
+        if (col < p.in) {
+          v = Load(x[(t0 + t) * p.in + col]);
+          if (p.dynamic) v = E4m3RoundTrip(v / row_scale[t]);
+        }
+        staged_f[StagedIndex(t, k)] = v;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int u = 0; u < kSubs; ++u) {
+        const int64_t col0 = c0 + u * kWarpCols + lane * kVec;
+        float w[kRows][kVec];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) Dequantize<kBlock>(p, raw[r][u], row0 + r, col0, w[r]);
+#pragma unroll
+        for (int q = 0; q < kVec / 4; ++q) {
+#pragma unroll
+          for (int t = 0; t < kTokens; ++t) {
+            if (t < nt) {  // uniform across the CTA: a decode tile of 1 token does 1/8
+              const float4 xv = staged[((u * (kVec / 4) + q) * kTokens + t) * 32 + lane];
+#pragma unroll
+              for (int r = 0; r < kRows; ++r) {
+                float a = acc[r][t];
+                a = fmaf(xv.x, w[r][4 * q], a);
+                a = fmaf(xv.y, w[r][4 * q + 1], a);
+                a = fmaf(xv.z, w[r][4 * q + 2], a);
+                a = fmaf(xv.w, w[r][4 * q + 3], a);
+                acc[r][t] = a;
+              }
+            }
+          }
+        }
+      }
+    }
+    T* y = static_cast<T*>(p.y);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = row0 + r;
+      const float channel = !kBlock && row < p.out ? __ldg(p.scale + row) : 1.f;
+#pragma unroll
+      for (int t = 0; t < kTokens; ++t) {
+        const float sum = WarpSum(acc[r][t]);
+        if (lane == (r * kTokens + t) % 32 && row < p.out && t < nt)
+          y[(t0 + t) * p.out + row] = Store<T>(sum * channel * row_scale[t]);
+      }
+    }
+  }
+}
+
+template <typename T>
+cudaError_t Launch(cudaStream_t stream, const Params& p) {
+  const int64_t tiles = CeilDiv(p.tokens, kTokens);
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.out, kRowsPerCta)),
+                  static_cast<unsigned>(tiles < kMaxGridY ? tiles : kMaxGridY));
+  if (p.bk > 0) {
+    Fp8LinearKernel<T, true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    Fp8LinearKernel<T, false><<<grid, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+ffi::Error Fp8LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
+                         ffi::AnyBuffer scale, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Span<const int64_t> block_shape,
+                         std::string_view activation_scheme) {
+  Shape s{};
+  ffi::Error err = Decode(x, weight, scale, *y, block_shape, activation_scheme, &s);
+  if (err.failure()) return err;
+  if (s.tokens == 0) return ffi::Error::Success();
+  Params p{};
+  p.x = x.untyped_data();
+  p.w = static_cast<const uint8_t*>(weight.untyped_data());
+  p.scale = static_cast<const float*>(scale.untyped_data());
+  p.y = y->untyped_data();
+  p.tokens = s.tokens;
+  p.in = s.in;
+  p.out = s.out;
+  p.bn = s.bn;
+  p.bk = s.bk;
+  p.scale_cols = s.bk > 0 ? CeilDiv(s.in, s.bk) : 1;
+  p.dynamic = s.dynamic;
+  p.vec = s.in % kVec == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
+  p.vec_scale = s.bk > 0 && s.bk % kVec == 0;
+  cudaError_t status;
+  switch (s.dtype) {
+    case ffi::DataType::BF16: status = Launch<__nv_bfloat16>(stream, p); break;
+    case ffi::DataType::F16: status = Launch<__half>(stream, p); break;
+    default: status = Launch<float>(stream, p); break;
+  }
+  if (status != cudaSuccess)
+    return ffi::Error::Internal(std::string(kOp) + ": launch failed: " +
+                                cudaGetErrorString(status));
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace xla_kernels::fp8_linear
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFp8LinearCuda, xla_kernels::fp8_linear::Fp8LinearCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<ffi::Span<const int64_t>>("block_shape")
+                                  .Attr<std::string_view>("activation_scheme"),
+                              {ffi::Traits::kCmdBufferCompatible});

@@ -1,0 +1,38 @@
+"""Small fp8_linear calls covering every path of the CUDA kernel, for compute-sanitizer
+(scripts/sanitize_kernels.py) and the GPU tests.
+
+Example:
+    >>> CASES[0]
+    (1, 4096, 4096, (128, 128))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# (tokens, in, out, block_shape): a Llama decode (16-byte loads, one scale per load); per
+# channel with two token tiles and a partial one; in not a multiple of 16 (byte loads) and
+# out not a multiple of the CTA's 16 rows; blocks narrower than a load (a scale per weight);
+# partial 128x128 blocks in both axes.
+CASES = [(1, 4096, 4096, (128, 128)), (19, 256, 64, (0, 0)), (3, 29, 13, (0, 0)),
+         (9, 96, 40, (8, 8)), (5, 200, 136, (128, 128))]
+
+
+def sanitize_cases(platform: str = "gpu") -> None:
+    """Every case in bf16 (f16 and f32 at the smaller ones), both activation schemes."""
+    import jax
+
+    from xla_kernels.kernels.fp8_weights import fp8_quantize
+
+    from . import fp8_linear
+
+    rng = np.random.default_rng(0)
+    device = jax.devices(platform)[0]
+    for tokens, k, out, block in CASES:
+        w, s = fp8_quantize(rng.standard_normal((out, k)).astype(np.float32), block)
+        for dtype in ("bfloat16",) if k >= 4096 else ("bfloat16", "float16", "float32"):
+            x = rng.standard_normal((tokens, k)).astype(jax.numpy.dtype(dtype))
+            args = [jax.device_put(a, device) for a in (x, w, s)]
+            for scheme in ("none", "dynamic"):
+                jax.block_until_ready(fp8_linear(*args, block_shape=block,
+                                                 activation_scheme=scheme))

@@ -1,0 +1,104 @@
+"""fp8_linear's CUDA kernel against the float64 oracle (tests/fp8_linear_oracle.py): both
+activation schemes, per-channel and block scales, bf16/f16/f32; Llama-3-8B decode shapes
+(16-byte loads, one block scale per load), odd sizes (byte loads, partial CTAs and blocks,
+blocks narrower than a load), several token tiles; agreement with the CPU kernel; the
+plain-XLA fp8 dot the benchmark times; torch eager on CUDA with NaN left in the allocator
+where the output lands; the compute-sanitizer cases."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from fp8_linear_oracle import TOL, fp8_linear_f64, make_inputs, rel
+from xla_kernels.kernels.fp8_linear import fp8_linear, fp8_linear_xla
+from xla_kernels.kernels.fp8_linear.testing import sanitize_cases
+
+pytestmark = pytest.mark.gpu
+
+# (tokens, in, out, block_shape)
+SHAPES = {
+    "llama qkv decode": (1, 4096, 6144, (128, 128)),
+    "llama down decode per channel": (4, 14336, 4096, (0, 0)),
+    "two token tiles and a partial one": (19, 512, 256, (128, 128)),
+    "64 tokens": (64, 1024, 384, (0, 0)),
+    "byte loads, partial CTA": (3, 29, 13, (0, 0)),
+    "blocks narrower than a load": (9, 96, 40, (8, 8)),
+    "partial 128x128 blocks": (5, 200, 136, (128, 128)),
+    "many token tiles": (300, 256, 48, (16, 32)),
+}
+
+
+def gpu(*arrays):
+    return [jax.device_put(a, jax.devices("gpu")[0]) for a in arrays]
+
+
+@pytest.mark.parametrize("scheme", ["none", "dynamic"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_cuda_matches_float64(rng, name, dtype, scheme):
+    tokens, k, out, block = SHAPES[name]
+    x, w, s = make_inputs(rng, tokens, k, out, dtype, block)
+    y = jax.jit(lambda *a: fp8_linear(*a, block_shape=block, activation_scheme=scheme))(
+        *gpu(x, w, s))
+    assert y.devices().pop().platform == "gpu"
+    assert y.shape == (tokens, out) and y.dtype == x.dtype
+    got = np.asarray(y, np.float32)
+    assert np.isfinite(got).all()
+    want = fp8_linear_f64(x, w, s, block_shape=block, activation_scheme=scheme)
+    assert rel(got, want) < TOL[dtype]
+
+
+@pytest.mark.parametrize("scheme", ["none", "dynamic"])
+def test_cuda_agrees_with_the_cpu_kernel(rng, scheme):
+    """Same e4m3 activations on both (the quantization is exact f32 arithmetic): only the
+    order of the f32 sums differs."""
+    x, w, s = make_inputs(rng, 5, 4096, 1024, "f32", (128, 128))
+    attrs = dict(block_shape=(128, 128), activation_scheme=scheme)
+    got = fp8_linear(*gpu(x, w, s), **attrs)
+    cpu = jax.devices("cpu")[0]
+    want = fp8_linear(*(jax.device_put(a, cpu) for a in (x, w, s)), **attrs)
+    assert rel(got, want) < 1e-5
+
+
+def test_no_tokens(rng):
+    x, w, s = make_inputs(rng, 0, 64, 32, "bf16", (0, 0))
+    assert fp8_linear(*gpu(x, w, s)).shape == (0, 32)
+
+
+@pytest.mark.parametrize("block", [(0, 0), (128, 128)])
+@pytest.mark.parametrize("scheme", ["none", "dynamic"])
+def test_the_xla_peer_on_the_gpu_matches_float64(rng, scheme, block):
+    x, w, s = make_inputs(rng, 16, 1024, 512, "bf16", block)
+    y = jax.jit(lambda *a: fp8_linear_xla(*a, block_shape=block, activation_scheme=scheme))(
+        *gpu(x, w, s))
+    want = fp8_linear_f64(x, w, s, block_shape=block, activation_scheme=scheme)
+    assert rel(y, want) < TOL["bf16"]
+
+
+def test_torch_eager_cuda_with_poisoned_memory(rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    from xla_kernels.frontends.torch import torch_op
+
+    x, w, s = make_inputs(rng, 11, 200, 136, "bf16", (128, 128))
+    args = (torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).cuda(),
+            torch.from_numpy(w.view(np.uint8)).view(torch.float8_e4m3fn).cuda(),
+            torch.from_numpy(s).cuda())
+    for scheme in ("none", "dynamic"):
+        # NaN left in the caching allocator's free memory, where the output is likely
+        # placed: every output element must still be written.
+        junk = torch.full((1 << 20,), float("nan"), dtype=torch.bfloat16, device="cuda")
+        del junk
+        y = torch_op(fp8_linear)(*args, block_shape=(128, 128), activation_scheme=scheme)
+        torch.cuda.synchronize()
+        got = y.float().cpu().numpy()
+        assert np.isfinite(got).all()
+        want = fp8_linear_f64(x, w, s, block_shape=(128, 128), activation_scheme=scheme)
+        assert rel(got, want) < TOL["bf16"]
+
+
+def test_sanitize_cases_pass():
+    sanitize_cases("gpu")
