@@ -15,8 +15,10 @@ PYTEST_ARGS ?=
 # never holds them all on disk at once (~20 GB together; CI sets it).
 PRUNE_ENVS ?=
 
-# Other torch interpreters whose torch dispatcher library `make wheel` also prebuilds.
-WHEEL_TORCH_PYTHONS ?=
+# Other torch interpreters whose torch dispatcher library `make wheel` also prebuilds; by default
+# those of the wheel matrix's venvs where they exist (`bash scripts/wheel_matrix.sh venvs`:
+# cp311 torch 2.13.0 and 2.12.1, cp312 torch 2.11.0).
+WHEEL_TORCH_PYTHONS ?= $(wildcard build/matrix/py*/bin/python)
 
 .PHONY: demo test test-main test-torch-xla test-vllm test-wheel wheel lint gpu clean
 
@@ -34,11 +36,12 @@ wheel: $(BIN)/.installed
 	nice $(BIN)/python scripts/build_wheel.py \
 		$(foreach p,$(WHEEL_TORCH_PYTHONS),--torch-python $(p))
 
-# The wheel installed into fresh venvs (torch 2.13.0, 2.12.1 x jax 0.10.0, 0.10.2), the shipped
-# ops' CPU tests run there with no compiler and nothing compiled (scripts/wheel_matrix.sh)
+# The wheel installed into fresh venvs (its points: Python 3.11 and 3.12, torch 2.11 to 2.13,
+# jax 0.10 to 0.12), the shipped ops' CPU tests run there with no compiler and nothing
+# compiled (scripts/wheel_matrix.sh)
 test-wheel: $(BIN)/.installed
 	bash scripts/wheel_matrix.sh venvs
-	$(MAKE) wheel WHEEL_TORCH_PYTHONS="$$(ls build/matrix/torch-*/bin/python)"
+	$(MAKE) wheel WHEEL_TORCH_PYTHONS="$$(ls build/matrix/py*/bin/python)"
 	PRUNE_ENVS=$(PRUNE_ENVS) bash scripts/wheel_matrix.sh test
 
 test-main: $(BIN)/.installed

@@ -31,18 +31,7 @@ REQS="$ROOT/scripts/vllm_requirements.txt"
 STAMP="$VENV/.xk-vllm-env"
 START=$(date +%s)
 
-find_python() {
-  local cand
-  for cand in "${PYTHON:-}" python3.12 "$(pyenv root 2>/dev/null)"/versions/3.12*/bin/python3.12 \
-              /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
-    [[ -n "$cand" ]] || continue
-    if "$cand" -c 'import sys, venv; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
-      command -v "$cand" || echo "$cand"
-      return 0
-    fi
-  done
-  return 1
-}
+source "$ROOT/scripts/find_python.sh"
 
 check() {
   # The TPU_* values keep tpu-inference's import from polling the GCE metadata server.
@@ -62,7 +51,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] && check 2>/dev/null; then
   echo "vllm env: $VENV is up to date ($(( $(date +%s) - START )) s)"
   exit 0
 fi
-if ! PY="$(find_python)"; then
+if ! PY="$(find_python 3.12 "${PYTHON:-}")"; then
   echo "vllm env: no CPython 3.12 found (tried \$PYTHON, python3.12 on PATH, pyenv's" \
        "versions/3.12*, /usr/bin/python3.12). vllm-tpu 0.32.0 has a wheel for 3.12 only." \
        "Fix: install Python 3.12 (pyenv install 3.12) or set PYTHON=/path/to/python3.12." >&2

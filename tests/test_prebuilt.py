@@ -144,6 +144,39 @@ def test_a_library_built_against_a_newer_ffi_minor_is_not_served(package: Path):
     assert match.path is None and "the installed jaxlib has 0.0" in match.reason
 
 
+def test_one_library_per_python_and_torch_each_picked_by_its_abi(package: Path, tmp_path: Path):
+    # What `make wheel` ships for the torch dispatcher: one entry per (Python, torch) build.
+    copy = tmp_path / "pkg_add"
+    shutil.copytree(package, copy)
+    want = _spec(copy).wanted()
+    builds = {"cp311": "2.13.0+cpu", "cp312": "2.11.0+cu130"}
+    added = {}
+    for python, torch in builds.items():
+        artifact = tmp_path / f"{python}.so"  # distinct contents, distinct files
+        artifact.write_bytes(next((copy / "_prebuilt").glob("*.so")).read_bytes() + python.encode())
+        abi = (("cxx11abi", "1"), ("python", python), ("torch", torch))
+        added[python] = prebuilt.add(copy / "_prebuilt", dataclasses.replace(want, abi=abi),
+                                     artifact, [copy / "add_cpu.cc"])
+    for python, torch in builds.items():
+        abi = (("cxx11abi", "1"), ("python", python), ("torch", torch))
+        assert prebuilt.find(dataclasses.replace(want, abi=abi)).path == added[python]
+    other = prebuilt.find(dataclasses.replace(
+        want, abi=(("cxx11abi", "1"), ("python", "cp312"), ("torch", "2.13.0+cpu"))))
+    assert other.path is None and "this process has cxx11abi 1, python cp312, torch 2.13.0+cpu" \
+        in other.reason
+
+
+def test_a_newer_ffi_minor_serves_and_another_major_does_not(package: Path):
+    # jaxlib 0.10 has XLA FFI API 0.3, 0.11 has 0.4, 0.12 has 0.5: a 0.3 library serves them all.
+    want = _spec(package).wanted()
+    built = tuple(json.loads((package / "_prebuilt" / "index.json").read_text())
+                  ["entries"][0]["ffi"])
+    for minor in (built[1], built[1] + 1, built[1] + 2):
+        assert prebuilt.find(dataclasses.replace(want, ffi=(built[0], minor))).path is not None
+    match = prebuilt.find(dataclasses.replace(want, ffi=(built[0] + 1, built[1])))
+    assert match.path is None and f"the installed jaxlib has {built[0] + 1}." in match.reason
+
+
 def test_cuda_archs_must_be_covered():
     assert prebuilt.archs_cover(["80", "90a", "100a"], ["90", "100"])
     assert not prebuilt.archs_cover(["80", "90a"], ["100"])
