@@ -165,6 +165,9 @@ def main() -> None:
         "decode_step_ms": round((full_s - first_s) / (args.new_tokens - 1) * 1e3, 3),
         "tokens_per_s": round(generated / full_s, 1),
         "attention_traces": dict(attention.TRACES),
+        "runtime_env": {name: os.environ.get(name) for name in
+                        ("PJRT_GPU_ENABLE_ASYNC_DISPATCH", "XLA_FLAGS",
+                         "XLA_PYTHON_CLIENT_PREALLOCATE")},
     }
     if args.kernel_trace:
         result["device_step"] = device_step(lambda n: timed(n), args.new_tokens,

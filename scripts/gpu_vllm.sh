@@ -4,17 +4,20 @@
 #
 #   bash scripts/gpu_vllm.sh install WHEEL_DIR  carried wheels -> .site-vllm (the packages the
 #                                               GPU image lacks; --no-deps, once per machine)
-#   bash scripts/gpu_vllm.sh check OUT          vllm.LLM on a tiny Llama, both model paths, an
+#   bash scripts/gpu_vllm.sh check OUT [TPS]    vllm.LLM on a tiny Llama, both model paths, an
 #                                               fp8 KV cache, and tp=2 where 2 GPUs are seen:
 #                                               greedy tokens vs transformers f32
-#   bash scripts/gpu_vllm.sh moe OUT            vllm.LLM on a tiny Qwen3-MoE (PyTorch path),
-#                                               top-k weights renormalized and not: MoE
-#                                               layers through fused_moe, tokens vs
-#                                               transformers f32
+#   bash scripts/gpu_vllm.sh moe OUT [TPS]      vllm.LLM on a tiny Qwen3-MoE (PyTorch path),
+#                                               top-k weights renormalized and not, and tp=2
+#                                               where 2 GPUs are seen: MoE layers through
+#                                               fused_moe, tokens vs transformers f32
+#   (TPS: "1", "2" or "1 2", the tensor parallel sizes to check; default all that fit the
+#   visible GPUs, CUDA_VISIBLE_DEVICES honoured)
 #   bash scripts/gpu_vllm.sh serve OUT [TOKDIR] vllm serve + the openai client, texts vs
 #                                               transformers f32 (TOKDIR: SmolLM2's tokenizer)
 #   bash scripts/gpu_vllm.sh bench OUT [TP]     Llama-3-8B shape, 64 x 2000 + 256 tokens: vLLM
-#                                               (benchmarks/vllm_throughput.py) and
+#                                               (benchmarks/vllm_throughput.py, with its decode
+#                                               step's device time and host share) and
 #                                               serve-bench --preset 8b on the same workload,
 #                                               over TP GPUs (default 1)
 #   bash scripts/gpu_vllm.sh profile OUT [TP]   the vLLM half of bench, then its decode step's
@@ -31,15 +34,17 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 export XLA_KERNELS_CACHE_DIR=${XLA_KERNELS_CACHE_DIR:-/tmp/xla-kernels-cache}
 export TPU_NAME=none TPU_ACCELERATOR_TYPE=none TPU_WORKER_ID=0
 status=0
+visible=$(python3 scripts/gpu_test_shards.py --list-gpus | wc -w)
+tps=${3:-$([ "$visible" -ge 2 ] && echo "1 2" || echo 1)}
 case $job in
   install)
     python3 -m pip install -q --no-index --no-deps --no-compile --target .site-vllm \
       "$arg"/*.whl || status=1 ;;
   check)
     mkdir -p "$arg"
-    cases=("flax_nnx" "vllm" "flax_nnx --kv-cache-dtype fp8")
-    gpus=$(nvidia-smi -L | wc -l)
-    [ "$gpus" -ge 2 ] && cases+=("flax_nnx --tensor-parallel-size 2" "vllm --tensor-parallel-size 2")
+    cases=()
+    [[ " $tps " == *" 1 "* ]] && cases+=("flax_nnx" "vllm" "flax_nnx --kv-cache-dtype fp8")
+    [[ " $tps " == *" 2 "* ]] && cases+=("flax_nnx --tensor-parallel-size 2" "vllm --tensor-parallel-size 2")
     for case in "${cases[@]}"; do
       name=$(echo "tiny $case" | sed 's/--kv-cache-dtype /kv_/; s/--tensor-parallel-size /tp/; s/ /_/g')
       # shellcheck disable=SC2086  # the case's options split into words
@@ -50,10 +55,15 @@ case $job in
     done ;;
   moe)
     mkdir -p "$arg"
-    for model in tiny-moe tiny-moe-unnormalized; do
-      timeout 280 python3 -m xla_kernels.vllm.check --model "$model" --platform gpu \
-        --json "$arg/vllm_check_$model.json" > "$arg/vllm_check_$model.log" 2>&1
-      rc=$?; echo "check $model: exit $rc"; tail -1 "$arg/vllm_check_$model.log"
+    cases=()
+    [[ " $tps " == *" 1 "* ]] && cases+=("tiny-moe" "tiny-moe-unnormalized")
+    [[ " $tps " == *" 2 "* ]] && cases+=("tiny-moe --tensor-parallel-size 2")
+    for case in "${cases[@]}"; do
+      name=$(echo "$case" | sed 's/ --tensor-parallel-size /_tp/')
+      # shellcheck disable=SC2086  # the case's options split into words
+      timeout 280 python3 -m xla_kernels.vllm.check --model $case --platform gpu \
+        --json "$arg/vllm_check_$name.json" > "$arg/vllm_check_$name.log" 2>&1
+      rc=$?; echo "check $name: exit $rc"; tail -1 "$arg/vllm_check_$name.log"
       [ $rc -eq 0 ] || status=1
     done ;;
   serve)
@@ -64,8 +74,8 @@ case $job in
   bench)
     tp=${3:-1}
     mkdir -p "$arg"
-    timeout 330 python3 benchmarks/vllm_throughput.py --out "$arg" --tensor-parallel-size "$tp" \
-      > "$arg/vllm_throughput_tp$tp.log" 2>&1 || status=1
+    timeout 400 python3 benchmarks/vllm_throughput.py --out "$arg" --tensor-parallel-size "$tp" \
+      --kernel-trace > "$arg/vllm_throughput_tp$tp.log" 2>&1 || status=1
     [ -f "$arg/vllm_throughput.json" ] && mv "$arg/vllm_throughput.json" "$arg/vllm_throughput_tp$tp.json"
     tail -25 "$arg/vllm_throughput_tp$tp.log"
     timeout 240 python3 -m xla_kernels.cli serve-bench --preset 8b --platform gpu --tp "$tp" \

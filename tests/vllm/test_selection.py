@@ -94,3 +94,19 @@ def test_detect_keeps_the_engine_in_process_unless_told(monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     platform.detect()
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
+def test_detect_turns_on_async_dispatch_unless_told(monkeypatch):
+    import os
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv(platform.ASYNC_DISPATCH, raising=False)
+    platform.detect()
+    assert os.environ[platform.ASYNC_DISPATCH] == "1"
+    monkeypatch.setenv(platform.ASYNC_DISPATCH, "0")
+    platform.detect()
+    assert os.environ[platform.ASYNC_DISPATCH] == "0"
+    monkeypatch.setenv("XLA_KERNELS_VLLM", "0")
+    monkeypatch.delenv(platform.ASYNC_DISPATCH)
+    assert platform.detect() is None
+    assert platform.ASYNC_DISPATCH not in os.environ

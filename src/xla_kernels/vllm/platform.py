@@ -37,15 +37,29 @@ def active() -> bool:
     return not tpu_present()
 
 
+ASYNC_DISPATCH = "PJRT_GPU_ENABLE_ASYNC_DISPATCH"
+"""The PjRt GPU client's asynchronous dispatch (a jitted call returns before its work is
+launched), read once when JAX creates its GPU client."""
+
+
 def detect() -> str | None:
     """``vllm.platform_plugins`` entry point: our platform's qualified name, or None.
 
-    Selecting it also defaults ``VLLM_ENABLE_V1_MULTIPROCESSING`` to 0 (the engine in the
-    caller's process): a forked EngineCore hung after its precompilation on the CPU (JAX's
-    threads were already running when vLLM forked). Set it to 1 to try anyway."""
+    Selecting it also sets two defaults (a value the user set is kept):
+
+    - ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine in the caller's process): a forked
+      EngineCore hung after its precompilation on the CPU (JAX's threads were already
+      running when vLLM forked). Set it to 1 to try anyway.
+    - ``PJRT_GPU_ENABLE_ASYNC_DISPATCH=1``: vLLM schedules asynchronously, so the host
+      prepares step N + 1 while the device runs step N, but a synchronous dispatch blocks
+      the host until each program's launch is done, which over several GPUs (one launch per
+      device) outlasted the GPUs' work (docs/vllm.md, tensor parallel). vLLM picks the
+      platform before anything creates JAX's GPU client, which reads it; a spawned engine
+      inherits it. The CPU client does not read it."""
     if not active():
         return None
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault(ASYNC_DISPATCH, "1")
     return f"{__name__}.XlaKernelsPlatform"
 
 
