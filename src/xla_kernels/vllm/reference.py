@@ -32,7 +32,8 @@ def _register_fp8_kv_attention() -> None:
     AttentionInterface.register(FP8_KV_ATTENTION, attention)
 
 
-def _load(model_dir: Path, kv_cache_dtype: str):
+def load(model_dir: Path, kv_cache_dtype: str = "auto"):
+    """The f32 transformers model both functions below run (pass it to them to load it once)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -44,15 +45,16 @@ def _load(model_dir: Path, kv_cache_dtype: str):
 
 
 def greedy_tokens(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, *,
-                  kv_cache_dtype: str = "auto") -> tuple[list[list[int]], list[float]]:
+                  kv_cache_dtype: str = "auto",
+                  model=None) -> tuple[list[list[int]], list[float]]:
     """Each prompt's ``max_new_tokens`` greedy continuation (EOS ignored, as in the vLLM run),
     and per prompt the smallest gap between the top two logits along the way: a gap near
     rounding error means a different but correct engine may pick the other token. With
     ``kv_cache_dtype="fp8"`` attention reads an fp8-rounded cache
-    (:func:`_register_fp8_kv_attention`)."""
+    (:func:`_register_fp8_kv_attention`). ``model``: one :func:`load` returned."""
     import torch
 
-    model = _load(model_dir, kv_cache_dtype)
+    model = model or load(model_dir, kv_cache_dtype)
     tokens, margins = [], []
     with torch.no_grad():
         for prompt in prompts:
@@ -73,16 +75,17 @@ def greedy_tokens(model_dir: Path, prompts: list[list[int]], max_new_tokens: int
 
 
 def logit_deficits(model_dir: Path, prompts: list[list[int]], generated: list[list[int]], *,
-                   kv_cache_dtype: str = "auto") -> list[list[float]]:
+                   kv_cache_dtype: str = "auto", model=None) -> list[list[float]]:
     """Teacher-forced scoring of another engine's greedy tokens: per prompt and step, how far
     the generated token's logit lies below the best logit, the reference reading the
     engine's own prefix (prompt + its tokens so far). 0 where the engine took the
     reference's argmax. Unlike comparing free-running sequences, one near-tie does not turn
     every later step into a mismatch: each step is judged on the same context, so a small
-    deficit at a near-tie and 0 elsewhere is rounding, and a large one anywhere is an error."""
+    deficit at a near-tie and 0 elsewhere is rounding, and a large one anywhere is an error.
+    ``model``: one :func:`load` returned."""
     import torch
 
-    model = _load(model_dir, kv_cache_dtype)
+    model = model or load(model_dir, kv_cache_dtype)
     deficits = []
     with torch.no_grad():
         for prompt, tokens in zip(prompts, generated, strict=True):
