@@ -19,7 +19,8 @@
 #   8b_jax_fp8_async 8b_jax_fp8_dynamic_async
 #                            8b with --weights fp8 (W8A16) / fp8-dynamic (W8A8) through the
 #                            fp8_linear op; 8b_jax_fp8_plain_xla_async: fp8 through XLA's own
-#                            dot (fp8_linear_xla). Up to 3 minutes each: three per call.
+#                            dot (fp8_linear_xla). Up to 3 minutes each (4 for the fp8_linear
+#                            runs, whose CUDA-core kernel is slow at prefill): two per call.
 #   tiny_jax_fp8 tiny_torchax_fp8 tiny_jax_fp8_dynamic tiny_jax_fp8_plain_xla
 #                            the tiny preset with fp8 weights, checked token for token
 # Writes OUT_DIR/serve_RUN.json and .txt per run.
@@ -52,9 +53,9 @@ for name in "$@"; do
     tiny_moe_torchax) serve_run tiny_moe_torchax 120 --preset tiny-moe --frontend torchax ;;
     8b_jax_async) serve_run 8b_jax_async 180 --preset 8b --frontend jax --no-reference \
                     --async-scheduling ;;
-    8b_jax_fp8_async) serve_run 8b_jax_fp8_async 180 --preset 8b --frontend jax \
+    8b_jax_fp8_async) serve_run 8b_jax_fp8_async 240 --preset 8b --frontend jax \
                         --weights fp8 --no-reference --async-scheduling ;;
-    8b_jax_fp8_dynamic_async) serve_run 8b_jax_fp8_dynamic_async 180 --preset 8b \
+    8b_jax_fp8_dynamic_async) serve_run 8b_jax_fp8_dynamic_async 240 --preset 8b \
                                 --frontend jax --weights fp8-dynamic --no-reference \
                                 --async-scheduling ;;
     8b_jax_fp8_plain_xla_async) serve_run 8b_jax_fp8_plain_xla_async 180 --preset 8b \
