@@ -75,7 +75,15 @@ def fp8_project(x: Any, weight: Any, scale: Any, *, scheme: str, kernel: bool,
     ``fp8_linear_xla``. ``mesh``: a row-parallel projection whose weight and ``x`` are split
     along ``in`` over its "tp" axis: each device multiplies its slice and the partial sums
     are added (one all-reduce), rather than gathering the weight (what the op's sharding
-    rule alone would do, since its ``in`` axis must stay whole)."""
+    rule alone would do, since its ``in`` axis must stay whole).
+
+    Example:
+        >>> import numpy as np
+        >>> q, s = quantize_e4m3(np.eye(4, dtype=np.float32))
+        >>> x = np.arange(8, dtype=np.float32).reshape(2, 1, 4)        # [..., in]
+        >>> fp8_project(x, q, s, scheme="none", kernel=False)[..., 0].tolist()
+        [[0.0], [4.0]]
+    """
     import jax
 
     from xla_kernels.kernels.fp8_linear import fp8_linear, fp8_linear_xla
