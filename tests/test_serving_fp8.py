@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from serving_engine import run_engine
+from serving_engine import fresh, run_engine
 from xla_kernels import cli
 from xla_kernels.kernels.fp8_weights import fp8_quantize
 from xla_kernels.serving.attention import dense_attention
@@ -31,6 +31,7 @@ from xla_kernels.serving.config import (
     Workload,
     preset,
 )
+from xla_kernels.serving.engine import Engine
 from xla_kernels.serving.model_jax import decoder
 from xla_kernels.serving.quantize import PROJECTIONS, quantize_e4m3, weight_bytes
 from xla_kernels.serving.reference import dense_greedy
@@ -134,6 +135,15 @@ def test_fp8_engine_matches_the_dense_reference_on_the_same_weights(
     weights = init_weights(config, seed=0)
     runner = make_runner(frontend, config, weights, ENGINE, attention)
     outputs, _ = run_engine(runner, requests, ENGINE, shuffle_seed=5)
+    assert outputs == _reference(config, weights, requests)
+
+
+@pytest.mark.parametrize("frontend", ["jax", "torchax"])
+def test_fp8_engine_with_async_scheduling_matches_the_reference(frontend, cpu, requests):
+    config = TINY.with_weights("fp8")
+    weights = init_weights(config, seed=0)
+    runner = make_runner(frontend, config, weights, ENGINE, "xla-kernels")
+    outputs = Engine(runner, ENGINE, async_scheduling=True).run(fresh(requests))
     assert outputs == _reference(config, weights, requests)
 
 
