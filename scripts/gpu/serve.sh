@@ -14,6 +14,15 @@
 #   moe_jax moe_torchax      the moe preset (fused_moe in every layer), timed, no check
 #   moe_jax_checked          moe with the f32 token-for-token check (name it alone)
 #   tiny_moe_jax tiny_moe_torchax   the tiny-moe preset, checked token for token
+#   8b_jax_async             the 8b preset, bf16 weights, async scheduling, timed (the fp8
+#                            runs' baseline: name it in the same call or on the same machine)
+#   8b_jax_fp8_async 8b_jax_fp8_dynamic_async
+#                            8b with --weights fp8 (W8A16) / fp8-dynamic (W8A8) through the
+#                            fp8_linear op; 8b_jax_fp8_plain_xla_async: fp8 through XLA's own
+#                            dot (fp8_linear_xla). Up to 3 minutes each (4 for the fp8_linear
+#                            runs, whose CUDA-core kernel is slow at prefill): two per call.
+#   tiny_jax_fp8 tiny_torchax_fp8 tiny_jax_fp8_dynamic tiny_jax_fp8_plain_xla
+#                            the tiny preset with fp8 weights, checked token for token
 # Writes OUT_DIR/serve_RUN.json and .txt per run.
 source "$(dirname "$0")/common.sh" "${1:-}"
 shift
@@ -42,6 +51,23 @@ for name in "$@"; do
     moe_jax_checked) serve_run moe_jax_checked 540 --preset moe --frontend jax --no-breakdown ;;
     tiny_moe_jax) serve_run tiny_moe_jax 120 --preset tiny-moe --frontend jax ;;
     tiny_moe_torchax) serve_run tiny_moe_torchax 120 --preset tiny-moe --frontend torchax ;;
+    8b_jax_async) serve_run 8b_jax_async 180 --preset 8b --frontend jax --no-reference \
+                    --async-scheduling ;;
+    8b_jax_fp8_async) serve_run 8b_jax_fp8_async 240 --preset 8b --frontend jax \
+                        --weights fp8 --no-reference --async-scheduling ;;
+    8b_jax_fp8_dynamic_async) serve_run 8b_jax_fp8_dynamic_async 240 --preset 8b \
+                                --frontend jax --weights fp8-dynamic --no-reference \
+                                --async-scheduling ;;
+    8b_jax_fp8_plain_xla_async) serve_run 8b_jax_fp8_plain_xla_async 180 --preset 8b \
+                                  --frontend jax --weights fp8 --attention plain-xla \
+                                  --no-reference --async-scheduling ;;
+    tiny_jax_fp8) serve_run tiny_jax_fp8 120 --preset tiny --frontend jax --weights fp8 ;;
+    tiny_torchax_fp8) serve_run tiny_torchax_fp8 120 --preset tiny --frontend torchax \
+                        --weights fp8 ;;
+    tiny_jax_fp8_dynamic) serve_run tiny_jax_fp8_dynamic 120 --preset tiny --frontend jax \
+                            --weights fp8-dynamic ;;
+    tiny_jax_fp8_plain_xla) serve_run tiny_jax_fp8_plain_xla 120 --preset tiny \
+                              --frontend jax --weights fp8 --attention plain-xla ;;
     *) echo "serve.sh: unknown run '$name'" >&2; status=1 ;;
   esac
 done

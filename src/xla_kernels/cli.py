@@ -422,6 +422,10 @@ def _serve_bench_parser(sub: Any) -> None:
     srv.add_argument("--arrival-every",
                      help="request i arrives before step i * N (0: all at once)")
     srv.add_argument("--dtype", help="float32, bfloat16 or float16 (default: the preset's)")
+    srv.add_argument("--weights", default="model",
+                     help="the decoder's q/k/v/o and gate/up/down projections: model (the "
+                          "model's dtype; default), fp8 (e4m3, per-channel scales, weight-only "
+                          "W8A16) or fp8-dynamic (W8A8, per-token activation scales)")
     srv.add_argument("--check-dtype",
                      help="dtype of the token-for-token reference check (default float32; "
                           "a model in another dtype is re-run untimed in it)")
@@ -505,13 +509,15 @@ def serve_bench(args: argparse.Namespace) -> int:
     options = BenchOptions(
         preset=args.preset, frontend=args.frontend, attention=args.attention,
         platform=args.platform, dtype=args.dtype, check_dtype=args.check_dtype,
+        weights=args.weights,
         shuffle_blocks=args.shuffle_blocks, reference=not args.no_reference,
         breakdown=not args.no_breakdown, progress=not args.no_progress,
         json_path=args.json_path, plot_path=args.plot_path, profile_dir=args.profile_dir,
         async_scheduling=args.async_scheduling, **_whole_numbers(args), **_reals(args))
     result = run(options)
     config = result["config"]
-    rows = [("config", f"{config['preset']} {config['dtype']}, {config['frontend']}, "
+    weights = "" if config["weights"] == "model" else f" {config['weights']} weights"
+    rows = [("config", f"{config['preset']} {config['dtype']}{weights}, {config['frontend']}, "
                        f"{config['attention']}, {config['device']}"
                        + (f" x {config['tp']} (tp)" if config["tp"] > 1 else "")
                        + (", async scheduling" if config["async_scheduling"] else "")
@@ -519,6 +525,7 @@ def serve_bench(args: argparse.Namespace) -> int:
             ("tokens/s", f"{result['tokens_per_s']} ({result['generated_tokens']} tokens "
                          f"in {result['wall_s']} s, {result['steps_run']} steps)"),
             ("decode step", f"{result['decode_step_ms']} ms"),
+            ("weights read", _weights_line(result["weights"], config["tp"])),
             ("prefill", f"{result['prefill_tokens_per_s']} tokens/s"),
             ("matches_reference", str(result["matches_reference"]))]
     divergence = result["reference_check"].get("first_divergence")
@@ -538,6 +545,17 @@ def serve_bench(args: argparse.Namespace) -> int:
         rows.append(("json", args.json_path))
     _print_table("serve-bench:", rows)
     return 0
+
+
+def _weights_line(read: dict[str, Any], tp: int) -> str:
+    """What a step reads of the weights (serve-bench's ``weights`` record).
+
+    Example:
+        >>> _weights_line({"bytes_read_per_step": 3 * 2**20, "per_device": 2**21}, 2)
+        '3.0 MiB per step (all but the embedding), 2.0 MiB per device'
+    """
+    line = f"{read['bytes_read_per_step'] / 2**20:.1f} MiB per step (all but the embedding)"
+    return line + (f", {read['per_device'] / 2**20:.1f} MiB per device" if tp > 1 else "")
 
 
 def _sampling_text(sampling: dict[str, Any]) -> str:

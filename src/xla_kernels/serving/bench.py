@@ -56,6 +56,7 @@ from xla_kernels.serving.config import (
     DTYPES,
     FRONTENDS,
     PLATFORMS,
+    WEIGHT_FORMATS,
     EngineConfig,
     ModelConfig,
     ServingConfigError,
@@ -71,6 +72,7 @@ from xla_kernels.serving.options import (
     sampling_of,
     workload_of,
 )
+from xla_kernels.serving.quantize import weight_bytes
 from xla_kernels.serving.sampling import Sampling
 from xla_kernels.serving.tp import check_tp
 
@@ -294,6 +296,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
     check_choice("--frontend", options.frontend, FRONTENDS)
     check_choice("--attention", options.attention, ATTENTIONS)
     model = entry.model.with_dtype(options.dtype) if options.dtype else entry.model
+    model = model.with_weights(check_choice("--weights", options.weights, WEIGHT_FORMATS))
     check_dtype = check_choice("--check-dtype", options.check_dtype or "float32", DTYPES)
     check_options(options, entry)
     devices = _devices(options.platform)
@@ -304,10 +307,11 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
     engine_config = _engine_config(options, entry, requests)
     check_memory(model, engine_config, options.tp, device)
 
-    from xla_kernels.serving.weights import init_weights
+    from xla_kernels.serving.weights import cast_weights, init_weights
 
     with jax.default_device(device):
         weights = init_weights(model, options.seed)
+        read = weight_bytes(weights, model, options.tp)
         runner = make_runner(options.frontend, model, weights, engine_config,
                              options.attention, options.tp, devices, sampling_of(options))
         start = time.perf_counter()
@@ -333,7 +337,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
             raise AssertionError("a bucket compiled during the timed run")
 
         result = _metrics(engine, outputs, wall_s)
-        result.update(compile_s=round(compile_s, 3), compiled_programs=compiled)
+        result.update(compile_s=round(compile_s, 3), compiled_programs=compiled, weights=read)
 
         if options.breakdown:
             result["breakdown"] = _breakdown(runner, engine, model, engine_config,
@@ -349,7 +353,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
                 check["model_dtype_divergence"] = _reference_check(model, weights, requests,
                                                                    outputs)
                 exact = model.with_dtype(check_dtype)
-                exact_weights = {k: v.astype(check_dtype) for k, v in weights.items()}
+                exact_weights = cast_weights(weights, check_dtype)
                 del weights
                 with jax.default_matmul_precision("highest"):
                     exact_runner = make_runner(options.frontend, exact, exact_weights,
@@ -369,7 +373,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         "attention": options.attention, "platform": device.platform, "tp": options.tp,
         "async_scheduling": options.async_scheduling,
         "sampling": dataclasses.asdict(sampling_of(options)),
-        "device": device.device_kind, "dtype": model.dtype, "seed": options.seed,
+        "device": device.device_kind, "dtype": model.dtype, "weights": model.weights,
+        "seed": options.seed,
         "model": dataclasses.asdict(model), "params": model.num_params(),
         "workload": dataclasses.asdict(workload),
         "engine": {**dataclasses.asdict(engine_config), "buckets": engine_config.buckets(),

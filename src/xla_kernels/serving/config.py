@@ -33,6 +33,12 @@ ATTENTIONS = ("xla-kernels", "plain-xla")
 PLATFORMS = ("cpu", "gpu")
 DTYPES = ("float32", "bfloat16", "float16")
 
+WEIGHT_FORMATS = ("model", "fp8", "fp8-dynamic")
+"""How the decoder's linear projections (q/k/v/o, gate/up/down) are stored and run:
+``model`` in the model's dtype; ``fp8`` as e4m3 values with one f32 scale per output
+channel, weight-only (W8A16); ``fp8-dynamic`` the same weights with the activations
+quantized per token (W8A8). See :mod:`xla_kernels.serving.quantize`."""
+
 
 class ServingConfigError(XlaKernelsError, ValueError):
     """A bad serving option: the message names the option and the fix."""
@@ -64,7 +70,8 @@ class ModelConfig:
     style: a linear router, softmax, the top ``experts_per_token``, renormalized; experts of
     ``moe_intermediate_size``), computed by the ``fused_moe`` op.
 
-    ``dtype`` is the dtype of the weights, activations and KV cache (a NumPy name).
+    ``dtype`` is the dtype of the weights, activations and KV cache (a NumPy name);
+    ``weights`` (one of :data:`WEIGHT_FORMATS`) how the linear projections are stored.
     ``max_context`` is the longest sequence (prompt + output) the model is run at: rotary
     embeddings have no hard limit, so this bounds a run (its steps and its cache) instead;
     32768 is the longest context the kernels are benchmarked at.
@@ -85,6 +92,7 @@ class ModelConfig:
     num_experts: int = 0
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
+    weights: str = "model"
 
     def __post_init__(self) -> None:
         if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts
@@ -98,6 +106,13 @@ class ModelConfig:
                 f"model {self.name!r}: {self.num_q_heads} q heads are not a multiple of "
                 f"{self.num_kv_heads} kv heads. Fix: pick a kv head count that divides them.")
         check_choice("dtype", self.dtype, DTYPES)
+        check_choice("--weights", self.weights, WEIGHT_FORMATS)
+        if self.weights != "model" and self.num_experts:
+            raise ServingConfigError(
+                f"--weights {self.weights}: model {self.name!r} is a mixture of experts, and "
+                "serve-bench quantizes only dense decoders' projections (fp8 experts would "
+                "need fused_moe_fp8). Fix: pass --weights model, or a dense preset (tiny, 1b "
+                "or 8b).")
 
     def num_params(self) -> int:
         """Parameters, embedding and LM head counted separately (they are not tied); every
@@ -114,6 +129,10 @@ class ModelConfig:
     def with_dtype(self, dtype: str) -> ModelConfig:
         """The same model in another dtype."""
         return dataclasses.replace(self, dtype=check_choice("--dtype", dtype, DTYPES))
+
+    def with_weights(self, weights: str) -> ModelConfig:
+        """The same model with its projections stored as ``weights`` says."""
+        return dataclasses.replace(self, weights=weights)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +283,6 @@ def cache_shape(config: ModelConfig, engine: EngineConfig) -> tuple[int, int, in
     return (engine.num_blocks, engine.block_size, config.num_kv_heads, config.head_dim)
 
 
-__all__ = ["ATTENTIONS", "DTYPES", "FRONTENDS", "PLATFORMS", "PRESETS", "EngineConfig",
-           "ModelConfig", "Preset", "ServingConfigError", "Workload", "cache_shape", "check_choice",
-           "preset", "preset_entry"]
+__all__ = ["ATTENTIONS", "DTYPES", "FRONTENDS", "PLATFORMS", "PRESETS", "WEIGHT_FORMATS",
+           "EngineConfig", "ModelConfig", "Preset", "ServingConfigError", "Workload",
+           "cache_shape", "check_choice", "preset", "preset_entry"]

@@ -29,8 +29,9 @@ from xla_kernels.serving.attention import paged_attention, write_kv
 from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig, cache_shape
 from xla_kernels.serving.moe import moe
+from xla_kernels.serving.quantize import ACTIVATION_SCHEMES, fp8_project
 from xla_kernels.serving.sampling import Sampling, sample_jax
-from xla_kernels.serving.tp import place, zero_caches
+from xla_kernels.serving.tp import ROW_PARALLEL, place, zero_caches
 
 Weights = dict[str, Any]
 Caches = tuple[tuple[Any, Any], ...]
@@ -56,16 +57,25 @@ def rotary(x: Any, positions: Any, theta: float) -> Any:
 
 
 def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: Any,
-            attention: AttentionFn, experts: str = "plain-xla") -> Any:
-    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]. ``experts``:
-    how a mixture-of-experts model computes its experts (see :mod:`~xla_kernels.serving.moe`):
-    ``"xla-kernels"`` or ``"plain-xla"``."""
+            attention: AttentionFn, ops: str = "plain-xla", mesh: Any = None) -> Any:
+    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]. ``ops``: how a
+    mixture-of-experts model computes its experts (see :mod:`~xla_kernels.serving.moe`) and
+    fp8 projections theirs (:mod:`~xla_kernels.serving.quantize`): ``"xla-kernels"`` (the
+    library's ops) or ``"plain-xla"``. ``mesh``: the tensor-parallel mesh the weights are
+    split over (None: one device), which row-parallel fp8 projections sum over."""
     import jax
 
     from xla_kernels.kernels.rms_norm import rms_norm
 
+    scheme = ACTIVATION_SCHEMES.get(config.weights)
+
     def linear(x: Any, name: str) -> Any:      # torch layout: weight [out, in]
-        return x @ weights[name + ".weight"].T
+        if scheme is None:
+            return x @ weights[name + ".weight"].T
+        row_parallel = name.rsplit(".", 1)[-1] in ROW_PARALLEL
+        return fp8_project(x, weights[name + ".weight"], weights[name + ".weight_scale"],
+                           scheme=scheme, kernel=ops == "xla-kernels",
+                           mesh=mesh if row_parallel else None)
 
     lead = token_ids.shape
     hq, hkv, d = config.num_q_heads, config.num_kv_heads, config.head_dim
@@ -82,7 +92,7 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
         x = x + linear(out, p + "self_attn.o_proj")
         h = rms_norm(x, weights[p + "post_attention_layernorm.weight"], eps=config.rms_eps)
         if config.num_experts:
-            x = x + moe(experts, config, h, weights[p + "mlp.gate.weight"],
+            x = x + moe(ops, config, h, weights[p + "mlp.gate.weight"],
                         weights[p + "mlp.experts.w13_weight"],
                         weights[p + "mlp.experts.w2_weight"])
             continue
@@ -100,10 +110,12 @@ def greedy(weights: Weights, hidden: Any) -> Any:
 
 
 def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: ModelConfig,
-               attention: str, sampling: Sampling | None = None) -> tuple[Any, Caches]:
+               attention: str, sampling: Sampling | None = None, mesh: Any = None
+               ) -> tuple[Any, Caches]:
     """One engine step: every layer writes the batch's K/V to its paged cache, then attends
     with ragged paged attention; returns (next token of each sequence slot [max_num_seqs],
-    greedy or drawn as ``sampling`` says; the updated caches)."""
+    greedy or drawn as ``sampling`` says; the updated caches). ``mesh``: the
+    tensor-parallel mesh (see :func:`decoder`)."""
     updated = list(caches)
     scale = config.head_dim ** -0.5
 
@@ -113,7 +125,7 @@ def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: Mo
         return paged_attention(attention, q, key_cache, value_cache, batch, scale=scale)
 
     hidden = decoder(weights, config, batch.token_ids, batch.positions, attend,
-                     experts=attention)[batch.logits_indices]
+                     ops=attention, mesh=mesh)[batch.logits_indices]
     if sampling is None or sampling.greedy:
         return greedy(weights, hidden), tuple(updated)
     return sample_jax(hidden @ weights["lm_head.weight"].T, sampling, batch), tuple(updated)
@@ -139,7 +151,7 @@ class JaxRunner:
         self.caches, self.mesh, self.tp = placement.caches, placement.mesh, tp
         self._batch_sharding = placement.batch_sharding
         self.jitted = jax.jit(functools.partial(paged_step, config=config, attention=attention,
-                                                sampling=sampling),
+                                                sampling=sampling, mesh=placement.mesh),
                               donate_argnums=(1,), **placement.jit_kwargs)
 
     def prepare(self, batch: StepBatch) -> StepBatch:

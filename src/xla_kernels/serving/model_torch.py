@@ -73,6 +73,47 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return (x32 * cos + rotated * sin).to(x.dtype)
 
 
+class FP8Linear(nn.Module):
+    """A projection with fp8 weights (``--weights fp8`` / ``fp8-dynamic``): ``weight`` [out,
+    in] ``float8_e4m3fn`` and ``weight_scale`` [out, 1] f32, vLLM's parameter names.
+    ``torch.ops.xla_kernels.fp8_linear`` computes it (``attention="xla-kernels"``), else
+    ``fp8_linear_xla`` through ``interop.call_jax``; a row-parallel projection split over
+    ``mesh`` calls :func:`~xla_kernels.serving.quantize.fp8_project`, which sums the devices'
+    partial products."""
+
+    def __init__(self, in_features: int, out_features: int, scheme: str, attention: str,
+                 mesh: Any = None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features,
+                                               dtype=torch.float8_e4m3fn), requires_grad=False)
+        self.weight_scale = nn.Parameter(torch.empty(out_features, 1), requires_grad=False)
+        self.scheme, self.op = scheme, attention == "xla-kernels" and mesh is None
+        from xla_kernels.serving.quantize import fp8_project
+
+        # call_jax keys its trace cache on the function: make it once.
+        self._jax = functools.partial(fp8_project, scheme=scheme,
+                                      kernel=attention == "xla-kernels", mesh=mesh)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.op:
+            return _interop().call_jax(self._jax, x, self.weight, self.weight_scale)
+        y = torch.ops.xla_kernels.fp8_linear(x.reshape(-1, x.shape[-1]), self.weight,
+                                             self.weight_scale, activation_scheme=self.scheme)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def projection(config: ModelConfig, in_features: int, out_features: int, attention: str,
+               mesh: Any = None) -> nn.Module:
+    """``nn.Linear`` (no bias) for ``config.weights == "model"``, else :class:`FP8Linear`;
+    ``mesh``: the tensor-parallel mesh of a row-parallel projection (None otherwise)."""
+    from xla_kernels.serving.quantize import ACTIVATION_SCHEMES
+
+    if config.weights == "model":
+        return nn.Linear(in_features, out_features, bias=False)
+    return FP8Linear(in_features, out_features, ACTIVATION_SCHEMES[config.weights], attention,
+                     mesh)
+
+
 class RMSNorm(nn.Module):
     """RMS normalization through the library's ``rms_norm`` op."""
 
@@ -88,16 +129,16 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """GQA self-attention over the paged cache: write the new K/V, then attend."""
 
-    def __init__(self, config: ModelConfig, attention: str):
+    def __init__(self, config: ModelConfig, attention: str, mesh: Any = None):
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.num_q_heads, self.num_kv_heads, self.head_dim = (
             config.num_q_heads, config.num_kv_heads, d)
         self.theta, self.attention, self.scale = config.rope_theta, attention, d ** -0.5
-        self.q_proj = nn.Linear(h, config.num_q_heads * d, bias=False)
-        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(config.num_q_heads * d, h, bias=False)
+        self.q_proj = projection(config, h, config.num_q_heads * d, attention)
+        self.k_proj = projection(config, h, config.num_kv_heads * d, attention)
+        self.v_proj = projection(config, h, config.num_kv_heads * d, attention)
+        self.o_proj = projection(config, config.num_q_heads * d, h, attention, mesh)
         # call_jax keys its trace cache on the function: make each one once.
         self._write_xla = functools.partial(write_kv, "plain-xla")
         self._attend_xla = functools.partial(paged_attention, "plain-xla", scale=self.scale)
@@ -127,12 +168,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, attention: str, mesh: Any = None):
         super().__init__()
         h, inter = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(h, inter, bias=False)
-        self.up_proj = nn.Linear(h, inter, bias=False)
-        self.down_proj = nn.Linear(inter, h, bias=False)
+        self.gate_proj = projection(config, h, inter, attention)
+        self.up_proj = projection(config, h, inter, attention)
+        self.down_proj = projection(config, inter, h, attention, mesh)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -174,12 +215,12 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, attention: str):
+    def __init__(self, config: ModelConfig, attention: str, mesh: Any = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.self_attn = Attention(config, attention)
+        self.self_attn = Attention(config, attention, mesh)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.mlp = MoE(config, attention) if config.num_experts else MLP(config)
+        self.mlp = MoE(config, attention) if config.num_experts else MLP(config, attention, mesh)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
                 batch: StepBatch) -> tuple[torch.Tensor, KVCache]:
@@ -191,13 +232,15 @@ class DecoderLayer(nn.Module):
 class LlamaForServing(nn.Module):
     """The decoder for one engine step: ``forward(caches, batch)`` returns (the next token of
     each sequence slot, int32 [max_num_seqs], greedy or drawn as ``sampling`` says; the
-    updated caches)."""
+    updated caches). ``mesh``: the tensor-parallel mesh (None: one device), which
+    row-parallel fp8 projections sum their partial products over."""
 
-    def __init__(self, config: ModelConfig, attention: str, sampling: Sampling | None = None):
+    def __init__(self, config: ModelConfig, attention: str, sampling: Sampling | None = None,
+                 mesh: Any = None):
         super().__init__()
         self.sampling = sampling
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, attention)
+        self.layers = nn.ModuleList(DecoderLayer(config, attention, mesh)
                                     for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -228,6 +271,7 @@ class TorchaxRunner:
         import jax
 
         from xla_kernels.frontends.torchax import register_torchax
+        from xla_kernels.kernels.fp8_linear import fp8_linear
         from xla_kernels.kernels.kv_cache import reshape_and_cache
         from xla_kernels.kernels.moe import fused_moe
         from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
@@ -241,9 +285,10 @@ class TorchaxRunner:
         register_torchax(ragged_paged_attention)
         register_torchax(fused_moe)
         register_torchax(sample)
-        with torch.device("meta"):
-            module = LlamaForServing(config, attention, sampling)
+        register_torchax(fp8_linear)
         placement = place(config, engine, weights, tp, devices)
+        with torch.device("meta"):
+            module = LlamaForServing(config, attention, sampling, placement.mesh)
         self.module, self.config, self.attention = module, config, attention
         self.mesh, self.tp, self._batch_sharding = placement.mesh, tp, placement.batch_sharding
         self.params = interop.torch_view(placement.weights)
@@ -299,5 +344,5 @@ class TorchaxRunner:
         return int(self._jax_step._cache_size())
 
 
-__all__ = ["MLP", "Attention", "DecoderLayer", "Experts", "LlamaForServing", "MoE", "RMSNorm",
-           "TorchaxRunner", "rotary"]
+__all__ = ["MLP", "Attention", "DecoderLayer", "Experts", "FP8Linear", "LlamaForServing", "MoE",
+           "RMSNorm", "TorchaxRunner", "projection", "rotary"]

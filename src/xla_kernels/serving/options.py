@@ -64,6 +64,7 @@ class BenchOptions:
     new_tokens: int | None = None
     dtype: str | None = None
     check_dtype: str | None = None       # the equality check's dtype; None: float32
+    weights: str = "model"               # projections: model dtype, fp8 or fp8-dynamic
     seed: int = 0
     block_size: int | None = None
     num_blocks: int | None = None        # None: every admitted request fits at once

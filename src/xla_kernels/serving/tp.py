@@ -8,7 +8,10 @@ With ``tp`` devices, Megatron-style:
 * q/k/v and the MLP's gate/up projections (torch layout [out, in]) are sharded along their
   output dimension (heads, intermediate), o_proj and down_proj along their input dimension:
   each device's partial sums meet in one all-reduce after o_proj and one after down_proj;
-* embeddings, norms, the LM head and the step's batch are replicated.
+* embeddings, norms, the LM head and the step's batch are replicated;
+* fp8 projections (``--weights fp8``) are placed like their weights; their per-output-channel
+  scales [out, 1] split with a column-parallel weight's rows and are replicated for a
+  row-parallel one (whose output channels every device holds).
 
 :func:`place` puts a runner's weights and caches there and gives the ``jax.jit`` shardings
 that keep the donated caches sharded from step to step; with ``tp=1`` it changes nothing.
@@ -19,6 +22,10 @@ Example:
     >>> weight_spec("layers.0.mlp.down_proj.weight")
     P(None, 'tp')
     >>> weight_spec("lm_head.weight")
+    P()
+    >>> weight_spec("layers.0.self_attn.q_proj.weight_scale")
+    P('tp', None)
+    >>> weight_spec("layers.0.mlp.down_proj.weight_scale")
     P()
 """
 
@@ -60,6 +67,12 @@ def check_tp(config: ModelConfig, tp: int, devices: Sequence[Any]) -> int:
         raise ServingConfigError(
             f"--tp {tp}: model {config.name!r} has experts, and fused_moe splits only "
             "along tokens (no expert or intermediate parallelism yet). Fix: pass --tp 1.")
+    if tp > 1 and config.weights == "fp8-dynamic":
+        raise ServingConfigError(
+            f"--tp {tp} with --weights fp8-dynamic: o_proj and down_proj split along their "
+            "input would quantize each device's slice of the activations with its own "
+            "per-token scale, which the one-device reference does not model. Fix: pass "
+            "--weights fp8 (weight-only) with --tp, or --tp 1.")
     kv = config.num_kv_heads                   # q heads are a multiple: they divide too
     if kv % tp or config.intermediate_size % tp:
         fits = [n for n in range(1, kv + 1) if not kv % n and not config.intermediate_size % n]
@@ -81,11 +94,11 @@ def weight_spec(name: str) -> Any:
     """The PartitionSpec of weight ``name`` (torch layout [out, in]) over the "tp" axis."""
     from jax.sharding import PartitionSpec as P
 
-    module = name.rsplit(".", 2)[-2]
+    module, tensor = name.rsplit(".", 2)[-2:]
     if module in COLUMN_PARALLEL:
         return P(AXIS, None)
     if module in ROW_PARALLEL:
-        return P(None, AXIS)
+        return P() if tensor == "weight_scale" else P(None, AXIS)
     return P()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from xla_kernels.serving.config import ModelConfig
+from xla_kernels.serving.quantize import is_projection, quantize_e4m3
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -59,7 +60,10 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 def init_weights(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
     """Random weights in ``config.dtype``: linear layers (and each expert's) N(0, 1/fan_in)
     (so activations keep their scale through the layers), embeddings N(0, 1), norm weights
-    1 + N(0, 0.1)."""
+    1 + N(0, 0.1). With ``config.weights`` fp8, each projection is then quantized as it is
+    made (:func:`~xla_kernels.serving.quantize.quantize_e4m3` of its ``config.dtype``
+    value: the same model as with ``"model"`` weights, rounded to e4m3), so the
+    full-precision copy of the whole model never exists."""
     import jax
     import jax.numpy as jnp
 
@@ -73,14 +77,24 @@ def init_weights(config: ModelConfig, seed: int = 0) -> dict[str, Any]:
             value = jax.random.normal(key, shape, jnp.float32)
         else:
             value = jax.random.normal(key, shape, jnp.float32) * shape[-1] ** -0.5
-        weights[name] = value.astype(config.dtype)
+        value = value.astype(config.dtype)
+        if config.weights != "model" and is_projection(name):
+            weights[name], weights[name + "_scale"] = quantize_e4m3(value)
+        else:
+            weights[name] = value
     return weights
 
 
 def cast_weights(weights: dict[str, Any], dtype: str) -> dict[str, Any]:
     """The same weights in another dtype (e.g. bf16 weights, upcast exactly, for an f32
-    check)."""
-    return {name: value.astype(dtype) for name, value in weights.items()}
+    check); fp8 projections and their f32 scales stay as they are (the fp8 model is the
+    same in any activation dtype)."""
+    return {name: value if _fp8_part(name, value) else value.astype(dtype)
+            for name, value in weights.items()}
+
+
+def _fp8_part(name: str, value: Any) -> bool:
+    return name.endswith(".weight_scale") or str(value.dtype) == "float8_e4m3fn"
 
 
 __all__ = ["cast_weights", "init_weights", "weight_shapes"]
