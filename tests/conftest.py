@@ -88,8 +88,6 @@ def requests(request: pytest.FixtureRequest) -> list:
 @pytest.fixture(scope="module")
 def reference(weights, requests, request: pytest.FixtureRequest) -> dict[int, list[int]]:
     """The dense (unpaged) reference's greedy tokens of each request, by request id."""
-    from xla_kernels.serving.reference import dense_greedy
+    from serving_engine import reference_tokens
 
-    out = dense_greedy(request.module.MODEL, weights, [r.prompt for r in requests],
-                       [r.max_new_tokens for r in requests])
-    return {r.id: o for r, o in zip(requests, out, strict=True)}
+    return reference_tokens(request.module.MODEL, weights, requests)

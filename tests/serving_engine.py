@@ -1,7 +1,13 @@
 """Running the paged engine in the serving tests: fresh copies of the requests (an engine
-consumes them) and one run on a shuffled or ordered block allocator."""
+consumes them), one run on a shuffled or ordered block allocator, the dense reference's
+tokens to compare with, and a script run on two fake CPU devices (tensor parallel)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 from xla_kernels.serving.blocks import BlockAllocator
 from xla_kernels.serving.config import EngineConfig
@@ -19,3 +25,24 @@ def run_engine(runner, requests: list[Request], config: EngineConfig, *,
     engine = engine_type(runner, config, BlockAllocator(config.num_blocks,
                                                         shuffle_seed=shuffle_seed))
     return engine.run(fresh(requests)), engine
+
+
+def reference_tokens(config, weights, requests: list[Request]) -> dict[int, list[int]]:
+    """The dense (unpaged) reference's greedy tokens of each request, by request id."""
+    from xla_kernels.serving.reference import dense_greedy
+
+    out = dense_greedy(config, weights, [r.prompt for r in requests],
+                       [r.max_new_tokens for r in requests])
+    return {r.id: o for r, o in zip(requests, out, strict=True)}
+
+
+def run_on_two_cpu_devices(script: str) -> subprocess.CompletedProcess:
+    """``python -c script`` in a fresh process whose JAX has two CPU devices (the count is
+    fixed when JAX starts), with the sources and this folder (so ``serving_engine``) on its
+    path."""
+    tests = Path(__file__).resolve().parent
+    path = os.pathsep.join([str(tests.parent / "src"), str(tests)])
+    env = {**os.environ, "PYTHONPATH": path,
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=600, env=env)

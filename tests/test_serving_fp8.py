@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from serving_engine import fresh, run_engine
+from serving_engine import fresh, reference_tokens, run_engine, run_on_two_cpu_devices
 from xla_kernels import cli
 from xla_kernels.kernels.fp8_weights import fp8_quantize
 from xla_kernels.serving.attention import dense_attention
@@ -34,7 +31,6 @@ from xla_kernels.serving.config import (
 from xla_kernels.serving.engine import Engine
 from xla_kernels.serving.model_jax import decoder
 from xla_kernels.serving.quantize import PROJECTIONS, quantize_e4m3, weight_bytes
-from xla_kernels.serving.reference import dense_greedy
 from xla_kernels.serving.tp import check_tp, weight_spec
 from xla_kernels.serving.weights import cast_weights, init_weights, weight_shapes
 
@@ -49,12 +45,6 @@ FP8_CALL = "stablehlo.custom_call @xla_kernels.fp8_linear("
 @pytest.fixture(scope="module")
 def requests():
     return make_requests(WORKLOAD, TINY.vocab_size, seed=2)
-
-
-def _reference(config, weights, requests):
-    out = dense_greedy(config, weights, [r.prompt for r in requests],
-                       [r.max_new_tokens for r in requests])
-    return {r.id: o for r, o in zip(requests, out, strict=True)}
 
 
 # Quantization at load --------------------------------------------------------------------
@@ -135,7 +125,7 @@ def test_fp8_engine_matches_the_dense_reference_on_the_same_weights(
     weights = init_weights(config, seed=0)
     runner = make_runner(frontend, config, weights, ENGINE, attention)
     outputs, _ = run_engine(runner, requests, ENGINE, shuffle_seed=5)
-    assert outputs == _reference(config, weights, requests)
+    assert outputs == reference_tokens(config, weights, requests)
 
 
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
@@ -144,7 +134,7 @@ def test_fp8_engine_with_async_scheduling_matches_the_reference(frontend, cpu, r
     weights = init_weights(config, seed=0)
     runner = make_runner(frontend, config, weights, ENGINE, "xla-kernels")
     outputs = Engine(runner, ENGINE, async_scheduling=True).run(fresh(requests))
-    assert outputs == _reference(config, weights, requests)
+    assert outputs == reference_tokens(config, weights, requests)
 
 
 @pytest.mark.parametrize("frontend, fmt, scheme", [
@@ -201,15 +191,13 @@ def test_fp8_logits_are_near_the_unquantized_models(fmt, gain, cpu):
 # Tensor parallel: two fake CPU devices (a fresh process) ---------------------------------
 
 TP_SCRIPT = textwrap.dedent("""
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     import re
     from xla_kernels.serving.batch import empty_batch
     from xla_kernels.serving.bench import make_requests, make_runner
     from xla_kernels.serving.config import EngineConfig, Workload, preset
-    from xla_kernels.serving.engine import Engine, Request
-    from xla_kernels.serving.reference import dense_greedy
+    from xla_kernels.serving.engine import Engine
     from xla_kernels.serving.weights import init_weights
+    from serving_engine import fresh, reference_tokens
 
     TINY = preset("tiny").with_weights("fp8")
     ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
@@ -218,15 +206,11 @@ TP_SCRIPT = textwrap.dedent("""
     requests = make_requests(Workload(requests=5, prompt_len=24, new_tokens=8,
                                       prompt_spread=0.8, output_spread=0.7,
                                       arrival_every=2), TINY.vocab_size, seed=2)
-    ref = dense_greedy(TINY, WEIGHTS, [r.prompt for r in requests],
-                       [r.max_new_tokens for r in requests])
-    ref = {r.id: o for r, o in zip(requests, ref)}
-    fresh = lambda: [Request(r.id, list(r.prompt), r.max_new_tokens, r.arrival)
-                     for r in requests]
+    ref = reference_tokens(TINY, WEIGHTS, requests)
     for frontend in ("jax", "torchax"):
         for attention in ("xla-kernels", "plain-xla"):
             runner = make_runner(frontend, TINY, WEIGHTS, ENGINE, attention, 2)
-            two = Engine(runner, ENGINE).run(fresh())
+            two = Engine(runner, ENGINE).run(fresh(requests))
             assert two == ref, (frontend, attention, two, ref)
         text = make_runner(frontend, TINY, WEIGHTS, ENGINE, "xla-kernels", 2).lower(
             empty_batch(16, 3, ENGINE.max_blocks_per_seq)).compile().as_text()
@@ -244,9 +228,7 @@ TP_SCRIPT = textwrap.dedent("""
 
 
 def test_fp8_tensor_parallel_matches_the_reference_without_gathering_a_weight():
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    proc = subprocess.run([sys.executable, "-c", TP_SCRIPT], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": src})
+    proc = run_on_two_cpu_devices(TP_SCRIPT)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
 
 

@@ -7,30 +7,25 @@ here, on one device."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from serving_engine import run_on_two_cpu_devices
 from xla_kernels import cli
 from xla_kernels.serving.config import EngineConfig, ModelConfig, ServingConfigError, preset
 from xla_kernels.serving.tp import check_tp, place, weight_spec
 
 PRELUDE = textwrap.dedent("""
-    import os
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
     import re
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
     from xla_kernels.serving.batch import empty_batch
     from xla_kernels.serving.bench import make_requests, make_runner
     from xla_kernels.serving.config import EngineConfig, Workload, preset
-    from xla_kernels.serving.engine import Engine, Request
-    from xla_kernels.serving.reference import dense_greedy
+    from xla_kernels.serving.engine import Engine
     from xla_kernels.serving.weights import init_weights
+    from serving_engine import fresh, reference_tokens
 
     TINY = preset("tiny")
     ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
@@ -52,15 +47,12 @@ CASES = {
         requests = make_requests(Workload(requests=6, prompt_len=24, new_tokens=10,
                                           prompt_spread=0.8, output_spread=0.7,
                                           arrival_every=2), TINY.vocab_size, seed=1)
-        ref = dense_greedy(TINY, WEIGHTS, [r.prompt for r in requests],
-                           [r.max_new_tokens for r in requests])
-        ref = {r.id: o for r, o in zip(requests, ref)}
-        fresh = lambda: [Request(r.id, list(r.prompt), r.max_new_tokens, r.arrival)
-                         for r in requests]
+        ref = reference_tokens(TINY, WEIGHTS, requests)
         for frontend in ("jax", "torchax"):
-            one = Engine(runner(frontend, 1), ENGINE).run(fresh())
-            two = Engine(runner(frontend, 2), ENGINE).run(fresh())
-            overlapped = Engine(runner(frontend, 2), ENGINE, async_scheduling=True).run(fresh())
+            one = Engine(runner(frontend, 1), ENGINE).run(fresh(requests))
+            two = Engine(runner(frontend, 2), ENGINE).run(fresh(requests))
+            overlapped = Engine(runner(frontend, 2), ENGINE,
+                                async_scheduling=True).run(fresh(requests))
             assert one == two == overlapped == ref, (frontend, one, two, overlapped, ref)
     """,
     "each_device_runs_the_custom_calls_on_half_the_kv_heads_with_no_cache_gather": """
@@ -119,10 +111,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_tensor_parallel_serving_on_two_fake_devices(case):
-    script = PRELUDE + textwrap.dedent(CASES[case]) + "\nprint('ok')\n"
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "PYTHONPATH": src})
+    proc = run_on_two_cpu_devices(PRELUDE + textwrap.dedent(CASES[case]) + "\nprint('ok')\n")
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
 
 
