@@ -25,11 +25,8 @@
 #                                               step's device time and host share) and
 #                                               serve-bench --preset 8b on the same workload,
 #                                               over TP GPUs (default 1)
-#   bash scripts/gpu_vllm.sh profile OUT [TP]   the vLLM half of bench, then its decode step's
-#                                               device time and host share (torch.profiler's
-#                                               CUDA activity: every kernel, XLA's included)
 set -uo pipefail
-job=${1:?usage: gpu_vllm.sh install|check|moe|serve|bench|profile ARG}
+job=${1:?usage: gpu_vllm.sh install|check|moe|serve|bench ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
@@ -41,36 +38,38 @@ export TPU_NAME=none TPU_ACCELERATOR_TYPE=none TPU_WORKER_ID=0
 status=0
 visible=$(python3 scripts/gpu_test_shards.py --list-gpus | wc -w)
 tps=${3:-$([ "$visible" -ge 2 ] && echo "1 2" || echo 1)}
+run_checks() {  # seconds, "NAME|check options"...: each a check run, OUT/vllm_check_NAME.*
+  local seconds=$1 case name
+  shift
+  mkdir -p "$arg"
+  for case in "$@"; do
+    name=${case%%|*}
+    # shellcheck disable=SC2086  # the case's options split into words
+    timeout "$seconds" python3 -m xla_kernels.vllm.check --platform gpu ${case#*|} \
+      --json "$arg/vllm_check_$name.json" > "$arg/vllm_check_$name.log" 2>&1
+    rc=$?; echo "check $name: exit $rc"; tail -1 "$arg/vllm_check_$name.log"
+    [ $rc -eq 0 ] || status=1
+  done
+}
 case $job in
   install)
     python3 -m pip install -q --no-index --no-deps --no-compile --target .site-vllm \
       "$arg"/*.whl || status=1 ;;
   check)
-    mkdir -p "$arg"
     cases=()
-    [[ " $tps " == *" 1 "* ]] && cases+=("flax_nnx" "vllm" "flax_nnx --kv-cache-dtype fp8")
-    [[ " $tps " == *" 2 "* ]] && cases+=("flax_nnx --tensor-parallel-size 2" "vllm --tensor-parallel-size 2")
-    for case in "${cases[@]}"; do
-      name=$(echo "tiny $case" | sed 's/--kv-cache-dtype /kv_/; s/--tensor-parallel-size /tp/; s/ /_/g')
-      # shellcheck disable=SC2086  # the case's options split into words
-      timeout 300 python3 -m xla_kernels.vllm.check --model tiny --platform gpu \
-        --model-impl $case --json "$arg/vllm_check_$name.json" > "$arg/vllm_check_$name.log" 2>&1
-      rc=$?; echo "check $name: exit $rc"; tail -1 "$arg/vllm_check_$name.log"
-      [ $rc -eq 0 ] || status=1
-    done ;;
+    [[ " $tps " == *" 1 "* ]] && cases+=("tiny_flax_nnx|--model tiny --model-impl flax_nnx"
+      "tiny_vllm|--model tiny --model-impl vllm"
+      "tiny_flax_nnx_kv_fp8|--model tiny --model-impl flax_nnx --kv-cache-dtype fp8")
+    [[ " $tps " == *" 2 "* ]] && cases+=(
+      "tiny_flax_nnx_tp2|--model tiny --model-impl flax_nnx --tensor-parallel-size 2"
+      "tiny_vllm_tp2|--model tiny --model-impl vllm --tensor-parallel-size 2")
+    run_checks 300 "${cases[@]}" ;;
   moe)
-    mkdir -p "$arg"
     cases=()
-    [[ " $tps " == *" 1 "* ]] && cases+=("tiny-moe" "tiny-moe-unnormalized")
-    [[ " $tps " == *" 2 "* ]] && cases+=("tiny-moe --tensor-parallel-size 2")
-    for case in "${cases[@]}"; do
-      name=$(echo "$case" | sed 's/ --tensor-parallel-size /_tp/')
-      # shellcheck disable=SC2086  # the case's options split into words
-      timeout 280 python3 -m xla_kernels.vllm.check --model $case --platform gpu \
-        --json "$arg/vllm_check_$name.json" > "$arg/vllm_check_$name.log" 2>&1
-      rc=$?; echo "check $name: exit $rc"; tail -1 "$arg/vllm_check_$name.log"
-      [ $rc -eq 0 ] || status=1
-    done ;;
+    [[ " $tps " == *" 1 "* ]] && cases+=("tiny-moe|--model tiny-moe"
+      "tiny-moe-unnormalized|--model tiny-moe-unnormalized")
+    [[ " $tps " == *" 2 "* ]] && cases+=("tiny-moe_tp2|--model tiny-moe --tensor-parallel-size 2")
+    run_checks 280 "${cases[@]}" ;;
   serve)
     mkdir -p "$arg"
     timeout 420 python3 benchmarks/vllm_serve.py ${3:+--tokenizer "$3"} --out "$arg" \
@@ -87,13 +86,6 @@ case $job in
       --async-scheduling --no-reference --no-progress --json "$arg/serve_bench_8b_tp$tp.json" \
       > "$arg/serve_bench_8b_tp$tp.log" 2>&1 || status=1
     tail -25 "$arg/serve_bench_8b_tp$tp.log" ;;
-  profile)
-    tp=${3:-1}
-    mkdir -p "$arg"
-    timeout 420 python3 benchmarks/vllm_throughput.py --out "$arg" --tensor-parallel-size "$tp" \
-      --kernel-trace > "$arg/vllm_profile_tp$tp.log" 2>&1 || status=1
-    [ -f "$arg/vllm_throughput.json" ] && mv "$arg/vllm_throughput.json" "$arg/vllm_host_share_tp$tp.json"
-    tail -25 "$arg/vllm_profile_tp$tp.log" ;;
-  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, bench or profile)" >&2; exit 2 ;;
+  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve or bench)" >&2; exit 2 ;;
 esac
 exit $status

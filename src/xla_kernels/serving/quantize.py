@@ -1,7 +1,7 @@
 """fp8 weights in the serving loop (``serve-bench --weights fp8`` and ``fp8-dynamic``).
 
-At load, :func:`quantize_projections` replaces every decoder projection (q/k/v/o,
-gate/up/down) by e4m3 values with one f32 scale per output channel (vLLM's fp8 checkpoint
+At load, ``weights.init_weights`` stores every decoder projection (q/k/v/o, gate/up/down)
+as e4m3 values (:func:`quantize_e4m3`) with one f32 scale per output channel (vLLM's fp8 checkpoint
 layout: ``<name>.weight`` [out, in] e4m3, ``<name>.weight_scale`` [out, 1]), on the device
 the weights live on. Embeddings, norms and the LM head keep the model's dtype.
 :func:`fp8_project` runs one projection: with the library's ``fp8_linear`` op (``--attention
@@ -29,9 +29,6 @@ PROJECTIONS = COLUMN_PARALLEL + ROW_PARALLEL
 ACTIVATION_SCHEMES = {"fp8": "none", "fp8-dynamic": "dynamic"}
 """``fp8_linear``'s ``activation_scheme`` of each fp8 weight format."""
 
-E4M3_MAX = 448.0
-
-
 def is_projection(name: str) -> bool:
     """Whether parameter ``name`` is a decoder projection's weight (what fp8 quantizes)."""
     parts = name.rsplit(".", 2)
@@ -40,32 +37,15 @@ def is_projection(name: str) -> bool:
 
 def quantize_e4m3(w: Any) -> tuple[Any, Any]:
     """(e4m3 values [out, in], f32 scales [out, 1]) of ``w`` [out, in], in JAX on ``w``'s
-    device: each row scaled so that its largest magnitude maps to about 448, the largest e4m3
+    device: each row scaled so that its largest magnitude maps to 448, the largest e4m3
     value, then rounded to nearest even (``fp8_weights.fp8_quantize``'s rule, whose NumPy
-    division by 448 may differ from this by an ulp of the scale). The scale is ``max(amax,
-    1e-12) * f32(1 / 448)``, written as the product XLA would make of a division by 448, so
-    every platform computes the same bits; ``w / scale`` never exceeds 448 by more than
-    e4m3 rounds away."""
-    import jax.numpy as jnp
+    division by 448 may differ from this by an ulp of the scale). It is the per-row rule
+    ``fp8_linear`` applies to activations (``quantize_activations``: scale ``max(amax,
+    1e-12) * f32(1 / 448)``, the same bits on every platform), here applied to a weight's
+    output channels."""
+    from xla_kernels.kernels.fp8_linear.reference import quantize_activations
 
-    w32 = jnp.asarray(w).astype(jnp.float32)
-    amax = jnp.max(jnp.abs(w32), axis=-1, keepdims=True)
-    scale = jnp.maximum(amax, jnp.float32(1e-12)) * (jnp.float32(1) / jnp.float32(E4M3_MAX))
-    return (w32 / scale).astype(jnp.float8_e4m3fn), scale
-
-
-def quantize_projections(weights: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
-    """``weights`` with every projection stored as ``config.weights`` says: unchanged for
-    ``"model"``; else ``<name>.weight`` e4m3 and ``<name>.weight_scale`` f32 [out, 1]."""
-    if config.weights == "model":
-        return weights
-    out = {}
-    for name, value in weights.items():
-        if is_projection(name):
-            out[name], out[name + "_scale"] = quantize_e4m3(value)
-        else:
-            out[name] = value
-    return out
+    return quantize_activations(w)
 
 
 def fp8_project(x: Any, weight: Any, scale: Any, *, scheme: str, kernel: bool,
@@ -139,4 +119,4 @@ def weight_bytes(weights: dict[str, Any], config: ModelConfig, tp: int = 1) -> d
 
 
 __all__ = ["ACTIVATION_SCHEMES", "PROJECTIONS", "fp8_project", "is_projection",
-           "quantize_e4m3", "quantize_projections", "weight_bytes"]
+           "quantize_e4m3", "weight_bytes"]
