@@ -145,8 +145,10 @@ def _handler_call(arrays, attrs, out=None):
     fn = load_kernel(fp8_linear, "cpu").function
     y = np.zeros((arrays[0].shape[0], arrays[1].shape[0]), arrays[0].dtype) if out is None \
         else out
+    workspace = np.zeros(1, np.float32)  # the CUDA kernel's; the CPU kernel leaves it alone
     call_handler(fn, args=[Buffer.from_array(np.ascontiguousarray(a)) for a in arrays],
-                 rets=[Buffer.from_array(y)], attrs=attrs, op_name=fp8_linear.name)
+                 rets=[Buffer.from_array(y), Buffer.from_array(workspace)], attrs=attrs,
+                 op_name=fp8_linear.name)
     return y
 
 
@@ -271,24 +273,24 @@ SHARDED = textwrap.dedent("""
         call = assert_single_custom_call(text, "xla_kernels.fp8_linear")
         return y, call, [c for c in COLLECTIVES if c in text]
 
-    # Tokens split: each device runs its rows, nothing moves.
+    # Results: (y, the CUDA kernel's workspace). Tokens split: each device runs its rows.
     y, call, comm = run((0, 0), 12, 32, [P("x"), P(), P()], "dynamic")
-    assert y.sharding.spec[0] == "x" and call.result_shape.startswith("f32[4,12]"), call.line
+    assert y.sharding.spec[0] == "x" and call.result_shape.startswith("(f32[4,12]"), call.line
     assert comm == [], comm
     # Column parallel, per-channel scales: weight rows and scales split together.
     y, call, comm = run((0, 0), 12, 32, [P(), P("x"), P("x")], "dynamic")
     assert tuple(y.sharding.spec)[1:] == ("x",), y.sharding
-    assert call.result_shape.startswith("f32[8,6]") and comm == [], (call.line, comm)
+    assert call.result_shape.startswith("(f32[8,6]") and comm == [], (call.line, comm)
     # Column parallel, block scales, out a multiple of bn: whole blocks per device.
     y, call, comm = run((4, 16), 16, 40, [P(), P("x"), P("x")])
     assert tuple(y.sharding.spec)[1:] == ("x",), y.sharding
-    assert call.result_shape.startswith("f32[8,8]") and comm == [], (call.line, comm)
+    assert call.result_shape.startswith("(f32[8,8]") and comm == [], (call.line, comm)
     # Block scales, out not a multiple of bn: out stays whole (gathered), still right.
     y, call, comm = run((4, 16), 14, 40, [P(), P("x"), P()])
-    assert call.result_shape.startswith("f32[8,14]"), call.line
+    assert call.result_shape.startswith("(f32[8,14]"), call.line
     # Row parallel (in split): the kernel sees whole rows; XLA gathers them.
     y, call, comm = run((0, 0), 12, 32, [P(None, "x"), P(None, "x"), P()], "dynamic")
-    assert call.result_shape.startswith("f32[8,12]") and "all-gather" in comm, (call.line, comm)
+    assert call.result_shape.startswith("(f32[8,12]") and "all-gather" in comm, (call.line, comm)
     print("ok")
 """)
 

@@ -27,6 +27,12 @@ SHAPES = {
     "blocks narrower than a load": (9, 96, 40, (8, 8)),
     "partial 128x128 blocks": (5, 200, 136, (128, 128)),
     "many token tiles": (300, 256, 48, (16, 32)),
+    # The tensor-core path (bf16/f16 x, in a multiple of 128): token tiles of 32 (block
+    # scales) and 64 (channel), partial ones, rows past out, several K splits.
+    "tensor cores: token tiles, partial rows": (300, 1024, 200, (128, 128)),
+    "tensor cores: channel scales, 130 tokens": (130, 512, 136, (0, 0)),
+    "tensor cores: 13 rows": (5, 256, 13, (0, 0)),
+    "tensor cores: 256 tokens, many splits": (256, 4096, 256, (128, 128)),
 }
 
 

@@ -51,9 +51,26 @@ DTYPES = ("bf16", "f16", "f32")
 FP8 = "f8e4m3fn"
 
 
+def workspace_elements(tokens: int, k: int, out: int, dtype: str, activation_scheme: str) -> int:
+    """f32 elements of the CUDA kernel's workspace (the twin of ``WorkspaceElements`` in
+    fp8_linear_ffi.h): the tensor-core path's f32 sums [tokens, out], for "dynamic" also the
+    token scales and the quantized x bytes (16-byte aligned); f32 x runs on CUDA cores: 1.
+    No comparisons of sizes, so a symbolic token count (``xk.export``) goes through.
+
+    Example:
+        >>> workspace_elements(2, 256, 8, "bf16", "dynamic")
+        149
+    """
+    if dtype == "f32":
+        return 1
+    if activation_scheme != "dynamic":
+        return tokens * out + 1
+    return (tokens * out + tokens + 3) // 4 * 4 + (tokens * k + 3) // 4 + 1
+
+
 def _output_rule(x: Spec, weight: Spec, weight_scale: Spec, *, block_shape: tuple[int, int],
-                 activation_scheme: str) -> Spec:
-    """Validate a call; returns y [tokens, out] in x's dtype."""
+                 activation_scheme: str) -> list[Spec]:
+    """Validate a call; returns [y [tokens, out] in x's dtype, the f32 workspace]."""
     tokens, k = x.shape
     out, wk = weight.shape
     if wk != k or k < 1:
@@ -79,7 +96,8 @@ def _output_rule(x: Spec, weight: Spec, weight_scale: Spec, *, block_shape: tupl
     if activation_scheme not in SCHEMES:
         raise Invalid("activation_scheme", f"unknown scheme {activation_scheme!r}",
                       f"pass one of {', '.join(repr(s) for s in SCHEMES)}")
-    return Spec((tokens, out), x.dtype)
+    workspace = workspace_elements(tokens, k, out, x.dtype, activation_scheme)
+    return [Spec((tokens, out), x.dtype), Spec((workspace,), "f32", workspace=True)]
 
 
 def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
@@ -125,4 +143,5 @@ __all__ = [
     "fp8_linear_xla",
     "fp8_quantize",
     "quantize_activations",
+    "workspace_elements",
 ]

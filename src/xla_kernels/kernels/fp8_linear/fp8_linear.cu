@@ -1,8 +1,11 @@
-// fp8_linear on NVIDIA GPUs: a skinny-M kernel for decode, where the time is the weight read
-// (design and roofline in docs/kernels/fp8_linear.md). Handler XkFp8LinearCuda; one launch
-// on XLA's stream, command-buffer compatible.
+// fp8_linear on NVIDIA GPUs (design and roofline in docs/kernels/fp8_linear.md). Handler
+// XkFp8LinearCuda, command-buffer compatible, two paths:
+// * tensor cores (fp8_linear_mma.cuh) for bf16 / f16 x, in a multiple of 128, block scales of
+//   whole 128-column chunks (W8A8 on sm_89+): a workspace memset, (W8A8) a quantize pass, the
+//   GEMM, a finalize pass;
+// * CUDA cores for the rest (f32 x, odd sizes, W8A8 on sm_80), one launch, below.
 //
-// A CTA owns kRowsPerCta output rows and a tile of kTokens tokens. Per step of kChunk
+// The CUDA-core kernel: a CTA owns kRowsPerCta output rows and a tile of kTokens tokens. Per step of kChunk
 // columns: every warp issues its 16-byte weight loads for the step (kRows rows x kChunk /
 // kWarpCols loads per lane), the CTA stages the step's x columns in shared memory as f32
 // (for "dynamic": quantized to e4m3 and back, with the row scales found in a prologue), then
@@ -19,8 +22,10 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "fp8_linear_ffi.h"
+#include "fp8_linear_mma.cuh"
 #include "fp8_linear_tuning.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -227,8 +232,86 @@ cudaError_t Launch(cudaStream_t stream, const Params& p) {
   return cudaGetLastError();
 }
 
+int DeviceAttribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&value, attr, device);
+  return value;
+}
+
+// The tensor-core path's conditions (see the file comment); the CUDA-core kernel takes the rest.
+bool UseMma(const Shape& s, const Params& p) {
+  if (s.dtype != ffi::DataType::BF16 && s.dtype != ffi::DataType::F16) return false;
+  if (s.in % mma::kChunk != 0) return false;
+  if (reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0)
+    return false;
+  if (s.bk > 0 && (s.bk % mma::kChunk != 0 || s.bn % 8 != 0)) return false;
+  if (s.dynamic) {
+    const int arch = 10 * DeviceAttribute(cudaDevAttrComputeCapabilityMajor) +
+                     DeviceAttribute(cudaDevAttrComputeCapabilityMinor);
+    if (arch < 89) return false;  // no e4m3 mma.sync before sm_89
+  }
+  return true;
+}
+
+template <typename T, typename A, bool kBlock>
+cudaError_t LaunchGemm(cudaStream_t stream, const mma::Params& mp) {
+  const int64_t chunks = mp.in / mma::kChunk;
+  const int64_t tiles_m = CeilDiv(mp.tokens, mma::kBM<kBlock>), tiles_n = CeilDiv(mp.out, mma::kBN);
+  // Split K until two CTAs per SM are busy (the weight read needs every SM's loads in flight).
+  static const int sms = DeviceAttribute(cudaDevAttrMultiProcessorCount);
+  int64_t splits = CeilDiv(2 * static_cast<int64_t>(sms > 0 ? sms : 1), tiles_m * tiles_n);
+  splits = splits < 1 ? 1 : (splits > chunks ? chunks : splits);
+  splits = splits > 65535 ? 65535 : splits;
+  mma::Params p = mp;
+  p.chunks_per_split = static_cast<int>(CeilDiv(chunks, splits));
+  splits = CeilDiv(chunks, p.chunks_per_split);
+  const dim3 grid(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n),
+                  static_cast<unsigned>(splits));
+  mma::GemmKernel<T, A, kBlock><<<grid, mma::kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
+  const int64_t tokens = p.tokens, out = p.out;
+  float* acc = workspace;
+  float* row_scale = workspace + tokens * out;
+  uint8_t* xq = reinterpret_cast<uint8_t*>(workspace + RoundUp4(tokens * out + tokens));
+  cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(float) * tokens * out, stream);
+  if (e != cudaSuccess) return e;
+  mma::Params mp{};
+  mp.x = p.x;
+  mp.w = p.w;
+  mp.scale = p.scale;
+  mp.acc = acc;
+  mp.tokens = tokens;
+  mp.in = p.in;
+  mp.out = out;
+  mp.bn = p.bn;
+  mp.bk = p.bk;
+  mp.scale_cols = p.scale_cols;
+  using A = std::conditional_t<std::is_same_v<T, __half>, __half, __nv_bfloat16>;
+  if (p.dynamic) {
+    mma::QuantizeRowsKernel<T><<<static_cast<unsigned>(tokens), mma::kThreads, 0, stream>>>(
+        static_cast<const T*>(p.x), p.in, xq, row_scale);
+    mp.x = xq;
+    e = p.bk > 0 ? LaunchGemm<T, uint8_t, true>(stream, mp)
+                 : LaunchGemm<T, uint8_t, false>(stream, mp);
+  } else {
+    e = p.bk > 0 ? LaunchGemm<T, A, true>(stream, mp) : LaunchGemm<T, A, false>(stream, mp);
+  }
+  if (e != cudaSuccess) return e;
+  const int64_t blocks = CeilDiv(tokens * out, 256);
+  mma::FinalizeKernel<T><<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0,
+                           stream>>>(acc, p.dynamic ? row_scale : nullptr, tokens, out,
+                                     static_cast<T*>(p.y));
+  return cudaGetLastError();
+}
+
 ffi::Error Fp8LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
                          ffi::AnyBuffer scale, ffi::Result<ffi::AnyBuffer> y,
+                         ffi::Result<ffi::AnyBuffer> workspace,
                          ffi::Span<const int64_t> block_shape,
                          std::string_view activation_scheme) {
   Shape s{};
@@ -250,10 +333,21 @@ ffi::Error Fp8LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w
   p.vec = s.in % kVec == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   p.vec_scale = s.bk > 0 && s.bk % kVec == 0;
   cudaError_t status;
-  switch (s.dtype) {
-    case ffi::DataType::BF16: status = Launch<__nv_bfloat16>(stream, p); break;
-    case ffi::DataType::F16: status = Launch<__half>(stream, p); break;
-    default: status = Launch<float>(stream, p); break;
+  if (UseMma(s, p)) {
+    if (static_cast<int64_t>(workspace->element_count()) < WorkspaceElements(s) ||
+        workspace->element_type() != ffi::DataType::F32)
+      return InvalidArgument(kOp, "workspace", "expected " +
+                             std::to_string(WorkspaceElements(s)) + " f32 elements",
+                             "call fp8_linear through its Python op, which sizes it");
+    float* ws = static_cast<float*>(workspace->untyped_data());
+    status = s.dtype == ffi::DataType::BF16 ? LaunchMma<__nv_bfloat16>(stream, p, ws)
+                                            : LaunchMma<__half>(stream, p, ws);
+  } else {
+    switch (s.dtype) {
+      case ffi::DataType::BF16: status = Launch<__nv_bfloat16>(stream, p); break;
+      case ffi::DataType::F16: status = Launch<__half>(stream, p); break;
+      default: status = Launch<float>(stream, p); break;
+    }
   }
   if (status != cudaSuccess)
     return ffi::Error::Internal(std::string(kOp) + ": launch failed: " +
@@ -270,6 +364,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFp8LinearCuda, xla_kernels::fp8_linear::Fp8Linea
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<ffi::Span<const int64_t>>("block_shape")
                                   .Attr<std::string_view>("activation_scheme"),

@@ -80,7 +80,9 @@ void Run(const Shape& s, const void* x, const uint8_t* weight, const float* scal
 }
 
 ffi::Error Fp8LinearCpu(ffi::AnyBuffer x, ffi::AnyBuffer weight, ffi::AnyBuffer scale,
-                        ffi::Result<ffi::AnyBuffer> y, ffi::Span<const int64_t> block_shape,
+                        ffi::Result<ffi::AnyBuffer> y,
+                        ffi::Result<ffi::AnyBuffer> /*workspace: the CUDA kernel's*/,
+                        ffi::Span<const int64_t> block_shape,
                         std::string_view activation_scheme) {
   Shape s{};
   ffi::Error err = Decode(x, weight, scale, *y, block_shape, activation_scheme, &s);
@@ -98,6 +100,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFp8LinearCpu, xla_kernels::fp8_linear::Fp8Linear
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<ffi::Span<const int64_t>>("block_shape")
                                   .Attr<std::string_view>("activation_scheme"));

@@ -13,9 +13,10 @@ import numpy as np
 # (tokens, in, out, block_shape): a Llama decode (16-byte loads, one scale per load); per
 # channel with two token tiles and a partial one; in not a multiple of 16 (byte loads) and
 # out not a multiple of the CTA's 16 rows; blocks narrower than a load (a scale per weight);
-# partial 128x128 blocks in both axes.
+# partial 128x128 blocks in both axes; the tensor-core path (bf16/f16, in a multiple of 128)
+# with three token tiles, the last partial, and rows past out.
 CASES = [(1, 4096, 4096, (128, 128)), (19, 256, 64, (0, 0)), (3, 29, 13, (0, 0)),
-         (9, 96, 40, (8, 8)), (5, 200, 136, (128, 128))]
+         (9, 96, 40, (8, 8)), (5, 200, 136, (128, 128)), (70, 512, 200, (128, 128))]
 
 
 def sanitize_cases(platform: str = "gpu") -> None:

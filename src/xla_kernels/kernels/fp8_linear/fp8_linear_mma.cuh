@@ -1,0 +1,351 @@
+// fp8_linear on tensor cores (sm_80+ for weight-only, sm_89+ for W8A8): the weight read is
+// the decode step's cost, so each lane loads whole 16-byte runs of a weight row straight into
+// registers and feeds them to mma.sync without a trip through shared memory. Design and
+// measurements: docs/kernels/fp8_linear.md.
+//
+// A CTA owns kBM tokens x kBN output rows and one split of the K chunks; its 8 warps take
+// 16 rows each (two n8 fragments) and all kBM tokens (four m16 fragments; two with block
+// scales). Per chunk of kChunk columns, lane (row g = lane / 4, quad q = lane % 4) of fragment f loads bytes
+// [64 h + 16 q, 64 h + 16 q + 16) of its row for each half h: the fragment's B operands come
+// out of those registers with the K order permuted (a dot product does not care), and the
+// CTA stages the chunk's x columns in shared memory in the same permuted order, so that
+// ldmatrix hands every warp its A fragments:
+//   W8A16 (bf16 / f16 x): m16n8k16 steps; 4 weight bytes of a lane are the step's two B
+//     registers. f16 x: e4m3 -> f16 is exact (cvt). bf16 x: the e4m3 bits are moved into
+//     bf16's fields (sign, exponent, mantissa), which is the weight times 2^-120 for normals
+//     and subnormals alike; x is staged times 2^60 (exact) and the sums are scaled back.
+//   W8A8 (x quantized per token to e4m3 by QuantizeRowsKernel): m16n8k32 e4m3 steps; 8 weight
+//     bytes are a step's two B registers.
+// Block scales (bk a multiple of kChunk, bn of 8) multiply each chunk's partial sums; channel
+// scales multiply the end result. Splits add their f32 sums into a zeroed workspace with
+// atomicAdd; FinalizeKernel scales by the token's activation scale and rounds to x's dtype.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "xla_kernels/cuda_mma.cuh"
+
+namespace xla_kernels::fp8_linear::mma {
+
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kWarps = kThreads / 32;
+// Tokens per CTA tile (m16 fragments x 16): 64 with channel scales; 32 with block scales,
+// whose per-chunk partial sums need a second set of accumulators (64 spilled).
+template <bool kBlock>
+constexpr int kBM = kBlock ? 32 : 64;
+constexpr int kNf = 2;         // n8 fragments per warp
+constexpr int kBN = kWarps * kNf * 8;  // 128 output rows per CTA
+constexpr int kChunk = 128;    // K columns per pipeline step: two 16-byte loads per lane
+constexpr int kHalves = kChunk / 64;
+constexpr float kBf16Shift = 1152921504606846976.f;  // 2^60: x's staging factor (bf16)
+
+struct Params {
+  const void* x;       // [tokens, in]: T (weight-only) or e4m3 bytes (W8A8)
+  const uint8_t* w;    // [out, in] e4m3
+  const float* scale;  // [out] per channel, or [ceil(out / bn), scale_cols] per block
+  float* acc;          // [tokens, out] f32, zeroed: the splits' sums
+  int64_t tokens, in, out;
+  int64_t bn, bk, scale_cols;  // bk == 0: per channel
+  int chunks_per_split;
+};
+
+// Staged A: per chunk, kSteps steps of BM rows x 32 bytes (a step's k16 bf16 / k32 e4m3
+// columns), each row's two 16-byte halves swapped on rows 4-7 of every 8 so that ldmatrix's
+// eight rows hit distinct banks.
+template <typename A, int BM>
+struct Stage {
+  static constexpr int kElemBytes = sizeof(A);
+  static constexpr int kSteps = kChunk * kElemBytes / 32;
+  static constexpr int kBytes = kSteps * BM * 32;
+  static constexpr int kWordsPerRow = kChunk * kElemBytes / 4;
+};
+
+template <int BM>
+__device__ __forceinline__ int SmemOffset(int step, int row, int word) {
+  const int half = (word >> 2) ^ ((row >> 2) & 1);
+  return step * BM * 32 + row * 32 + half * 16 + (word & 3) * 4;
+}
+
+// Where word `wx` (4 bytes) of a 64-column half of an x row goes, as (step within the half,
+// word of the step's 32-byte row): the inverse of the weights' permuted K order.
+template <typename A>
+__device__ __forceinline__ void PermutedWord(int wx, int* step, int* word) {
+  constexpr int kWordsPerQuad = 16 * sizeof(A) / 4;  // a lane's 16 columns, in words
+  const int q = wx / kWordsPerQuad, r = wx % kWordsPerQuad;
+  *step = r / 2;
+  *word = 4 * (r % 2) + q;
+}
+
+template <typename A>
+__device__ __forceinline__ uint32_t StageWord(uint32_t v) {
+  if constexpr (std::is_same_v<A, __nv_bfloat16>) {
+    __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&v);
+    float2 f = __bfloat1622float2(b);
+    b = __floats2bfloat162_rn(f.x * kBf16Shift, f.y * kBf16Shift);  // exact: a power of 2
+    return *reinterpret_cast<uint32_t*>(&b);
+  } else {
+    return v;
+  }
+}
+
+// Loads chunk c's x tile (rows t0.., kChunk columns) into registers: kLoads 16-byte vectors
+// per thread.
+template <typename A, int BM>
+struct XTile {
+  using S = Stage<A, BM>;
+  static constexpr int kVectors = BM * S::kWordsPerRow / 4;
+  static constexpr int kLoads = kVectors / kThreads;
+  static_assert(kVectors % kThreads == 0, "whole vectors per thread");
+  uint4 v[kLoads];
+
+  __device__ __forceinline__ void Load(const Params& p, int64_t t0, int64_t c) {
+    constexpr int kVecPerRow = S::kWordsPerRow / 4;
+    const uint8_t* x = static_cast<const uint8_t*>(p.x);
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, t = e / kVecPerRow, vec = e % kVecPerRow;
+      v[i] = make_uint4(0u, 0u, 0u, 0u);
+      if (t0 + t < p.tokens)
+        v[i] = __ldg(reinterpret_cast<const uint4*>(
+            x + ((t0 + t) * p.in + c * kChunk) * sizeof(A) + vec * 16));
+    }
+  }
+
+  __device__ __forceinline__ void Store(uint8_t* smem) const {
+    constexpr int kVecPerRow = S::kWordsPerRow / 4;
+    constexpr int kWordsPerHalf = S::kWordsPerRow / kHalves;
+    constexpr int kStepsPerHalf = S::kSteps / kHalves;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = threadIdx.x + i * kThreads, t = e / kVecPerRow, vec = e % kVecPerRow;
+      const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int wx = vec * 4 + j, half = wx / kWordsPerHalf;
+        int step, word;
+        PermutedWord<A>(wx % kWordsPerHalf, &step, &word);
+        *reinterpret_cast<uint32_t*>(
+            smem + SmemOffset<BM>(half * kStepsPerHalf + step, t, word)) = StageWord<A>(words[j]);
+      }
+    }
+  }
+};
+
+// The weights of chunk c for the lane: [fragment][half] 16 bytes.
+struct WTile {
+  uint4 v[kNf][kHalves];
+
+  __device__ __forceinline__ void Load(const Params& p, int64_t row0, int64_t c, int lane) {
+#pragma unroll
+    for (int f = 0; f < kNf; ++f) {
+      const int64_t row = row0 + f * 8 + lane / 4;
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) {
+        v[f][h] = make_uint4(0u, 0u, 0u, 0u);
+        if (row < p.out)
+          v[f][h] = __ldg(reinterpret_cast<const uint4*>(p.w + row * p.in + c * kChunk +
+                                                         64 * h + 16 * (lane % 4)));
+      }
+    }
+  }
+};
+
+// Four e4m3 bytes as two B registers of a 16-bit MMA: bytes (0, 1) and (2, 3).
+template <typename T>
+__device__ __forceinline__ void E4m3ToB16(uint32_t four, uint32_t* b0, uint32_t* b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(four & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(four >> 16), __NV_E4M3);
+    *b0 = *reinterpret_cast<const uint32_t*>(&lo);
+    *b1 = *reinterpret_cast<const uint32_t*>(&hi);
+  } else {  // bf16 fields: the value times 2^-120
+    const uint32_t lo = __byte_perm(four, 0u, 0x4140), hi = __byte_perm(four, 0u, 0x4342);
+    *b0 = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
+    *b1 = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  }
+}
+
+// D += A (16x32 e4m3, row) * B (32x8 e4m3, col), f32 accumulate (sm_89+).
+__device__ __forceinline__ void MmaE4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host launches the W8A8 kernel on sm_89+ only
+#endif
+}
+
+// One chunk's MMAs: acc[m][f] += A(stage) * W(chunk). A is T (weight-only) or uint8_t (W8A8).
+template <typename T, typename A, int kMf>
+__device__ __forceinline__ void ChunkMma(const uint8_t* smem, const WTile& w, int mfs,
+                                         int lane, float (&acc)[kMf][kNf][4]) {
+  constexpr int BM = kMf * 16;
+  constexpr int kSteps = Stage<A, BM>::kSteps, kStepsPerHalf = kSteps / kHalves;
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+    const int h = s / kStepsPerHalf, sh = s % kStepsPerHalf;
+    uint32_t b[kNf][2];
+#pragma unroll
+    for (int f = 0; f < kNf; ++f) {
+      const uint32_t words[4] = {w.v[f][h].x, w.v[f][h].y, w.v[f][h].z, w.v[f][h].w};
+      if constexpr (std::is_same_v<A, uint8_t>) {
+        b[f][0] = words[2 * sh];
+        b[f][1] = words[2 * sh + 1];
+      } else {
+        E4m3ToB16<T>(words[sh], &b[f][0], &b[f][1]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kMf; ++m) {
+      if (m < mfs) {  // uniform across the CTA
+        const int j = lane / 8, row = m * 16 + (j % 2) * 8 + lane % 8;
+        const int half = (j / 2) ^ ((row >> 2) & 1);
+        uint32_t a[4];
+        cuda_mma::ldsm_x4(a, smem + s * BM * 32 + row * 32 + half * 16);
+#pragma unroll
+        for (int f = 0; f < kNf; ++f) {
+          if constexpr (std::is_same_v<A, uint8_t>) {
+            MmaE4m3(acc[m][f], a, b[f][0], b[f][1]);
+          } else {
+            cuda_mma::mma16816<T>(acc[m][f], a, b[f][0], b[f][1]);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <typename T, typename A, bool kBlock>
+__global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
+  constexpr int BM = kBM<kBlock>, kMf = BM / 16;
+  __shared__ __align__(16) uint8_t smem[2][Stage<A, BM>::kBytes];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * BM;
+  const int64_t n_cta = static_cast<int64_t>(blockIdx.y) * kBN;
+  const int64_t row0 = n_cta + warp * kNf * 8;
+  const int64_t chunks = p.in / kChunk;
+  const int64_t c_begin = static_cast<int64_t>(blockIdx.z) * p.chunks_per_split;
+  const int64_t c_end = c_begin + p.chunks_per_split < chunks ? c_begin + p.chunks_per_split
+                                                               : chunks;
+  if (c_begin >= c_end) return;
+  const int64_t nt = p.tokens - t0 < BM ? p.tokens - t0 : BM;
+  const int mfs = static_cast<int>((nt + 15) / 16);
+
+  float acc[kMf][kNf][4];
+#pragma unroll
+  for (int m = 0; m < kMf; ++m)
+#pragma unroll
+    for (int f = 0; f < kNf; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][f][i] = 0.f;
+
+  WTile w_cur, w_next;
+  XTile<A, BM> x_next;
+  w_cur.Load(p, row0, c_begin, lane);
+  x_next.Load(p, t0, c_begin);
+  x_next.Store(smem[0]);
+  __syncthreads();
+  for (int64_t c = c_begin; c < c_end; ++c) {
+    const bool more = c + 1 < c_end;
+    if (more) {
+      w_next.Load(p, row0, c + 1, lane);
+      x_next.Load(p, t0, c + 1);
+    }
+    const uint8_t* stage = smem[(c - c_begin) & 1];
+    if constexpr (kBlock) {
+      float part[kMf][kNf][4];
+#pragma unroll
+      for (int m = 0; m < kMf; ++m)
+#pragma unroll
+        for (int f = 0; f < kNf; ++f)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) part[m][f][i] = 0.f;
+      ChunkMma<T, A, kMf>(stage, w_cur, mfs, lane, part);
+      const int64_t kb = c * kChunk / p.bk;
+#pragma unroll
+      for (int f = 0; f < kNf; ++f) {
+        const int64_t frag_row = row0 + f * 8;  // a fragment's 8 rows share one block row
+        const float s = frag_row < p.out ? __ldg(p.scale + (frag_row / p.bn) * p.scale_cols + kb)
+                                         : 0.f;
+#pragma unroll
+        for (int m = 0; m < kMf; ++m)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[m][f][i] = fmaf(part[m][f][i], s, acc[m][f][i]);
+      }
+    } else {
+      ChunkMma<T, A, kMf>(stage, w_cur, mfs, lane, acc);
+    }
+    if (more) x_next.Store(smem[(c + 1 - c_begin) & 1]);
+    __syncthreads();
+    if (more) w_cur = w_next;
+  }
+
+  // C fragment: lane holds (token g, rows 2q, 2q + 1) and (token g + 8, the same rows).
+  constexpr bool kShifted = std::is_same_v<A, __nv_bfloat16>;
+  const float unshift = kShifted ? kBf16Shift : 1.f;
+#pragma unroll
+  for (int f = 0; f < kNf; ++f) {
+    const int64_t col = row0 + f * 8 + 2 * (lane % 4);
+    float cs[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      cs[j] = col + j < p.out ? (kBlock ? 1.f : __ldg(p.scale + col + j)) * unshift : 0.f;
+#pragma unroll
+    for (int m = 0; m < kMf; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t t = m * 16 + lane / 4 + (i / 2) * 8, n = col + (i % 2);
+        if (t < nt && n < p.out) atomicAdd(p.acc + (t0 + t) * p.out + n, acc[m][f][i] * cs[i % 2]);
+      }
+    }
+  }
+}
+
+// W8A8's first pass: each CTA quantizes one token's row (fp8_linear's "dynamic" rule, as
+// the CUDA-core kernel and the CPU kernel apply it) and records its scale.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64_t in,
+                                                               uint8_t* xq, float* row_scale) {
+  __shared__ float warp_max[kWarps];
+  const int64_t t = blockIdx.x;
+  const T* xr = x + t * in;
+  float amax = 0.f;
+  for (int64_t i = threadIdx.x; i < in; i += kThreads)
+    amax = fmaxf(amax, fabsf(static_cast<float>(xr[i])));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float s = ActivationScale(amax);
+  if (threadIdx.x == 0) row_scale[t] = s;
+  for (int64_t i = threadIdx.x; i < in; i += kThreads)
+    xq[t * in + i] = __nv_cvt_float_to_fp8(static_cast<float>(xr[i]) / s, __NV_SATFINITE,
+                                           __NV_E4M3);
+}
+
+// y = acc (times the token's activation scale, W8A8) rounded to T.
+template <typename T>
+__global__ void FinalizeKernel(const float* acc, const float* row_scale, int64_t tokens,
+                               int64_t out, T* y) {
+  const int64_t n = tokens * out;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = row_scale ? acc[i] * row_scale[i / out] : acc[i];
+    y[i] = static_cast<T>(v);
+  }
+}
+
+}  // namespace xla_kernels::fp8_linear::mma
