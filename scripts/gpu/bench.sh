@@ -8,6 +8,8 @@
 #   simple_add       simple_add vs XLA's add over sizes and dtypes
 #   eager_dispatch   the eager (torch) call's host cost
 #   ragged           ragged_paged_attention vs plain XLA, FlashAttention-3 and cuDNN
+#   ragged_dense     fresh causal prefills (5 shapes, 8 chained calls per program): ours vs
+#                    FA3, cuDNN paged and cuDNN dense (jax.nn.dot_product_attention)
 #   paged            paged_attention vs XLA, Pallas, FA3 and cuDNN ("peers" matrix)
 #   fused_kv         the fused K/V cache vs separate caches
 #   decode_trace     CUPTI kernel timestamps: ours, cuDNN and ours on fp8 caches
@@ -20,12 +22,13 @@
 #                    (Llama-3-8B's linears, 1-256 tokens; fraction of the weight-read roofline)
 # Writes the benchmark's files and OUT_DIR/NAME.txt.
 source "$(dirname "$0")/common.sh" "${1:-}"
-name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling|moe|fp8_linear [--quick]}
+name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|ragged_dense|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling|moe|fp8_linear [--quick]}
 quick=${3:-}
 case $name in
   simple_add) cmd=(benchmarks/simple_add.py --out "$out") ;;
   eager_dispatch) cmd=(benchmarks/eager_dispatch.py --out "$out") ;;
   ragged) cmd=(benchmarks/ragged_paged_attention.py --out "$out" $quick) ;;
+  ragged_dense) cmd=(benchmarks/ragged_paged_attention.py --out "$out" --matrix dense $quick) ;;
   paged) cmd=(benchmarks/paged_attention.py --out "$out" --matrix peers $quick) ;;
   fused_kv) cmd=(benchmarks/fused_kv.py --out "$out") ;;
   decode_trace) cmd=(benchmarks/decode_trace.py --out "$out" --configs 128x8192 32x2048 8x32768
