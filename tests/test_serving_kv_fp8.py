@@ -189,7 +189,10 @@ def test_serve_bench_fp8_weights_and_cache_match_and_record_the_kv_bytes(tmp_pat
     assert kv["bytes_per_token"] == kv["per_device"] == 512
     decode = sorted(s["context_tokens"] for s in result["steps"] if s["kind"] == "decode")
     assert kv["decode_bytes_read_per_step"] == round(np.median(decode) * 512)
-    assert result["breakdown"]["attention_ms"] > 0                # the replay's fp8 caches
+    breakdown = result["breakdown"]
+    assert breakdown["attention_ms"] > 0                          # the replay's fp8 caches
+    assert breakdown["replayed_kv_bytes_read"] == 512 * breakdown["replayed_num_seqs"] \
+        * breakdown["replayed_context_per_seq"]
     printed = capsys.readouterr().out
     assert "tiny bfloat16 fp8 weights fp8 KV cache, jax" in printed
     assert "per decode step (median; float8_e4m3fn, 0.5 KiB per token)" in printed

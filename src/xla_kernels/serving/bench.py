@@ -520,6 +520,8 @@ def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: E
     return {
         "replayed_num_seqs": widest.num_seqs,
         "replayed_context_per_seq": widest.context_tokens // widest.num_seqs,
+        # the replayed step's KV read (its batch's kv_lens, all layers), next to its device ms
+        "replayed_kv_bytes_read": int(batch.kv_lens.sum()) * model.kv_bytes_per_token(),
         "decode_step_ms": round(wall, 4),
         "decode_step_device_ms": round(step_ms, 4),
         "host_and_dispatch_ms": round(wall - step_ms, 4),
