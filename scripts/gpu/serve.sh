@@ -21,8 +21,14 @@
 #                            fp8_linear op; 8b_jax_fp8_plain_xla_async: fp8 through XLA's own
 #                            dot (fp8_linear_xla). Up to 3 minutes each (4 for the fp8_linear
 #                            runs, whose CUDA-core kernel is slow at prefill): two per call.
+#   8b_jax_kvfp8_async       8b, bf16 weights, --kv-cache-dtype fp8 (e4m3 K/V caches), async,
+#                            timed (up to 3 minutes); 8b_jax_fp8_kvfp8_async: fp8 weights and
+#                            fp8 KV cache (up to 4). With 8b_jax_async and 8b_jax_fp8_async:
+#                            the {bf16, fp8 weights} x {bf16, fp8 KV cache} table
 #   tiny_jax_fp8 tiny_torchax_fp8 tiny_jax_fp8_dynamic tiny_jax_fp8_plain_xla
 #                            the tiny preset with fp8 weights, checked token for token
+#   tiny_jax_kvfp8 tiny_torchax_kvfp8
+#                            the tiny preset with an fp8 KV cache, checked token for token
 # Writes OUT_DIR/serve_RUN.json and .txt per run.
 source "$(dirname "$0")/common.sh" "${1:-}"
 shift
@@ -68,6 +74,15 @@ for name in "$@"; do
                             --weights fp8-dynamic ;;
     tiny_jax_fp8_plain_xla) serve_run tiny_jax_fp8_plain_xla 120 --preset tiny \
                               --frontend jax --weights fp8 --attention plain-xla ;;
+    8b_jax_kvfp8_async) serve_run 8b_jax_kvfp8_async 180 --preset 8b --frontend jax \
+                          --kv-cache-dtype fp8 --no-reference --async-scheduling ;;
+    8b_jax_fp8_kvfp8_async) serve_run 8b_jax_fp8_kvfp8_async 240 --preset 8b --frontend jax \
+                              --weights fp8 --kv-cache-dtype fp8 --no-reference \
+                              --async-scheduling ;;
+    tiny_jax_kvfp8) serve_run tiny_jax_kvfp8 120 --preset tiny --frontend jax \
+                      --kv-cache-dtype fp8 ;;
+    tiny_torchax_kvfp8) serve_run tiny_torchax_kvfp8 120 --preset tiny --frontend torchax \
+                          --kv-cache-dtype fp8 ;;
     *) echo "serve.sh: unknown run '$name'" >&2; status=1 ;;
   esac
 done

@@ -426,6 +426,10 @@ def _serve_bench_parser(sub: Any) -> None:
                      help="the decoder's q/k/v/o and gate/up/down projections: model (the "
                           "model's dtype; default), fp8 (e4m3, per-channel scales, weight-only "
                           "W8A16) or fp8-dynamic (W8A8, per-token activation scales)")
+    srv.add_argument("--kv-cache-dtype", default="auto",
+                     help="the paged K and V caches: auto (the model's dtype; default) or fp8 "
+                          "(float8_e4m3fn, per-tensor scales 1.0, as vLLM's "
+                          "kv_cache_dtype=\"fp8\")")
     srv.add_argument("--check-dtype",
                      help="dtype of the token-for-token reference check (default float32; "
                           "a model in another dtype is re-run untimed in it)")
@@ -509,7 +513,7 @@ def serve_bench(args: argparse.Namespace) -> int:
     options = BenchOptions(
         preset=args.preset, frontend=args.frontend, attention=args.attention,
         platform=args.platform, dtype=args.dtype, check_dtype=args.check_dtype,
-        weights=args.weights,
+        weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
         shuffle_blocks=args.shuffle_blocks, reference=not args.no_reference,
         breakdown=not args.no_breakdown, progress=not args.no_progress,
         json_path=args.json_path, plot_path=args.plot_path, profile_dir=args.profile_dir,
@@ -517,6 +521,8 @@ def serve_bench(args: argparse.Namespace) -> int:
     result = run(options)
     config = result["config"]
     weights = "" if config["weights"] == "model" else f" {config['weights']} weights"
+    if config["kv_cache_dtype"] != "auto":
+        weights += f" {config['kv_cache_dtype']} KV cache"
     rows = [("config", f"{config['preset']} {config['dtype']}{weights}, {config['frontend']}, "
                        f"{config['attention']}, {config['device']}"
                        + (f" x {config['tp']} (tp)" if config["tp"] > 1 else "")
@@ -526,6 +532,7 @@ def serve_bench(args: argparse.Namespace) -> int:
                          f"in {result['wall_s']} s, {result['steps_run']} steps)"),
             ("decode step", f"{result['decode_step_ms']} ms"),
             ("weights read", _weights_line(result["weights"], config["tp"])),
+            ("KV cache read", _kv_cache_line(result["kv_cache"], config["tp"])),
             ("prefill", f"{result['prefill_tokens_per_s']} tokens/s"),
             ("matches_reference", str(result["matches_reference"]))]
     divergence = result["reference_check"].get("first_divergence")
@@ -556,6 +563,24 @@ def _weights_line(read: dict[str, Any], tp: int) -> str:
     """
     line = f"{read['bytes_read_per_step'] / 2**20:.1f} MiB per step (all but the embedding)"
     return line + (f", {read['per_device'] / 2**20:.1f} MiB per device" if tp > 1 else "")
+
+
+def _kv_cache_line(read: dict[str, Any], tp: int) -> str:
+    """What a decode step reads of the KV cache (serve-bench's ``kv_cache`` record).
+
+    Example:
+        >>> _kv_cache_line({"dtype": "float8_e4m3fn", "bytes_per_token": 65536,
+        ...                 "decode_bytes_read_per_step": 3 * 2**20, "per_device": 32768,
+        ...                 "decode_bytes_read_per_step_per_device": 3 * 2**19}, 2)
+        '3.0 MiB per decode step (median; float8_e4m3fn, 64.0 KiB per token), 1.5 MiB per device'
+    """
+    kind = f"{read['dtype']}, {read['bytes_per_token'] / 2**10:.1f} KiB per token"
+    step = read["decode_bytes_read_per_step"]
+    if step is None:
+        return f"no decode step ({kind})"
+    line = f"{step / 2**20:.1f} MiB per decode step (median; {kind})"
+    return line + (f", {read['decode_bytes_read_per_step_per_device'] / 2**20:.1f} MiB per "
+                   "device" if tp > 1 else "")
 
 
 def _sampling_text(sampling: dict[str, Any]) -> str:

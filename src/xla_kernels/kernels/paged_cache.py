@@ -176,6 +176,19 @@ def join_fused(key_cache: Any, value_cache: Any) -> np.ndarray:
     return out
 
 
+def fp8_query_dtype(query_dtype: Any) -> np.dtype:
+    """The dtype attention over an fp8 cache takes queries in: ``query_dtype`` if it is 16-bit
+    (:data:`FP8_QUERY_DTYPES`), else bfloat16 (an f32 model casts its queries, and the output
+    back, around the op).
+
+    Example:
+        >>> str(fp8_query_dtype(np.float16)), str(fp8_query_dtype(np.float32))
+        ('float16', 'bfloat16')
+    """
+    dtype = np.dtype(query_dtype)
+    return dtype if dtype.itemsize == 2 else dtypes.to_numpy("bf16")
+
+
 def quantize_fp8(x: Any, scale: float) -> np.ndarray:
     """``x / scale`` (in f32) as ``float8_e4m3fn`` in NumPy: round to nearest even, saturated
     to +-448 (infinities too), NaN kept: what ``reshape_and_cache`` stores in an fp8 cache.

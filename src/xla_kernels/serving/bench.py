@@ -55,6 +55,7 @@ from xla_kernels.serving.config import (
     ATTENTIONS,
     DTYPES,
     FRONTENDS,
+    KV_CACHE_DTYPES,
     PLATFORMS,
     WEIGHT_FORMATS,
     EngineConfig,
@@ -262,7 +263,8 @@ def attention_replay(config: ModelConfig, engine: EngineConfig, attention: str,
     kv = put(jax.random.normal(key, (rows, config.num_kv_heads, config.head_dim),
                                config.dtype), None, AXIS)
     shape = cache_shape(config, engine)
-    caches = tuple(put(jnp.zeros(shape, config.dtype), None, None, AXIS) for _ in range(2))
+    caches = tuple(put(jnp.zeros(shape, config.cache_dtype), None, None, AXIS)
+                   for _ in range(2))
     device_batch = put(jax.device_put(batch))
 
     def layers(q: Any, kv: Any, caches: tuple[Any, Any], batch: StepBatch) -> Any:
@@ -297,6 +299,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
     check_choice("--attention", options.attention, ATTENTIONS)
     model = entry.model.with_dtype(options.dtype) if options.dtype else entry.model
     model = model.with_weights(check_choice("--weights", options.weights, WEIGHT_FORMATS))
+    model = model.with_kv_cache(check_choice("--kv-cache-dtype", options.kv_cache_dtype,
+                                             KV_CACHE_DTYPES))
     check_dtype = check_choice("--check-dtype", options.check_dtype or "float32", DTYPES)
     check_options(options, entry)
     devices = _devices(options.platform)
@@ -337,7 +341,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
             raise AssertionError("a bucket compiled during the timed run")
 
         result = _metrics(engine, outputs, wall_s)
-        result.update(compile_s=round(compile_s, 3), compiled_programs=compiled, weights=read)
+        result.update(compile_s=round(compile_s, 3), compiled_programs=compiled, weights=read,
+                      kv_cache=kv_cache_bytes(model, options.tp, engine.records))
 
         if options.breakdown:
             result["breakdown"] = _breakdown(runner, engine, model, engine_config,
@@ -374,6 +379,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         "async_scheduling": options.async_scheduling,
         "sampling": dataclasses.asdict(sampling_of(options)),
         "device": device.device_kind, "dtype": model.dtype, "weights": model.weights,
+        "kv_cache_dtype": model.kv_cache,
         "seed": options.seed,
         "model": dataclasses.asdict(model), "params": model.num_params(),
         "workload": dataclasses.asdict(workload),
@@ -399,6 +405,36 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         if options.json_path:
             Path(options.json_path).write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def kv_cache_bytes(model: ModelConfig, tp: int, records: list[StepRecord]) -> dict[str, Any]:
+    """What attention reads of the KV cache, for the roofline next to the ``weights``
+    record: ``kv_cache_dtype`` ("auto" or "fp8") and ``dtype`` (the cache's elements);
+    ``bytes_per_token``, one context token's K and V over all layers (``per_device``: on
+    each of ``tp`` devices, which split the kv heads); ``decode_bytes_read_per_step``, the
+    median over decode steps of their context tokens (every sequence's K/V once, the new
+    token's included) times ``bytes_per_token``, the statistic ``decode_step_ms`` takes of
+    the same steps (``None`` without decode steps). A step's own bytes are its record's
+    ``context_tokens`` times ``bytes_per_token``. An fp8 cache's scales are two scalars
+    (attributes), no bytes.
+
+    Example:
+        >>> from xla_kernels.serving.config import preset
+        >>> steps = [StepRecord(0, 2, 16, 0, 2, 100, 2, 0, 0.1, 1.0)]
+        >>> read = kv_cache_bytes(preset("tiny").with_kv_cache("fp8"), 2, steps)
+        >>> read["dtype"], read["bytes_per_token"], read["per_device"]
+        ('float8_e4m3fn', 512, 256)
+        >>> read["decode_bytes_read_per_step"], read["decode_bytes_read_per_step_per_device"]
+        (51200, 25600)
+    """
+    per_token, per_device = model.kv_bytes_per_token(), model.kv_bytes_per_token(tp)
+    contexts = [r.context_tokens for r in records if r.kind == "decode"]
+    context = statistics.median(contexts) if contexts else None
+    return {"kv_cache_dtype": model.kv_cache, "dtype": model.cache_dtype,
+            "bytes_per_token": per_token, "per_device": per_device,
+            "decode_bytes_read_per_step": None if context is None else round(context * per_token),
+            "decode_bytes_read_per_step_per_device":
+                None if context is None else round(context * per_device)}
 
 
 def _given(value: int | None, default: int) -> int:
@@ -484,6 +520,8 @@ def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: E
     return {
         "replayed_num_seqs": widest.num_seqs,
         "replayed_context_per_seq": widest.context_tokens // widest.num_seqs,
+        # the replayed step's KV read (its batch's kv_lens, all layers), next to its device ms
+        "replayed_kv_bytes_read": int(batch.kv_lens.sum()) * model.kv_bytes_per_token(),
         "decode_step_ms": round(wall, 4),
         "decode_step_device_ms": round(step_ms, 4),
         "host_and_dispatch_ms": round(wall - step_ms, 4),
@@ -517,5 +555,5 @@ def _decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
     return batch
 
 
-__all__ = ["BenchOptions", "Progress", "attention_replay", "make_requests", "make_runner",
-           "runtime_env", "serve_bench"]
+__all__ = ["BenchOptions", "Progress", "attention_replay", "kv_cache_bytes", "make_requests",
+           "make_runner", "runtime_env", "serve_bench"]

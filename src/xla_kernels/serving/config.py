@@ -40,6 +40,18 @@ channel, weight-only (W8A16); ``fp8-dynamic`` the same weights with the activati
 quantized per token (W8A8). See :mod:`xla_kernels.serving.quantize`."""
 
 
+KV_CACHE_DTYPES = ("auto", "fp8")
+"""How the paged K and V caches are stored: ``auto`` in the model's dtype; ``fp8`` as
+``float8_e4m3fn`` (vLLM's ``kv_cache_dtype="fp8"``), written with per-tensor scales of 1.0 and
+read by attention with 16-bit queries. See :mod:`xla_kernels.serving.attention`."""
+
+FP8_CACHE_DTYPE = "float8_e4m3fn"
+"""The NumPy name of an fp8 cache's dtype."""
+
+ITEMSIZES = {"float32": 4, "bfloat16": 2, "float16": 2, FP8_CACHE_DTYPE: 1}
+"""Bytes per element of each model or cache dtype."""
+
+
 class ServingConfigError(XlaKernelsError, ValueError):
     """A bad serving option: the message names the option and the fix."""
 
@@ -70,8 +82,9 @@ class ModelConfig:
     style: a linear router, softmax, the top ``experts_per_token``, renormalized; experts of
     ``moe_intermediate_size``), computed by the ``fused_moe`` op.
 
-    ``dtype`` is the dtype of the weights, activations and KV cache (a NumPy name);
-    ``weights`` (one of :data:`WEIGHT_FORMATS`) how the linear projections are stored.
+    ``dtype`` is the dtype of the weights and activations (a NumPy name); ``weights`` (one
+    of :data:`WEIGHT_FORMATS`) how the linear projections are stored; ``kv_cache`` (one of
+    :data:`KV_CACHE_DTYPES`) how the KV cache is (:attr:`cache_dtype`).
     ``max_context`` is the longest sequence (prompt + output) the model is run at: rotary
     embeddings have no hard limit, so this bounds a run (its steps and its cache) instead;
     32768 is the longest context the kernels are benchmarked at.
@@ -93,6 +106,7 @@ class ModelConfig:
     experts_per_token: int = 0
     moe_intermediate_size: int = 0
     weights: str = "model"
+    kv_cache: str = "auto"
 
     def __post_init__(self) -> None:
         if self.num_experts and not (1 <= self.experts_per_token <= self.num_experts
@@ -107,12 +121,30 @@ class ModelConfig:
                 f"{self.num_kv_heads} kv heads. Fix: pick a kv head count that divides them.")
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("--weights", self.weights, WEIGHT_FORMATS)
+        check_choice("--kv-cache-dtype", self.kv_cache, KV_CACHE_DTYPES)
         if self.weights != "model" and self.num_experts:
             raise ServingConfigError(
                 f"--weights {self.weights}: model {self.name!r} is a mixture of experts, and "
                 "serve-bench quantizes only dense decoders' projections (fp8 experts would "
                 "need fused_moe_fp8). Fix: pass --weights model, or a dense preset (tiny, 1b "
                 "or 8b).")
+
+    @property
+    def cache_dtype(self) -> str:
+        """The K and V caches' dtype (a NumPy name): the model's, or ``float8_e4m3fn``."""
+        return FP8_CACHE_DTYPE if self.kv_cache == "fp8" else self.dtype
+
+    def kv_bytes_per_token(self, tp: int = 1) -> int:
+        """Cache bytes one token's K and V take over all layers (on each of ``tp`` devices,
+        which split the kv heads): what attention reads per context token.
+
+        Example:
+            >>> m = preset("8b")
+            >>> m.kv_bytes_per_token(), m.with_kv_cache("fp8").kv_bytes_per_token(tp=2)
+            (131072, 32768)
+        """
+        elements = 2 * self.num_layers * self.num_kv_heads * self.head_dim
+        return elements * ITEMSIZES[self.cache_dtype] // tp
 
     def num_params(self) -> int:
         """Parameters, embedding and LM head counted separately (they are not tied); every
@@ -133,6 +165,10 @@ class ModelConfig:
     def with_weights(self, weights: str) -> ModelConfig:
         """The same model with its projections stored as ``weights`` says."""
         return dataclasses.replace(self, weights=weights)
+
+    def with_kv_cache(self, kv_cache: str) -> ModelConfig:
+        """The same model with its KV cache stored as ``kv_cache`` says ("auto" or "fp8")."""
+        return dataclasses.replace(self, kv_cache=kv_cache)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -283,6 +319,7 @@ def cache_shape(config: ModelConfig, engine: EngineConfig) -> tuple[int, int, in
     return (engine.num_blocks, engine.block_size, config.num_kv_heads, config.head_dim)
 
 
-__all__ = ["ATTENTIONS", "DTYPES", "FRONTENDS", "PLATFORMS", "PRESETS", "WEIGHT_FORMATS",
+__all__ = ["ATTENTIONS", "DTYPES", "FP8_CACHE_DTYPE", "FRONTENDS", "ITEMSIZES", "KV_CACHE_DTYPES",
+           "PLATFORMS", "PRESETS", "WEIGHT_FORMATS",
            "EngineConfig", "ModelConfig", "Preset", "ServingConfigError", "Workload",
            "cache_shape", "check_choice", "preset", "preset_entry"]

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xla_kernels.serving.attention import paged_attention, write_kv
+from xla_kernels.serving.attention import KV_SCALE, paged_attention, write_kv
 from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig
 from xla_kernels.serving.sampling import Sampling, sample_torch
@@ -143,6 +143,14 @@ class Attention(nn.Module):
         self._write_xla = functools.partial(write_kv, "plain-xla")
         self._attend_xla = functools.partial(paged_attention, "plain-xla", scale=self.scale)
 
+    @staticmethod
+    def _query_dtype(q: torch.Tensor, key_cache: torch.Tensor) -> torch.dtype:
+        """The dtype the op takes ``q`` in: its own, or over an fp8 cache a 16-bit one
+        (:func:`~xla_kernels.kernels.paged_cache.fp8_query_dtype`'s rule, which the JAX
+        model applies, on torch dtypes: f32 queries become bfloat16)."""
+        if key_cache.dtype != torch.float8_e4m3fn or q.dtype.itemsize == 2:
+            return q.dtype
+        return torch.bfloat16
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
                 batch: StepBatch) -> tuple[torch.Tensor, KVCache]:
         interop = _interop()
@@ -154,10 +162,12 @@ class Attention(nn.Module):
         key_cache, value_cache = kv_cache
         if self.attention == "xla-kernels":
             torch.ops.xla_kernels.reshape_and_cache(k, v, key_cache, value_cache,
-                                                    batch.slot_mapping)
+                                                    batch.slot_mapping, k_scale=KV_SCALE,
+                                                    v_scale=KV_SCALE)
             out = torch.ops.xla_kernels.ragged_paged_attention(
-                q, key_cache, value_cache, batch.kv_lens, batch.block_tables,
-                batch.cu_q_lens, batch.num_seqs, scale=self.scale)
+                q.to(self._query_dtype(q, key_cache)), key_cache, value_cache, batch.kv_lens,
+                batch.block_tables, batch.cu_q_lens, batch.num_seqs, scale=self.scale,
+                k_scale=KV_SCALE, v_scale=KV_SCALE).to(q.dtype)
         else:
             key_cache, value_cache = interop.call_jax(self._write_xla, k, v, key_cache,
                                                       value_cache, batch.slot_mapping)

@@ -47,10 +47,6 @@ run of more would take hours even on the tiny preset."""
 BLOCK_SIZES = (16, 32, 64)
 """Tokens per cache block that the kernels take."""
 
-ITEMSIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
-"""Bytes per cache element of each model dtype."""
-
-
 @dataclasses.dataclass
 class BenchOptions:
     """serve-bench's options; ``None`` takes the preset's default."""
@@ -65,6 +61,7 @@ class BenchOptions:
     dtype: str | None = None
     check_dtype: str | None = None       # the equality check's dtype; None: float32
     weights: str = "model"               # projections: model dtype, fp8 or fp8-dynamic
+    kv_cache_dtype: str = "auto"         # the KV cache: auto (the model's dtype) or fp8
     seed: int = 0
     block_size: int | None = None
     num_blocks: int | None = None        # None: every admitted request fits at once
@@ -310,8 +307,7 @@ def check_memory(model: ModelConfig, engine: EngineConfig, tp: int, device: Any)
     available = memory_bytes(device)
     if available is None:
         return
-    per_block = (2 * model.num_layers * engine.block_size * model.num_kv_heads
-                 * model.head_dim * ITEMSIZES[model.dtype]) // tp
+    per_block = engine.block_size * model.kv_bytes_per_token(tp)
     if engine.num_blocks * per_block <= available:
         return
     raise ServingConfigError(

@@ -5,7 +5,10 @@ one call with full causal attention (:func:`~xla_kernels.serving.attention.dense
 its K/V kept in a contiguous per-request cache; then all requests decode in lockstep, one
 token per call, attending their contiguous cache. Greedy tokens from here are what the paged
 engine must reproduce, token for token. The reference is JAX code whichever frontend the
-engine ran: both frontends load the same weights, so both must give these tokens.
+engine ran: both frontends load the same weights, so both must give these tokens. With an
+fp8 KV cache (``config.kv_cache == "fp8"``) the reference keeps the K/V rounded through e4m3
+exactly as the cache write rounds them, and attends with the queries the paged attention
+takes (16-bit): the same model, so the same tokens.
 
 With random weights, the two best logits of a step are sometimes nearly equal; the order
 in which a kernel sums can then pick the other one, legitimately. So the reference also
@@ -34,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from xla_kernels.serving.attention import dense_attention
+from xla_kernels.serving.attention import as_cached, attention_queries, dense_attention
 from xla_kernels.serving.config import ModelConfig
 from xla_kernels.serving.model_jax import decoder
 
@@ -52,6 +55,17 @@ def _top2(weights: dict[str, Any], hidden: Any) -> tuple[Any, Any, Any]:
     return tokens[..., 0].astype("int32"), margin, tokens[..., 1].astype("int32")
 
 
+def _attention(config: ModelConfig, q: Any, k: Any, v: Any, q_positions: Any,
+               k_positions: Any) -> Any:
+    """Dense attention as the paged step computes it over ``config``'s cache: with an fp8
+    cache the queries in 16 bits (:func:`~xla_kernels.serving.attention.attention_queries`;
+    ``k``/``v`` already :func:`~xla_kernels.serving.attention.as_cached`), the output back
+    in the model's dtype."""
+    out = dense_attention(attention_queries(q, config.cache_dtype), k, v, q_positions,
+                          k_positions)
+    return out.astype(q.dtype)
+
+
 def _prefill(weights: dict[str, Any], cache: DenseCache, tokens: Any, length: Any,
              index: Any, *, config: ModelConfig) -> tuple[Any, DenseCache]:
     """Request ``index``'s prompt ``tokens`` [P] (padded; ``length`` real) -> its first
@@ -62,10 +76,11 @@ def _prefill(weights: dict[str, Any], cache: DenseCache, tokens: Any, length: An
     positions = jax.numpy.arange(tokens.shape[0])[None]
 
     def attend(layer: int, q: Any, k: Any, v: Any) -> Any:
+        k, v = as_cached(k, config.cache_dtype), as_cached(v, config.cache_dtype)
         kc, vc = updated[layer]
         updated[layer] = (jax.lax.dynamic_update_slice(kc, k, (index, 0, 0, 0)),
                           jax.lax.dynamic_update_slice(vc, v, (index, 0, 0, 0)))
-        return dense_attention(q, k, v, positions, positions)
+        return _attention(config, q, k, v, positions, positions)
 
     hidden = decoder(weights, config, tokens[None], positions, attend)
     return _top2(weights, hidden[0, length - 1]), tuple(updated)
@@ -83,10 +98,10 @@ def _decode(weights: dict[str, Any], cache: DenseCache, tokens: Any, positions: 
 
     def attend(layer: int, q: Any, k: Any, v: Any) -> Any:
         kc, vc = updated[layer]
-        kc = kc.at[rows, positions].set(k[:, 0])
-        vc = vc.at[rows, positions].set(v[:, 0])
+        kc = kc.at[rows, positions].set(as_cached(k[:, 0], config.cache_dtype))
+        vc = vc.at[rows, positions].set(as_cached(v[:, 0], config.cache_dtype))
         updated[layer] = (kc, vc)
-        return dense_attention(q, kc, vc, positions[:, None], k_positions)
+        return _attention(config, q, kc, vc, positions[:, None], k_positions)
 
     hidden = decoder(weights, config, tokens[:, None], positions[:, None], attend)
     return _top2(weights, hidden[:, 0]), tuple(updated)

@@ -116,13 +116,14 @@ class Placement:
 
 def zero_caches(config: ModelConfig, engine: EngineConfig, sharding: Any = None
                 ) -> tuple[tuple[Any, Any], ...]:
-    """Zeroed (key, value) caches, one pair per layer, on the default device or, given a
-    ``sharding``, made in place on its devices (no whole cache on one device)."""
+    """Zeroed (key, value) caches in ``config.cache_dtype``, one pair per layer, on the
+    default device or, given a ``sharding``, made in place on its devices (no whole cache on
+    one device)."""
     import jax.numpy as jnp
 
     shape = cache_shape(config, engine)
-    return tuple((jnp.zeros(shape, config.dtype, device=sharding),
-                  jnp.zeros(shape, config.dtype, device=sharding))
+    return tuple((jnp.zeros(shape, config.cache_dtype, device=sharding),
+                  jnp.zeros(shape, config.cache_dtype, device=sharding))
                  for _ in range(config.num_layers))
 
 

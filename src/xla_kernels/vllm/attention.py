@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from xla_kernels.kernels.kv_cache import reshape_and_cache, reshape_and_cache_fused
+from xla_kernels.kernels.paged_cache import fp8_query_dtype
 from xla_kernels.kernels.ragged_paged_attention import (
     BLOCK_SIZES,
     ragged_paged_attention,
@@ -151,7 +152,7 @@ def _row_dtype(query_dtype, cache_dtype):
     queries' if 16-bit, else bf16 (our ops read fp8 caches with bf16/f16 queries)."""
     if cache_dtype != jnp.float8_e4m3fn:
         return cache_dtype
-    return query_dtype if jnp.dtype(query_dtype).itemsize == 2 else jnp.bfloat16
+    return fp8_query_dtype(query_dtype)
 
 
 def _write_scales(row_dtype, cache_dtype, k_scale: float, v_scale: float

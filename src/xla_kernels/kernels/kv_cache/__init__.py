@@ -51,7 +51,12 @@ from ..paged_cache import (
     fused_cache_dims,
     fused_cache_factors,
 )
-from .reference import reshape_and_cache_fused_numpy, reshape_and_cache_numpy, reshape_and_cache_xla
+from .reference import (
+    quantize_fp8_xla,
+    reshape_and_cache_fused_numpy,
+    reshape_and_cache_numpy,
+    reshape_and_cache_xla,
+)
 
 DTYPES = ("bf16", "f16", "f32")
 CACHE_DTYPES = (*DTYPES, FP8)
@@ -185,6 +190,6 @@ Example:
 """,
 )
 
-__all__ = ["CACHE_DTYPES", "DTYPES", "FP8", "LAYOUTS", "reshape_and_cache",
+__all__ = ["CACHE_DTYPES", "DTYPES", "FP8", "LAYOUTS", "quantize_fp8_xla", "reshape_and_cache",
            "reshape_and_cache_fused", "reshape_and_cache_fused_numpy", "reshape_and_cache_numpy",
            "reshape_and_cache_xla"]

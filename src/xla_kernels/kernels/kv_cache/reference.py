@@ -86,6 +86,21 @@ def reshape_and_cache_fused_numpy(key: Any, value: Any, kv_cache: Any, slot_mapp
     return packed
 
 
+def quantize_fp8_xla(x: Any, scale: float) -> Any:
+    """``x / scale`` (in f32) as ``float8_e4m3fn`` in jax.numpy: what the cache write stores
+    (round to nearest even, saturated to +-448, NaN kept; :func:`quantize_fp8` in NumPy).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> quantize_fp8_xla(jnp.array([1.0, 1000.0, 0.3]), 0.5).astype(jnp.float32).tolist()
+        [2.0, 448.0, 0.625]
+    """
+    import jax.numpy as jnp
+
+    y = jnp.clip(jnp.asarray(x, jnp.float32) / jnp.float32(scale), -448.0, 448.0)
+    return y.astype(dtypes.to_numpy(FP8))
+
+
 def reshape_and_cache_xla(key: Any, value: Any, key_cache: Any, value_cache: Any,
                           slot_mapping: Any, *, layout: str = "vllm", k_scale: float = 1.0,
                           v_scale: float = 1.0) -> tuple[Any, Any]:
@@ -93,8 +108,7 @@ def reshape_and_cache_xla(key: Any, value: Any, key_cache: Any, value_cache: Any
     import jax.numpy as jnp
 
     if np.dtype(key_cache.dtype) == dtypes.to_numpy(FP8):
-        key, value = (jnp.clip(jnp.asarray(x, jnp.float32) / jnp.float32(s), -448.0, 448.0)
-                      for x, s in ((key, k_scale), (value, v_scale)))
+        key, value = quantize_fp8_xla(key, k_scale), quantize_fp8_xla(value, v_scale)
 
     num_blocks, block_size = _blocks(tuple(key_cache.shape), layout)
     capacity = num_blocks * block_size
