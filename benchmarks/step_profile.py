@@ -153,7 +153,7 @@ def traced_steps(runner: Any, prepared: Any, calls: int) -> tuple[list[dict], in
 
 
 def split_steps(events: list[dict], steps: int) -> list[list[dict]] | None:
-    """``events`` (by start) cut into ``steps`` equal runs of kernels, or None when they do
+    """``events`` (kernels, by start) cut into ``steps`` equal runs, or None when they do
     not divide evenly or the steps' kernel sequences differ.
 
     Example:
@@ -423,11 +423,14 @@ def _label_by_shape(by_name: dict[str, dict[str, Any]], ins: dict[str, Any],
 def fusion_summary(hlo: dict[str, Any]) -> dict[str, Any]:
     """Counts of the module's fusions by kind (kCustom by its backend kind, e.g.
     __triton_gemm) and by the set of ops each fuses (parameters, constants and bitcasts
-    left out), and of its custom calls by target."""
+    left out), of its custom calls by target, and of the fusions holding SiLU's sigmoid
+    (``logistic``, or 1 / (1 + exp(-x)) once XLA expands it): in a GEMM fusion (with the
+    dot) or apart from it."""
     comps = hlo["computations"]
     kinds: Counter = Counter()
     signatures: Counter = Counter()
     targets: Counter = Counter()
+    silu: Counter = Counter()
     for comp in comps.values():
         for ins in comp:
             if ins["opcode"] == "custom-call":
@@ -439,8 +442,11 @@ def fusion_summary(hlo: dict[str, Any]) -> dict[str, Any]:
             ops = sorted({i["opcode"] for c in ins["calls"] for i in comps.get(c, [])
                           if i["opcode"] not in ("parameter", "constant", "bitcast")})
             signatures[f"{kind}: {' '.join(ops)}"] += 1
+            if "logistic" in ops or {"exponential", "divide", "negate"} <= set(ops):
+                silu[kind + (" with the dot" if "dot" in ops else " (no dot)")] += 1
     return {"fusions": sum(kinds.values()), "by_kind": dict(kinds.most_common()),
-            "by_ops": dict(signatures.most_common()), "custom_calls": dict(targets.most_common())}
+            "by_ops": dict(signatures.most_common()), "custom_calls": dict(targets.most_common()),
+            "silu_fused_in": dict(silu)}
 
 
 def hlo_text(runner: Any, prepared: Any) -> str | None:
@@ -555,7 +561,8 @@ def markdown(result: dict[str, Any]) -> str:
     c = result["config"]
     lines = [f"# Decode step profile: {c['preset']} {c['frontend']} {c['attention']} "
              f"weights={c['weights']}, {c['batch']} x {c['context']} on {c['device']}", "",
-             f"Untraced replay: {result['step_ms']:.3f} ms per step. Copy bandwidth "
+             f"Untraced replay: {result['step_ms']:.3f} ms per step (the traced span below "
+             "against it: the profiler's own cost). Copy bandwidth "
              f"(read + write): {result['copy_gbs']:.0f} GB/s."]
     tl = result.get("timeline")
     if not tl:
@@ -613,7 +620,8 @@ def _hlo_lines(hlo: dict[str, Any] | None) -> list[str]:
         return ["", "Optimized HLO: not available (the runner has no lower())."]
     lines = ["", f"Optimized HLO ({hlo['file']}): {hlo['fusions']} fusions "
              f"{json.dumps(hlo['by_kind'])}; custom calls {json.dumps(hlo['custom_calls'])}; "
-             f"matmuls in schedule order: {len(hlo['matmuls'])}.", "",
+             f"matmuls in schedule order: {len(hlo['matmuls'])}; SiLU's sigmoid fused "
+             f"in: {json.dumps(hlo['silu_fused_in'])}.", "",
              "| fusions | kind: fused ops |", "|---:|---|"]
     lines += [f"| {n} | {sig[:150]} |" for sig, n in list(hlo["by_ops"].items())[:30]]
     return lines
@@ -669,7 +677,8 @@ def analyze(events: list[dict], steps: int, labels: list[dict[str, Any]] | None,
             weights: dict[str, Any], copy_gbs: float) -> dict[str, Any]:
     """The trace's part of the result: the timeline, kernels, categories, projections."""
     kernels = kernel_table(events, steps)
-    runs = split_steps(events, steps)
+    # Kernels only: the host's read of the tokens (a copy at each sync) is not per step.
+    runs = split_steps([e for e in events if e.get("cat", "kernel") == "kernel"], steps)
     return {"steps_traced": steps, "timeline": timeline(events, steps), "kernels": kernels,
             "categories": category_table(kernels),
             "projections": (projection_table(runs, labels, weights, copy_gbs) if runs else

@@ -48,7 +48,9 @@ def trace(steps: int) -> list[dict]:
             events.append({"name": name, "cat": "kernel", "ts": t, "dur": dur,
                            "args": {"correlation": step, "device": 0}})
             t += dur
-    return events
+    # The host's read of the last step's tokens: one copy in the whole trace.
+    return [*events, {"name": "Memcpy DtoH", "cat": "gpu_memcpy", "ts": t + 1, "dur": 2,
+                      "args": {"correlation": 99, "device": 0}}]
 
 
 def test_a_made_up_trace_is_cut_into_steps_categories_and_projections(module):
@@ -61,10 +63,11 @@ def test_a_made_up_trace_is_cut_into_steps_categories_and_projections(module):
     labels = [{"label": label} for label in LABELS]
     result = module.analyze(trace(2), 2, labels, weights, copy_gbs=1000.0)
     tl = result["timeline"]
-    assert tl["busy_us"] == 88 and tl["events"] == 13 and tl["launches"] == 1
-    assert tl["gaps_inside_launches_us"] == 12 and tl["gaps_between_launches_us"] == 2.5
+    assert tl["busy_us"] == 89 and tl["events"] == 13.5 and tl["launches"] == 1.5
+    assert tl["gaps_inside_launches_us"] == 12 and tl["gaps_between_launches_us"] == 3
     cats = {c["category"]: c["us_per_step"] for c in result["categories"]}
-    assert cats == {"gemm": 80, "attention": 5, "kv_cache_write": 1, "xla_fusion": 2}
+    assert cats == {"gemm": 80, "attention": 5, "kv_cache_write": 1, "xla_fusion": 2,
+                    "memcpy/memset": 1}
     rows = {r["projection"]: r for r in result["projections"]["rows"]}
     assert result["projections"]["labelled"] and list(rows) == LABELS
     assert rows["up_proj"]["median_us"] == 14          # the split-K reduce counts with it
@@ -87,7 +90,7 @@ def test_a_count_mismatch_reports_per_kernel_name_and_one_layer(module):
                               "kv_bytes_per_step": 1, "roofline": {
                                   "floor_us": 1.0, "busy_over_floor": 88.0,
                                   "step_ms_over_floor": 100.0}, **result})
-    assert "| gemm | 7 | 9 | 80.0 | 90.9% |" in report and "One layer's kernels" in report
+    assert "| gemm | 7 | 9 | 80.0 | 89.9% |" in report and "One layer's kernels" in report
 
 
 def test_tiny_on_the_cpu_writes_the_hlo_counts(tmp_path):
