@@ -286,6 +286,7 @@ def parse_hlo(text: str) -> dict[str, Any]:
             "name": name, "shape": shape, "opcode": opcode,
             "operands": re.findall(r"%([\w.\-]+)", rest.split(")", 1)[0]),
             "calls": re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", rest),
+            "index": int(rest.split(")", 1)[0]) if opcode == "parameter" else None,
             "target": (re.findall(r'custom_call_target="([^"]+)"', rest) or [""])[0],
             "kind": (re.findall(r"kind=(k\w+)", rest) or [""])[0],
             "backend_kind": (re.findall(r'"kind":"([^"]+)"', rest) or [""])[0]})
@@ -351,13 +352,31 @@ def projection_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, int], s
             ("down_proj", (h, inter), "post"), ("lm_head", (config.vocab_size, h), "post")]
 
 
+def call_arguments(hlo: dict[str, Any]) -> dict[str, str]:
+    """{parameter of a called computation: the caller's operand it stands for}, for the
+    calls :func:`schedule` opens (e.g. an HLO-level command buffer's)."""
+    comps, out = hlo["computations"], {}
+    for comp in comps.values():
+        for ins in comp:
+            if ins["opcode"] == "fusion":
+                continue
+            for called in ins["calls"]:
+                for param in comps.get(called, []):
+                    if param["opcode"] == "parameter" and param["index"] < len(ins["operands"]):
+                        out[param["name"]] = ins["operands"][param["index"]]
+    return out
+
+
 def weight_params(hlo: dict[str, Any], by_name: dict[str, dict[str, Any]],
                   ins: dict[str, Any], depth: int = 3) -> set[str]:
     """The projections (``PROJECTION_KEYS``) whose weight parameters feed ``ins`` through
     bitcasts, copies, concatenations and fusions that are not matmuls themselves (at most
-    ``depth`` producers deep)."""
+    ``depth`` producers deep), and from a called computation's parameter to its caller's
+    operand (``hlo["arguments"]``, from :func:`call_arguments`)."""
     found: set[str] = set()
     for name in ins["operands"]:
+        while name in hlo.get("arguments", {}) and not any(k in name for k in PROJECTION_KEYS):
+            name = hlo["arguments"][name]
         producer = by_name.get(name)
         if producer is None:
             continue
@@ -391,6 +410,7 @@ def label_matmuls(hlo: dict[str, Any], config: ModelConfig) -> list[dict[str, An
         [('q_proj', 'shape'), ('o_proj', 'parameter')]
     """
     by_name = {i["name"]: i for c in hlo["computations"].values() for i in c}
+    hlo = {**hlo, "arguments": call_arguments(hlo)}
     known = projection_shapes(config)
     phase, out = "pre", []
     for ins in schedule(hlo):

@@ -93,6 +93,23 @@ def test_a_count_mismatch_reports_per_kernel_name_and_one_layer(module):
     assert "| gemm | 7 | 9 | 80.0 | 89.9% |" in report and "One layer's kernels" in report
 
 
+# XLA:GPU's shapes of a step: a cuBLAS GEMM inside an HLO-level command buffer (its weight a
+# parameter of the called computation), SiLU in a loop fusion, a Triton GEMM fusion.
+GPU_HLO = ROOT / "tests" / "fixtures" / "step_hlo_gpu.txt"
+
+
+def test_gpu_style_hlo_labels_through_calls_and_finds_silu_apart(module):
+    from xla_kernels.serving.config import preset
+
+    hlo = module.parse_hlo(GPU_HLO.read_text())
+    assert [(m["label"], m["by"]) for m in module.label_matmuls(hlo, preset("tiny"))] == [
+        ("q_proj", "parameter"), ("down_proj", "parameter")]
+    summary = module.fusion_summary(hlo)
+    assert summary["by_kind"] == {"kLoop": 1, "__triton_gemm": 1}
+    assert summary["custom_calls"] == {"__cublas$gemm": 1}
+    assert summary["silu_fused_in"] == {"kLoop (no dot)": 1}
+
+
 def test_tiny_on_the_cpu_writes_the_hlo_counts(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--batch", "4",
                            "--context", "64", "--calls", "2", "--out", str(tmp_path)],
