@@ -555,6 +555,21 @@ def one_layer(step: list[dict]) -> list[str]:
             for e in step[att[0]:again]]
 
 
+def short(name: str, width: int = 90) -> str:
+    """A kernel name for a table: no return type, namespaces or argument list.
+
+    Example:
+        >>> short("void xla_kernels::kv_cache::(anonymous namespace)::CopyRowsKernel<4>(int)")
+        'CopyRowsKernel<4>'
+    """
+    if not (name.startswith("void ") or "::" in name):     # not a demangled C++ name
+        return name[:width]
+    name = re.sub(r"^void ", "", name)
+    name = re.sub(r"\((?:[^()]|\([^()]*\))*\)$", "", name)
+    name = re.sub(r"(?:[\w]+::|\(anonymous namespace\)::)+(?=\w+(?:<|$))", "", name, count=1)
+    return name[:width]
+
+
 # --- the report ---------------------------------------------------------------------------
 
 def kv_bytes(model: ModelConfig, batch: int, context: int) -> int:
@@ -607,7 +622,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines += _projection_lines(result["projections"])
         lines += ["", "Top 25 kernels:", "", "| kernel | category | calls/step | µs/step | "
                   "share |", "|---|---|---:|---:|---:|"]
-        lines += [f"| `{k['name'][:90]}` | {k['category']} | {k['calls_per_step']:g} | "
+        lines += [f"| `{short(k['name'])}` | {k['category']} | {k['calls_per_step']:g} | "
                   f"{k['us_per_step']:.1f} | {k['share_of_busy']:.1%} |"
                   for k in result["kernels"][:25]]
     lines += _hlo_lines(result.get("hlo"))
@@ -627,7 +642,7 @@ def _projection_lines(proj: dict[str, Any] | None) -> list[str]:
         mb = f"{r['weight_bytes'] / 1e6:.1f}" if r["weight_bytes"] else "-"
         gbs = f"{r['gb_per_s']:.0f}" if r["gb_per_s"] else "-"
         share = f"{r['share_of_copy']:.1%}" if r["share_of_copy"] else "-"
-        kernels = ", ".join(f"`{k[:50]}`" for k in r["kernels"][:3])
+        kernels = ", ".join(f"`{short(k, 50)}`" for k in r["kernels"][:3])
         lines.append(f"| {r['projection'][:60]} | {r['calls_per_step']} | "
                      f"{r['median_us']:.1f} | {mb} | {gbs} | {share} | {kernels} |")
     if proj.get("one_layer"):
