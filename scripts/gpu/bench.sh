@@ -20,9 +20,12 @@
 #                    (Mixtral-8x7B and Qwen3-30B-A3B layers, bf16 and fp8)
 #   fp8_linear       fp8_linear vs XLA's fp8 dot, dequantize + bf16 dot and torch._scaled_mm
 #                    (Llama-3-8B's linears, 1-256 tokens; fraction of the weight-read roofline)
+#   step_profile     serve-bench's decode step kernel by kernel (CUPTI): categories, each
+#                    GEMM's bandwidth, launch gaps, XLA's fusions (1b and 8b at 64 x 2000,
+#                    8b at 256 x 512)
 # Writes the benchmark's files and OUT_DIR/NAME.txt.
 source "$(dirname "$0")/common.sh" "${1:-}"
-name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|ragged_dense|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling|moe|fp8_linear [--quick]}
+name=${2:?usage: bench.sh OUT_DIR simple_add|eager_dispatch|ragged|ragged_dense|paged|fused_kv|decode_trace|command_buffers|flashinfer|sampling|moe|fp8_linear|step_profile [--quick]}
 quick=${3:-}
 case $name in
   simple_add) cmd=(benchmarks/simple_add.py --out "$out") ;;
@@ -38,6 +41,14 @@ case $name in
   sampling) cmd=(benchmarks/sampling.py --out "$out") ;;
   moe) cmd=(benchmarks/moe.py --out "$out") ;;
   fp8_linear) cmd=(benchmarks/fp8_linear.py --out "$out") ;;
+  step_profile)  # three runs, one process each (each model alone on the card)
+    for run in "1b 64 2000" "8b 64 2000" "8b 256 512"; do
+      read -r preset batch context <<< "$run"
+      python3 benchmarks/step_profile.py --out "$out" --preset "$preset" --batch "$batch" \
+        --context "$context" 2>&1 | tee -a "$out/$name.txt"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    done
+    exit "$status" ;;
   *) echo "bench.sh: unknown benchmark '$name'" >&2; exit 2 ;;
 esac
 python3 "${cmd[@]}" 2>&1 | tee "$out/$name.txt"
