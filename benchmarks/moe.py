@@ -46,6 +46,7 @@ Writes ``moe.json`` and ``moe.md`` to ``--out``, again after every row.
 Example:
     $ python benchmarks/moe.py --out benchmarks/results/latest/h100
     $ python benchmarks/moe.py --out /tmp/r --models qwen3 --tokens 1 16 --weights bf16
+    $ python benchmarks/moe.py --out /tmp/r --prebuild-flashinfer   # its JIT build, once
     $ python benchmarks/moe.py --out /tmp/r --peers ours ragged_dot tokamax flashinfer
 """
 
@@ -244,6 +245,28 @@ def flashinfer_setup() -> dict[str, Any]:
     return info
 
 
+def prebuild_flashinfer(out: Path) -> int:
+    """Build (or load from FlashInfer's cache) the ``cutlass_fused_moe`` module of this GPU
+    and write its seconds or error to ``out/flashinfer_build.json``; for a build longer
+    than one device call, started in the background (``nohup``) ahead of the benchmark."""
+    info = flashinfer_setup()
+    start = time.perf_counter()
+    if "error" not in info:
+        try:
+            from flashinfer.fused_moe.core import get_cutlass_fused_moe_module
+
+            major, minor = info["torch"].cuda.get_device_capability()
+            get_cutlass_fused_moe_module(f"{major * 10 + minor}")
+        except Exception as e:
+            info["error"] = error_text(e)
+    info["seconds"] = time.perf_counter() - start
+    info = {k: v for k, v in info.items() if k not in ("fn", "torch")}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "flashinfer_build.json").write_text(json.dumps(info, indent=1, default=str))
+    print(json.dumps(info, default=str))
+    return 1 if "error" in info else 0
+
+
 def to_torch(a: Any, torch: Any) -> Any:
     """A torch view of a jax array on the GPU (fp8 through its bytes)."""
     if a.dtype == jnp.float8_e4m3fn:
@@ -279,13 +302,16 @@ def run_flashinfer(fi: dict[str, Any], fw: dict[str, Any], x: Any, logits: Any, 
                                                  weights.astype(jnp.float32)))
     extra = ({"use_deepseek_fp8_block_scale": True} if "scales" in fw else {})
 
+    out = torch.empty_like(xt)
+
     def call(i: int) -> Any:
         return fn(xt, idt, wt, fw["w13"], fw["w2"], torch.bfloat16,
-                  quant_scales=fw.get("scales"), **extra)
+                  quant_scales=fw.get("scales", []), output=out, **extra)
 
     start = time.perf_counter()
-    out = call(0)
-    torch.cuda.synchronize()
+    call(0)  # returns [output, ...] (0.7.2), output being ``out``
+    if xt.is_cuda:
+        torch.cuda.synchronize()
     row["flashinfer_first_s"] = time.perf_counter() - start
     row["flashinfer_ms"] = time_calls(call, xt.device)["ms"]
     return out.float().cpu().numpy()
@@ -434,7 +460,11 @@ def main() -> None:
     parser.add_argument("--peers", nargs="+", default=list(DEFAULT_PEERS), choices=list(PEERS),
                         help="tokamax and flashinfer are opt-in (ours always runs)")
     parser.add_argument("--budget", type=float, default=0.3, help="seconds per timing")
+    parser.add_argument("--prebuild-flashinfer", action="store_true",
+                        help="only build FlashInfer's fused MoE module (JIT) and exit")
     args = parser.parse_args()
+    if args.prebuild_flashinfer:
+        sys.exit(prebuild_flashinfer(args.out))
     peers = tuple(["ours"] + [p for p in args.peers if p != "ours"])
     device = device_description()
     bw = hbm_tbs(device["device"])

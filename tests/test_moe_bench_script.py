@@ -92,3 +92,36 @@ def test_flashinfer_weights_swap_gate_and_up():
     s13 = np.asarray(w["w13_scale"])
     np.testing.assert_array_equal(fw["scales"][0].numpy()[:, :half], s13[:, half:])
     np.testing.assert_array_equal(fw["scales"][1].numpy(), np.asarray(w["w2_scale"]))
+
+
+def test_the_flashinfer_peer_passes_route_xla_and_the_swapped_weights(monkeypatch):
+    """run_flashinfer with a torch stand-in for cutlass_fused_moe that computes TensorRT-LLM's
+    semantics (w13 rows [up, gate], SwiGLU, topk ids/weights given): its output is the
+    ragged_dot peer's, so the routing and the gate/up swap reach the call as meant."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # run_flashinfer imports flashinfer_decode
+    moe = load_script(SCRIPT)
+    experts, top_k, hidden, inter = moe.MODELS["tiny"]
+    w = moe.weights("tiny", False)
+    x = jax.random.normal(jax.random.PRNGKey(1), (16, hidden), jax.numpy.bfloat16)
+    logits = jax.random.normal(jax.random.PRNGKey(2), (16, experts), jax.numpy.float32)
+
+    def cutlass_fused_moe(x, ids, weights, w13, w2, dtype, quant_scales, output):
+        assert quant_scales == [] and ids.dtype == torch.int32
+        acc = torch.zeros(x.shape, dtype=torch.float32)
+        for t in range(x.shape[0]):
+            for j in range(ids.shape[1]):
+                e = int(ids[t, j])
+                up, gate = (w13[e].float() @ x[t].float()).split(inter)
+                act = (torch.nn.functional.silu(gate) * up).to(dtype).float()
+                acc[t] += weights[t, j] * (w2[e].float() @ act)
+        output.copy_(acc.to(dtype))
+        return [output]
+
+    fi = {"fn": cutlass_fused_moe, "torch": torch}
+    row: dict = {}
+    out = moe.run_flashinfer(fi, moe.flashinfer_weights(w, inter, torch), x, logits, top_k, row)
+    ref = np.asarray(moe.layer("ragged_dot", False, top_k)(x, logits, w["w13"], w["w2"]),
+                     np.float32)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
+    assert row["flashinfer_ms"] > 0 and row["flashinfer_first_s"] > 0
