@@ -20,8 +20,10 @@ build, so that it fits the device tool's 64 MiB carry next to the repository.
 
 All three also include ``data/include``, CUTLASS's ``include`` and ``tools/util/include``,
 CCCL and spdlog. None of the :data:`DROP` prefixes is in the ``#include`` closure of those
-sources (2101 files, checked on 2026-11-27 with the sm_90 MoE instantiations generated),
-and :func:`repack` refuses to write a wheel that lacks one of :data:`NEEDED`. The
+sources (2101 files), and ``nvcc -E`` (CUDA 13.0, sm_90a, the JIT specs' include paths)
+found every header of each of them and of the 220 generated sm_90 MoE kernel files in the
+repacked wheel (2026-11-27, on a machine without a GPU). :func:`repack` refuses to write a
+wheel that lacks one of :data:`NEEDED`. The
 decode-only repack (41 MB, the first eight prefixes) built all four decode variants on an
 H200 on 2026-11-26; this one (32 MB) has not yet been built on a GPU. The dropped files
 also leave the wheel's ``RECORD``, so pip installs it as a normal wheel.
