@@ -41,14 +41,15 @@ def test_tiny_run_writes_the_table_and_agrees_with_ragged_dot(tmp_path):
 
 
 def test_opt_in_peers_record_their_errors_and_the_run_goes_on(tmp_path):
-    """On the CPU tokamax's kernels (or tokamax itself) and FlashInfer (no CUDA) fail: each
-    row records why, and ours and ragged_dot still run."""
+    """On the CPU (forced, also on a GPU machine) tokamax's kernels (or tokamax itself) and
+    FlashInfer (no CUDA) fail: each row records why, and ours and ragged_dot still run."""
     src = str(Path(__file__).resolve().parents[1] / "src")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--models", "tiny", "--tokens", "1",
                            "--weights", "bf16", "--budget", "0.02", "--out", str(tmp_path),
                            "--peers", "ours", "ragged_dot", "tokamax", "flashinfer"],
                           capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": src})
+                          env={**os.environ, "PYTHONPATH": src, "JAX_PLATFORMS": "cpu",
+                               "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads((tmp_path / "moe.json").read_text())
     (row,) = result["rows"]
