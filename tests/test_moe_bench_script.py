@@ -86,13 +86,13 @@ def test_flashinfer_weights_swap_gate_and_up():
     inter = moe.MODELS["tiny"][3]
     fw = moe.flashinfer_weights(w, inter, torch)
     w13 = np.asarray(jax.lax.bitcast_convert_type(w["w13"], np.uint8))
-    got = fw["w13"].view(torch.uint8).numpy()
+    got = fw["w13"].view(torch.uint8).cpu().numpy()
     np.testing.assert_array_equal(got[:, :inter], w13[:, inter:])
     np.testing.assert_array_equal(got[:, inter:], w13[:, :inter])
     half = inter // moe.BLOCK[0]
     s13 = np.asarray(w["w13_scale"])
-    np.testing.assert_array_equal(fw["scales"][0].numpy()[:, :half], s13[:, half:])
-    np.testing.assert_array_equal(fw["scales"][1].numpy(), np.asarray(w["w2_scale"]))
+    np.testing.assert_array_equal(fw["scales"][0].cpu().numpy()[:, :half], s13[:, half:])
+    np.testing.assert_array_equal(fw["scales"][1].cpu().numpy(), np.asarray(w["w2_scale"]))
 
 
 def test_the_flashinfer_peer_passes_route_xla_and_the_swapped_weights(monkeypatch):
@@ -109,7 +109,7 @@ def test_the_flashinfer_peer_passes_route_xla_and_the_swapped_weights(monkeypatc
 
     def cutlass_fused_moe(x, ids, weights, w13, w2, dtype, quant_scales, output):
         assert quant_scales == [] and ids.dtype == torch.int32
-        acc = torch.zeros(x.shape, dtype=torch.float32)
+        acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         for t in range(x.shape[0]):
             for j in range(ids.shape[1]):
                 e = int(ids[t, j])
