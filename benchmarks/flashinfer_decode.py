@@ -26,9 +26,10 @@ the variants it needs in parallel child processes while it builds ours, and reco
 build times; a variant whose build fails or times out is reported and skipped. On the
 GPU machine it runs from two wheels installed with ``pip install --no-deps``
 (``flashinfer-python==0.7.2.post1``, ``apache-tvm-ffi==0.1.15.post2``); to fit the device
-tool's 64 MiB carry, the FlashInfer wheel is repacked without the ``flashinfer/data/csrc``
-folders the decode kernels do not build (``scripts/repack_flashinfer_wheel.py``: 62 → 41
-MB), into the git-ignored ``.whl-fi/`` that ``scripts/gpu/common.sh`` installs from.
+tool's 64 MiB carry, the FlashInfer wheel is repacked without the ``flashinfer/data``
+sources that neither decode, sampling nor the fused MoE builds
+(``scripts/repack_flashinfer_wheel.py``: 62 → 32 MB), into the git-ignored ``.whl-fi/``
+that ``scripts/gpu/common.sh`` installs from.
 
 Writes ``flashinfer_decode.json`` and ``flashinfer_decode.md`` to ``--out`` after every
 config. Without a GPU (or with ``--smoke``) it runs two tiny configs (on the CPU: ours only,

@@ -1,6 +1,6 @@
 """scripts/repack_flashinfer_wheel.py: its doctests, a planted wheel repacked through the
-command line (dropped members and their RECORD lines gone, the rest byte for byte), and
-the messages of its two refusals."""
+command line (dropped members and their RECORD lines gone, the rest byte for byte), the
+messages of its refusals, and no needed source under a dropped prefix."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_drops_the_unused_sources_and_keeps_the_rest(tmp_path):
     wheel = tmp_path / "in" / "flashinfer_python-0.7.2.post1-py3-none-any.whl"
     wheel.parent.mkdir()
     kept = {"flashinfer/__init__.py": b"x = 1\n",
-            "flashinfer/data/csrc/batch_decode.cu": b"decode" * 50}
+            **{name: name.encode() * 5 for name in repack_flashinfer_wheel.needed_members()}}
     drop = repack_flashinfer_wheel.DROP
     dropped = {drop[0] + "gen.cu": b"s" * 500, drop[-1] + "k.cu": b"k" * 500}
     record = "".join(f"{name},sha256=x,1\n" for name in [*kept, *dropped])
@@ -42,6 +42,22 @@ def test_drops_the_unused_sources_and_keeps_the_rest(tmp_path):
         assert not set(dropped) & set(z.namelist())
         lines = z.read("flashinfer_python-0.7.2.post1.dist-info/RECORD").decode().splitlines()
     assert [line.split(",")[0] for line in lines] == list(kept)
+
+
+def test_refuses_to_drop_a_needed_source(tmp_path):
+    wheel = tmp_path / "flashinfer_python-0.7.2.post1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("flashinfer/__init__.py", "x = 1\n")
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(wheel), str(tmp_path / "out"),
+                           "--needs", "sampling"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "needed but missing or dropped: flashinfer/data/csrc/sampling.cu" in proc.stderr
+    assert not (tmp_path / "out" / wheel.name).exists()
+
+
+def test_no_needed_source_is_dropped():
+    needed = repack_flashinfer_wheel.needed_members()
+    assert not [name for name in needed if name.startswith(repack_flashinfer_wheel.DROP)]
 
 
 def test_refuses_a_missing_wheel_and_overwriting_its_input(tmp_path):

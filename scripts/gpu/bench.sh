@@ -3,6 +3,7 @@
 # of benchmarks/results/<card>/ and the comparisons with the peers).
 #
 #   bash scripts/gpu/bench.sh OUT_DIR NAME [--quick]
+#   bash scripts/gpu/bench.sh OUT_DIR moe [moe.py options, e.g. --peers ours ragged_dot tokamax]
 #
 # NAME (each fits one 10-minute call on one H100; --quick where the script has it):
 #   simple_add       simple_add vs XLA's add over sizes and dtypes
@@ -17,7 +18,8 @@
 #   flashinfer       paged decode vs FlashInfer (its wheels in .whl-fi/)
 #   sampling         sample vs FlashInfer's sampling (its wheels in .whl-fi/)
 #   moe              fused_moe vs the ragged_dot MoE and the plain-XLA expert loop
-#                    (Mixtral-8x7B and Qwen3-30B-A3B layers, bf16 and fp8)
+#                    (Mixtral-8x7B and Qwen3-30B-A3B layers, bf16 and fp8); opt-in peers
+#                    tokamax (its wheels in .whl/) and flashinfer (.whl-fi/, a long JIT build)
 #   fp8_linear       fp8_linear vs XLA's fp8 dot, dequantize + bf16 dot and torch._scaled_mm
 #                    (Llama-3-8B's linears, 1-256 tokens; fraction of the weight-read roofline)
 #   step_profile     serve-bench's decode step kernel by kernel (CUPTI): categories, each
@@ -39,7 +41,7 @@ case $name in
   command_buffers) cmd=(benchmarks/command_buffers.py --out "$out") ;;
   flashinfer) cmd=(benchmarks/flashinfer_decode.py --out "$out" $quick) ;;
   sampling) cmd=(benchmarks/sampling.py --out "$out") ;;
-  moe) cmd=(benchmarks/moe.py --out "$out") ;;
+  moe) cmd=(benchmarks/moe.py --out "$out" "${@:3}") ;;
   fp8_linear) cmd=(benchmarks/fp8_linear.py --out "$out") ;;
   step_profile)  # three runs, one process each (each model alone on the card)
     for run in "1b 64 2000" "8b 64 2000" "8b 256 512"; do

@@ -13,11 +13,16 @@ export XK_RESULTS_DIR=$out  # where GPU tests that measure leave their numbers
 status=0
 step() { echo; echo "=== $1"; }
 
-# Wheels carried along in .whl/ (torchax, flash-attn3-jax) and .whl-fi/ (FlashInfer and
-# apache-tvm-ffi), installed once per machine under /tmp/site when torchax is missing.
+# Wheels carried along in .whl/ (torchax, flash-attn3-jax, tokamax and its pure-Python
+# dependencies) and .whl-fi/ (FlashInfer and apache-tvm-ffi), installed under /tmp/site once
+# per machine each: a wheel not yet installed there (no marker in /tmp/site/.wheels) is, so a
+# warm machine also takes wheels that a later call carries.
 wheels=$(ls .whl/*.whl .whl-fi/*.whl 2>/dev/null | awk -F/ '!seen[$NF]++')
-if [ -n "$wheels" ] && ! python3 -c "import torchax" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $wheels
+new_wheels=$(for w in $wheels; do [ -e "/tmp/site/.wheels/${w##*/}" ] || echo "$w"; done)
+if [ -n "$new_wheels" ] && python3 -m pip install -q --no-index --no-deps --no-compile \
+    --upgrade --target /tmp/site $new_wheels; then
+  mkdir -p /tmp/site/.wheels
+  for w in $new_wheels; do touch "/tmp/site/.wheels/${w##*/}"; done
 fi
 [ -d /tmp/site ] && export PYTHONPATH=$PYTHONPATH:/tmp/site PATH=$PATH:/tmp/site/bin
 

@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -104,12 +105,20 @@ def fused_moe_ragged_dot(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, 
                          renormalize: bool = True, activation: str = "silu",
                          w13_scale: Any = None, w2_scale: Any = None,
                          block_shape: tuple[int, int] = (0, 0),
-                         expert_offset: Any = None) -> Any:
+                         expert_offset: Any = None,
+                         ragged_dot_general: Callable[..., Any] = jax.lax.ragged_dot_general,
+                         weights_in_out: bool = False) -> Any:
     """The op with ``jax.lax.ragged_dot``: the (token, expert) pairs sorted by expert, the
     tokens' rows gathered, two grouped GEMMs over the experts' groups, the rows weighted and
     added back per token. fp8 weights are dequantized to hidden's dtype first (all of them,
     every call). ``expert_offset`` as in :func:`fused_moe_xla` (pairs routed outside the
-    local block sort last, in no group, with weight 0)."""
+    local block sort last, in no group, with weight 0).
+
+    ``ragged_dot_general``: the grouped GEMM, ``jax.lax.ragged_dot_general`` or one with its
+    signature (the benchmark passes tokamax's). ``weights_in_out``: w13 and w2 (and their
+    scales, and ``block_shape``) are transposed, [experts, in, out], the layout
+    ``jax.lax.ragged_dot``'s default dimension numbers take (a kernel that only takes that
+    layout then does not transpose the weights on every call)."""
     hidden = jnp.asarray(hidden)
     dtype = hidden.dtype
     tokens, experts = hidden.shape[0], w13.shape[0]
@@ -121,16 +130,15 @@ def fused_moe_ragged_dot(hidden: Any, router_logits: Any, w13: Any, w2: Any, *, 
     scales = None if w13_scale is None else (w13_scale, w2_scale)
     a, b = _weights(w13, w2, scales, block_shape)
     a, b = a.astype(dtype), b.astype(dtype)
-    # Weights [experts, out, in]: contract lhs dim 1 with rhs dim 2; the group dim is rhs 0.
+    # Weights [experts, out, in]: contract lhs dim 1 with rhs dim 2 ([experts, in, out]: with
+    # rhs dim 1); the group dim is rhs 0.
     dims = jax.lax.RaggedDotDimensionNumbers(
-        dot_dimension_numbers=(([1], [2]), ([], [])),
+        dot_dimension_numbers=(([1], [1 if weights_in_out else 2]), ([], [])),
         lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
     rows = hidden[token_of_row]
-    gate_up = jax.lax.ragged_dot_general(rows, a, group_sizes, dims,
-                                         preferred_element_type=jnp.float32)
+    gate_up = ragged_dot_general(rows, a, group_sizes, dims, preferred_element_type=jnp.float32)
     act = activate(gate_up, activation).astype(dtype)
-    y = jax.lax.ragged_dot_general(act, b, group_sizes, dims,
-                                   preferred_element_type=jnp.float32)
+    y = ragged_dot_general(act, b, group_sizes, dims, preferred_element_type=jnp.float32)
     w_rows = weights.reshape(-1)[order][:, None]
     y = jnp.where(w_rows != 0, y * w_rows, 0.0)  # rows in no group hold no product
     out = jnp.zeros((tokens, hidden.shape[1]), jnp.float32).at[token_of_row].add(y)
