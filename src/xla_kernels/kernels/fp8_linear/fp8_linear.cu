@@ -2,7 +2,7 @@
 // XkFp8LinearCuda, command-buffer compatible, two paths:
 // * tensor cores (fp8_linear_mma.cuh) for bf16 / f16 x, in a multiple of 128, block scales of
 //   whole 128-column chunks (W8A8 on sm_89+): a workspace memset, (W8A8) a quantize pass, the
-//   GEMM, a finalize pass;
+//   GEMM (K split so that the grid fills the SMs once), a finalize pass;
 // * CUDA cores for the rest (f32 x, odd sizes, W8A8 on sm_80), one launch, below.
 //
 // The CUDA-core kernel: a CTA owns kRowsPerCta output rows and a tile of kTokens tokens. Per step of kChunk
@@ -254,13 +254,23 @@ bool UseMma(const Shape& s, const Params& p) {
   return true;
 }
 
-template <typename T, typename A, bool kBlock>
+template <typename T, typename A, bool kBlock, int kMf>
 cudaError_t LaunchGemm(cudaStream_t stream, const mma::Params& mp) {
-  const int64_t chunks = mp.in / mma::kChunk;
-  const int64_t tiles_m = CeilDiv(mp.tokens, mma::kBM<kBlock>), tiles_n = CeilDiv(mp.out, mma::kBN);
-  // Split K until two CTAs per SM are busy (the weight read needs every SM's loads in flight).
+  auto kernel = mma::GemmKernel<T, A, kBlock, kMf>;
+  constexpr int kSmem = mma::kStages * mma::Stage<A, kMf * 16>::kBytes;
+  // Per launch: the attribute belongs to the current device.
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return e;
+  int per_sm = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, mma::kThreads, kSmem);
+  if (e != cudaSuccess) return e;
   static const int sms = DeviceAttribute(cudaDevAttrMultiProcessorCount);
-  int64_t splits = CeilDiv(2 * static_cast<int64_t>(sms > 0 ? sms : 1), tiles_m * tiles_n);
+  const int64_t slots = static_cast<int64_t>(per_sm > 0 ? per_sm : 1) * (sms > 0 ? sms : 1);
+  const int64_t chunks = mp.in / mma::kChunk;
+  const int64_t tiles_m = CeilDiv(mp.tokens, kMf * 16), tiles_n = CeilDiv(mp.out, mma::kBN);
+  // Split K so that the grid fills the resident slots once (a second, partial wave would
+  // double a decode call's time); a grid that fills them anyway is not split.
+  int64_t splits = slots / (tiles_m * tiles_n);
   splits = splits < 1 ? 1 : (splits > chunks ? chunks : splits);
   splits = splits > 65535 ? 65535 : splits;
   mma::Params p = mp;
@@ -268,8 +278,16 @@ cudaError_t LaunchGemm(cudaStream_t stream, const mma::Params& mp) {
   splits = CeilDiv(chunks, p.chunks_per_split);
   const dim3 grid(static_cast<unsigned>(tiles_m), static_cast<unsigned>(tiles_n),
                   static_cast<unsigned>(splits));
-  mma::GemmKernel<T, A, kBlock><<<grid, mma::kThreads, 0, stream>>>(p);
+  kernel<<<grid, mma::kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The GEMM for x's element type A (T, or e4m3 bytes for W8A8), picking the tile height.
+template <typename T, typename A>
+cudaError_t LaunchGemmFor(cudaStream_t stream, const mma::Params& mp, bool block) {
+  const bool one = mma::MfFor(mp.tokens) == 1;
+  if (block) return one ? LaunchGemm<T, A, true, 1>(stream, mp) : LaunchGemm<T, A, true, 2>(stream, mp);
+  return one ? LaunchGemm<T, A, false, 1>(stream, mp) : LaunchGemm<T, A, false, 2>(stream, mp);
 }
 
 template <typename T>
@@ -296,10 +314,9 @@ cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
     mma::QuantizeRowsKernel<T><<<static_cast<unsigned>(tokens), mma::kThreads, 0, stream>>>(
         static_cast<const T*>(p.x), p.in, xq, row_scale);
     mp.x = xq;
-    e = p.bk > 0 ? LaunchGemm<T, uint8_t, true>(stream, mp)
-                 : LaunchGemm<T, uint8_t, false>(stream, mp);
+    e = LaunchGemmFor<T, uint8_t>(stream, mp, p.bk > 0);
   } else {
-    e = p.bk > 0 ? LaunchGemm<T, A, true>(stream, mp) : LaunchGemm<T, A, false>(stream, mp);
+    e = LaunchGemmFor<T, A>(stream, mp, p.bk > 0);
   }
   if (e != cudaSuccess) return e;
   const int64_t blocks = CeilDiv(tokens * out, 256);

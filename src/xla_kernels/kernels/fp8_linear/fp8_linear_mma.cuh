@@ -1,19 +1,20 @@
-// fp8_linear on tensor cores (sm_80+ for weight-only, sm_89+ for W8A8): the weight read is
-// the decode step's cost, so each lane loads whole 16-byte runs of a weight row straight into
-// registers and feeds them to mma.sync without a trip through shared memory. Design and
-// measurements: docs/kernels/fp8_linear.md.
+// fp8_linear on tensor cores (sm_80+ for weight-only, sm_89+ for W8A8). At decode the weight
+// read is the cost: the K chunks stream through a kStages-deep cp.async ring in shared memory
+// (several chunks in flight per CTA, two or three CTAs per SM), and every weight byte is read
+// once by one lane and fed to mma.sync from registers. Design and measurements:
+// docs/kernels/fp8_linear.md.
 //
-// A CTA owns kBM tokens x kBN output rows and one split of the K chunks; its 8 warps take
-// 16 rows each (two n8 fragments) and all kBM tokens (four m16 fragments; two with block
-// scales). Per chunk of kChunk columns, lane (row g = lane / 4, quad q = lane % 4) of fragment f loads bytes
+// A CTA owns BM tokens (kMf m16 fragments) x kBN output rows and one split of the K chunks;
+// its 8 warps take 16 rows each (two n8 fragments) and all BM tokens. Per chunk of kChunk
+// columns, lane (row g = lane / 4, quad q = lane % 4) of fragment f reads bytes
 // [64 h + 16 q, 64 h + 16 q + 16) of its row for each half h: the fragment's B operands come
-// out of those registers with the K order permuted (a dot product does not care), and the
-// CTA stages the chunk's x columns in shared memory in the same permuted order, so that
+// out of those registers with the K order permuted (a dot product does not care), and x's
+// chunk is copied into shared memory (4-byte cp.async) in the same permuted order, so that
 // ldmatrix hands every warp its A fragments:
 //   W8A16 (bf16 / f16 x): m16n8k16 steps; 4 weight bytes of a lane are the step's two B
 //     registers. f16 x: e4m3 -> f16 is exact (cvt). bf16 x: the e4m3 bits are moved into
-//     bf16's fields (sign, exponent, mantissa), which is the weight times 2^-120 for normals
-//     and subnormals alike; x is staged times 2^60 (exact) and the sums are scaled back.
+//     bf16's fields (sign, exponent, mantissa), the weight times 2^-120 for normals and
+//     subnormals alike, then multiplied by 2^120 in bf16 (exact).
 //   W8A8 (x quantized per token to e4m3 by QuantizeRowsKernel): m16n8k32 e4m3 steps; 8 weight
 //     bytes are a step's two B registers.
 // Block scales (bk a multiple of kChunk, bn of 8) multiply each chunk's partial sums; channel
@@ -35,15 +36,17 @@ namespace xla_kernels::fp8_linear::mma {
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
-// Tokens per CTA tile (m16 fragments x 16): 64 with channel scales; 32 with block scales,
-// whose per-chunk partial sums need a second set of accumulators (64 spilled).
-template <bool kBlock>
-constexpr int kBM = kBlock ? 32 : 64;
 constexpr int kNf = 2;         // n8 fragments per warp
 constexpr int kBN = kWarps * kNf * 8;  // 128 output rows per CTA
-constexpr int kChunk = 128;    // K columns per pipeline step: two 16-byte loads per lane
+constexpr int kChunk = 128;    // K columns per pipeline stage
 constexpr int kHalves = kChunk / 64;
-constexpr float kBf16Shift = 1152921504606846976.f;  // 2^60: x's staging factor (bf16)
+constexpr int kStages = 3;     // chunks in the ring: two in flight while one is computed
+constexpr int kWBytes = kBN * kChunk;  // a stage's weights: 128 rows x 128 bytes
+
+// m16 fragments per CTA tile for a call: one up to 16 tokens, else two (four spilled the
+// 16-bit kernels' registers at two CTAs per SM); further token tiles are more CTAs, which read
+// the same weight chunks (from L2 when they run together: blockIdx.x is the token tile).
+constexpr int MfFor(int64_t tokens) { return tokens <= 16 ? 1 : 2; }
 
 struct Params {
   const void* x;       // [tokens, in]: T (weight-only) or e4m3 bytes (W8A8)
@@ -55,106 +58,84 @@ struct Params {
   int chunks_per_split;
 };
 
-// Staged A: per chunk, kSteps steps of BM rows x 32 bytes (a step's k16 bf16 / k32 e4m3
+// A stage's x tile: kSteps steps of BM rows x 32 bytes (a step's k16 bf16 / k32 e4m3
 // columns), each row's two 16-byte halves swapped on rows 4-7 of every 8 so that ldmatrix's
 // eight rows hit distinct banks.
 template <typename A, int BM>
 struct Stage {
-  static constexpr int kElemBytes = sizeof(A);
-  static constexpr int kSteps = kChunk * kElemBytes / 32;
-  static constexpr int kBytes = kSteps * BM * 32;
-  static constexpr int kWordsPerRow = kChunk * kElemBytes / 4;
+  static constexpr int kSteps = kChunk * static_cast<int>(sizeof(A)) / 32;
+  static constexpr int kABytes = kSteps * BM * 32;
+  static constexpr int kWordsPerRow = kChunk * static_cast<int>(sizeof(A)) / 4;
+  static constexpr int kBytes = kWBytes + kABytes;  // weights first, then x
 };
 
 template <int BM>
-__device__ __forceinline__ int SmemOffset(int step, int row, int word) {
+__device__ __forceinline__ int AOffset(int step, int row, int word) {
   const int half = (word >> 2) ^ ((row >> 2) & 1);
   return step * BM * 32 + row * 32 + half * 16 + (word & 3) * 4;
+}
+
+// A weight row's 16-byte unit u (0..7) in a stage: odd rows swap their halves, so that the
+// eight lanes of an LDS.128 phase (rows g, g + 1; quads 0..3) read eight distinct units.
+__device__ __forceinline__ int WOffset(int row, int unit) {
+  return row * kChunk + ((unit ^ (4 * (row & 1))) << 4);
 }
 
 // Where word `wx` (4 bytes) of a 64-column half of an x row goes, as (step within the half,
 // word of the step's 32-byte row): the inverse of the weights' permuted K order.
 template <typename A>
 __device__ __forceinline__ void PermutedWord(int wx, int* step, int* word) {
-  constexpr int kWordsPerQuad = 16 * sizeof(A) / 4;  // a lane's 16 columns, in words
+  constexpr int kWordsPerQuad = 16 * static_cast<int>(sizeof(A)) / 4;  // a lane's 16 columns
   const int q = wx / kWordsPerQuad, r = wx % kWordsPerQuad;
   *step = r / 2;
   *word = 4 * (r % 2) + q;
 }
 
-template <typename A>
-__device__ __forceinline__ uint32_t StageWord(uint32_t v) {
-  if constexpr (std::is_same_v<A, __nv_bfloat16>) {
-    __nv_bfloat162 b = *reinterpret_cast<__nv_bfloat162*>(&v);
-    float2 f = __bfloat1622float2(b);
-    b = __floats2bfloat162_rn(f.x * kBf16Shift, f.y * kBf16Shift);  // exact: a power of 2
-    return *reinterpret_cast<uint32_t*>(&b);
-  } else {
-    return v;
-  }
+__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(valid ? 4 : 0)
+               : "memory");
 }
 
-// Loads chunk c's x tile (rows t0.., kChunk columns) into registers: kLoads 16-byte vectors
-// per thread.
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// Issues chunk c's copies into a stage: the CTA's weight rows (rows past out zero-filled) and
+// x's rows t0.. (rows past the tokens zero-filled), x permuted.
 template <typename A, int BM>
-struct XTile {
+__device__ __forceinline__ void LoadStage(const Params& p, uint8_t* stage, int64_t t0,
+                                          int64_t n_cta, int64_t c) {
   using S = Stage<A, BM>;
-  static constexpr int kVectors = BM * S::kWordsPerRow / 4;
-  static constexpr int kLoads = kVectors / kThreads;
-  static_assert(kVectors % kThreads == 0, "whole vectors per thread");
-  uint4 v[kLoads];
-
-  __device__ __forceinline__ void Load(const Params& p, int64_t t0, int64_t c) {
-    constexpr int kVecPerRow = S::kWordsPerRow / 4;
-    const uint8_t* x = static_cast<const uint8_t*>(p.x);
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, t = e / kVecPerRow, vec = e % kVecPerRow;
-      v[i] = make_uint4(0u, 0u, 0u, 0u);
-      if (t0 + t < p.tokens)
-        v[i] = __ldg(reinterpret_cast<const uint4*>(
-            x + ((t0 + t) * p.in + c * kChunk) * sizeof(A) + vec * 16));
-    }
+  for (int i = 0; i < kWBytes / 16 / kThreads; ++i) {
+    const int e = threadIdx.x + i * kThreads, row = e / 8, unit = e % 8;
+    const bool valid = n_cta + row < p.out;
+    const uint8_t* src = p.w + (valid ? (n_cta + row) * p.in + c * kChunk + unit * 16 : 0);
+    CpAsync16(stage + WOffset(row, unit), src, valid);
   }
-
-  __device__ __forceinline__ void Store(uint8_t* smem) const {
-    constexpr int kVecPerRow = S::kWordsPerRow / 4;
-    constexpr int kWordsPerHalf = S::kWordsPerRow / kHalves;
-    constexpr int kStepsPerHalf = S::kSteps / kHalves;
+  constexpr int kWordsPerHalf = S::kWordsPerRow / kHalves, kStepsPerHalf = S::kSteps / kHalves;
+  constexpr int kWords = BM * S::kWordsPerRow;
+  static_assert(kWords % kThreads == 0, "whole words per thread");
+  const uint8_t* x = static_cast<const uint8_t*>(p.x);
+  uint8_t* a = stage + kWBytes;
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int e = threadIdx.x + i * kThreads, t = e / kVecPerRow, vec = e % kVecPerRow;
-      const uint32_t words[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int wx = vec * 4 + j, half = wx / kWordsPerHalf;
-        int step, word;
-        PermutedWord<A>(wx % kWordsPerHalf, &step, &word);
-        *reinterpret_cast<uint32_t*>(
-            smem + SmemOffset<BM>(half * kStepsPerHalf + step, t, word)) = StageWord<A>(words[j]);
-      }
-    }
+  for (int i = 0; i < kWords / kThreads; ++i) {
+    const int e = threadIdx.x + i * kThreads, t = e / S::kWordsPerRow, wx = e % S::kWordsPerRow;
+    const int half = wx / kWordsPerHalf;
+    int step, word;
+    PermutedWord<A>(wx % kWordsPerHalf, &step, &word);
+    const bool valid = t0 + t < p.tokens;
+    const uint8_t* src =
+        x + (valid ? ((t0 + t) * p.in + c * kChunk) * static_cast<int64_t>(sizeof(A)) + wx * 4
+                   : 0);
+    CpAsync4(a + AOffset<BM>(half * kStepsPerHalf + step, t, word), src, valid);
   }
-};
-
-// The weights of chunk c for the lane: [fragment][half] 16 bytes.
-struct WTile {
-  uint4 v[kNf][kHalves];
-
-  __device__ __forceinline__ void Load(const Params& p, int64_t row0, int64_t c, int lane) {
-#pragma unroll
-    for (int f = 0; f < kNf; ++f) {
-      const int64_t row = row0 + f * 8 + lane / 4;
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) {
-        v[f][h] = make_uint4(0u, 0u, 0u, 0u);
-        if (row < p.out)
-          v[f][h] = __ldg(reinterpret_cast<const uint4*>(p.w + row * p.in + c * kChunk +
-                                                         64 * h + 16 * (lane % 4)));
-      }
-    }
-  }
-};
+}
 
 // Four e4m3 bytes as two B registers of a 16-bit MMA: bytes (0, 1) and (2, 3).
 template <typename T>
@@ -166,10 +147,15 @@ __device__ __forceinline__ void E4m3ToB16(uint32_t four, uint32_t* b0, uint32_t*
         static_cast<__nv_fp8x2_storage_t>(four >> 16), __NV_E4M3);
     *b0 = *reinterpret_cast<const uint32_t*>(&lo);
     *b1 = *reinterpret_cast<const uint32_t*>(&hi);
-  } else {  // bf16 fields: the value times 2^-120
-    const uint32_t lo = __byte_perm(four, 0u, 0x4140), hi = __byte_perm(four, 0u, 0x4342);
-    *b0 = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
-    *b1 = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+  } else {  // bf16 fields hold the value times 2^-120; 2^120 in bf16 is exact
+    const __nv_bfloat162 k2p120 = __floats2bfloat162_rn(0x1p120f, 0x1p120f);
+    uint32_t lo = __byte_perm(four, 0u, 0x4140), hi = __byte_perm(four, 0u, 0x4342);
+    lo = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
+    hi = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+    __nv_bfloat162 l = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&lo), k2p120);
+    __nv_bfloat162 h = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&hi), k2p120);
+    *b0 = *reinterpret_cast<uint32_t*>(&l);
+    *b1 = *reinterpret_cast<uint32_t*>(&h);
   }
 }
 
@@ -186,19 +172,27 @@ __device__ __forceinline__ void MmaE4m3(float (&d)[4], const uint32_t (&a)[4], u
 #endif
 }
 
-// One chunk's MMAs: acc[m][f] += A(stage) * W(chunk). A is T (weight-only) or uint8_t (W8A8).
+// One stage's MMAs: acc[m][f] += A(stage) * W(stage) for the warp's rows.
 template <typename T, typename A, int kMf>
-__device__ __forceinline__ void ChunkMma(const uint8_t* smem, const WTile& w, int mfs,
-                                         int lane, float (&acc)[kMf][kNf][4]) {
+__device__ __forceinline__ void StageMma(const uint8_t* stage, int warp, int lane, int mfs,
+                                         float (&acc)[kMf][kNf][4]) {
   constexpr int BM = kMf * 16;
   constexpr int kSteps = Stage<A, BM>::kSteps, kStepsPerHalf = kSteps / kHalves;
+  uint4 wv[kNf][kHalves];
+#pragma unroll
+  for (int f = 0; f < kNf; ++f)
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h)
+      wv[f][h] = *reinterpret_cast<const uint4*>(
+          stage + WOffset(warp * kNf * 8 + f * 8 + lane / 4, 4 * h + lane % 4));
+  const uint8_t* a_tile = stage + kWBytes;
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     const int h = s / kStepsPerHalf, sh = s % kStepsPerHalf;
     uint32_t b[kNf][2];
 #pragma unroll
     for (int f = 0; f < kNf; ++f) {
-      const uint32_t words[4] = {w.v[f][h].x, w.v[f][h].y, w.v[f][h].z, w.v[f][h].w};
+      const uint32_t words[4] = {wv[f][h].x, wv[f][h].y, wv[f][h].z, wv[f][h].w};
       if constexpr (std::is_same_v<A, uint8_t>) {
         b[f][0] = words[2 * sh];
         b[f][1] = words[2 * sh + 1];
@@ -212,7 +206,7 @@ __device__ __forceinline__ void ChunkMma(const uint8_t* smem, const WTile& w, in
         const int j = lane / 8, row = m * 16 + (j % 2) * 8 + lane % 8;
         const int half = (j / 2) ^ ((row >> 2) & 1);
         uint32_t a[4];
-        cuda_mma::ldsm_x4(a, smem + s * BM * 32 + row * 32 + half * 16);
+        cuda_mma::ldsm_x4(a, a_tile + s * BM * 32 + row * 32 + half * 16);
 #pragma unroll
         for (int f = 0; f < kNf; ++f) {
           if constexpr (std::is_same_v<A, uint8_t>) {
@@ -226,10 +220,10 @@ __device__ __forceinline__ void ChunkMma(const uint8_t* smem, const WTile& w, in
   }
 }
 
-template <typename T, typename A, bool kBlock>
+template <typename T, typename A, bool kBlock, int kMf>
 __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
-  constexpr int BM = kBM<kBlock>, kMf = BM / 16;
-  __shared__ __align__(16) uint8_t smem[2][Stage<A, BM>::kBytes];
+  constexpr int BM = kMf * 16;
+  extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t t0 = static_cast<int64_t>(blockIdx.x) * BM;
   const int64_t n_cta = static_cast<int64_t>(blockIdx.y) * kBN;
@@ -241,6 +235,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
   if (c_begin >= c_end) return;
   const int64_t nt = p.tokens - t0 < BM ? p.tokens - t0 : BM;
   const int mfs = static_cast<int>((nt + 15) / 16);
+  auto stage = [&](int64_t c) { return smem + ((c - c_begin) % kStages) * Stage<A, BM>::kBytes; };
 
   float acc[kMf][kNf][4];
 #pragma unroll
@@ -250,19 +245,17 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][f][i] = 0.f;
 
-  WTile w_cur, w_next;
-  XTile<A, BM> x_next;
-  w_cur.Load(p, row0, c_begin, lane);
-  x_next.Load(p, t0, c_begin);
-  x_next.Store(smem[0]);
-  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (c_begin + s < c_end) LoadStage<A, BM>(p, stage(c_begin + s), t0, n_cta, c_begin + s);
+    cuda_mma::cp_async_commit();
+  }
   for (int64_t c = c_begin; c < c_end; ++c) {
-    const bool more = c + 1 < c_end;
-    if (more) {
-      w_next.Load(p, row0, c + 1, lane);
-      x_next.Load(p, t0, c + 1);
-    }
-    const uint8_t* stage = smem[(c - c_begin) & 1];
+    cuda_mma::cp_async_wait<kStages - 2>();
+    __syncthreads();  // chunk c landed for every thread; chunk c - 1's stage is free
+    const int64_t next = c + kStages - 1;
+    if (next < c_end) LoadStage<A, BM>(p, stage(next), t0, n_cta, next);
+    cuda_mma::cp_async_commit();
     if constexpr (kBlock) {
       float part[kMf][kNf][4];
 #pragma unroll
@@ -271,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
         for (int f = 0; f < kNf; ++f)
 #pragma unroll
           for (int i = 0; i < 4; ++i) part[m][f][i] = 0.f;
-      ChunkMma<T, A, kMf>(stage, w_cur, mfs, lane, part);
+      StageMma<T, A, kMf>(stage(c), warp, lane, mfs, part);
       const int64_t kb = c * kChunk / p.bk;
 #pragma unroll
       for (int f = 0; f < kNf; ++f) {
@@ -284,29 +277,25 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
           for (int i = 0; i < 4; ++i) acc[m][f][i] = fmaf(part[m][f][i], s, acc[m][f][i]);
       }
     } else {
-      ChunkMma<T, A, kMf>(stage, w_cur, mfs, lane, acc);
+      StageMma<T, A, kMf>(stage(c), warp, lane, mfs, acc);
     }
-    if (more) x_next.Store(smem[(c + 1 - c_begin) & 1]);
-    __syncthreads();
-    if (more) w_cur = w_next;
   }
 
   // C fragment: lane holds (token g, rows 2q, 2q + 1) and (token g + 8, the same rows).
-  constexpr bool kShifted = std::is_same_v<A, __nv_bfloat16>;
-  const float unshift = kShifted ? kBf16Shift : 1.f;
 #pragma unroll
   for (int f = 0; f < kNf; ++f) {
     const int64_t col = row0 + f * 8 + 2 * (lane % 4);
     float cs[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      cs[j] = col + j < p.out ? (kBlock ? 1.f : __ldg(p.scale + col + j)) * unshift : 0.f;
+      cs[j] = col + j < p.out ? (kBlock ? 1.f : __ldg(p.scale + col + j)) : 0.f;
 #pragma unroll
     for (int m = 0; m < kMf; ++m) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int64_t t = m * 16 + lane / 4 + (i / 2) * 8, n = col + (i % 2);
-        if (t < nt && n < p.out) atomicAdd(p.acc + (t0 + t) * p.out + n, acc[m][f][i] * cs[i % 2]);
+        if (t < nt && n < p.out)
+          atomicAdd(p.acc + (t0 + t) * p.out + n, acc[m][f][i] * cs[i % 2]);
       }
     }
   }
