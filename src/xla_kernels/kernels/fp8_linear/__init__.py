@@ -53,19 +53,21 @@ FP8 = "f8e4m3fn"
 
 def workspace_elements(tokens: int, k: int, out: int, dtype: str, activation_scheme: str) -> int:
     """f32 elements of the CUDA kernel's workspace (the twin of ``WorkspaceElements`` in
-    fp8_linear_ffi.h): the tensor-core path's f32 sums [tokens, out], for "dynamic" also the
-    token scales and the quantized x bytes (16-byte aligned); f32 x runs on CUDA cores: 1.
-    No comparisons of sizes, so a symbolic token count (``xk.export``) goes through.
+    fp8_linear_ffi.h): the tensor-core path's f32 sums [tokens, out], the token scales, and
+    x in the GEMM's stage order (e4m3 for "dynamic", else 2 bytes per element); f32 x runs on
+    CUDA cores: 1. No comparisons of sizes, so a symbolic token count (``xk.export``) goes
+    through.
 
     Example:
         >>> workspace_elements(2, 256, 8, "bf16", "dynamic")
         149
+        >>> workspace_elements(2, 256, 8, "bf16", "none")
+        277
     """
     if dtype == "f32":
         return 1
-    if activation_scheme != "dynamic":
-        return tokens * out + 1
-    return (tokens * out + tokens + 3) // 4 * 4 + (tokens * k + 3) // 4 + 1
+    x_bytes = tokens * k * (1 if activation_scheme == "dynamic" else 2)
+    return (tokens * out + tokens + 3) // 4 * 4 + (x_bytes + 3) // 4 + 1
 
 
 def _output_rule(x: Spec, weight: Spec, weight_scale: Spec, *, block_shape: tuple[int, int],

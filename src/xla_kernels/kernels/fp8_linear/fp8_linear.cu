@@ -295,11 +295,11 @@ cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
   const int64_t tokens = p.tokens, out = p.out;
   float* acc = workspace;
   float* row_scale = workspace + tokens * out;
-  uint8_t* xq = reinterpret_cast<uint8_t*>(workspace + RoundUp4(tokens * out + tokens));
+  uint8_t* xp = reinterpret_cast<uint8_t*>(workspace + RoundUp4(tokens * out + tokens));
   cudaError_t e = cudaMemsetAsync(acc, 0, sizeof(float) * tokens * out, stream);
   if (e != cudaSuccess) return e;
   mma::Params mp{};
-  mp.x = p.x;
+  mp.x = xp;
   mp.w = p.w;
   mp.scale = p.scale;
   mp.acc = acc;
@@ -309,14 +309,18 @@ cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
   mp.bn = p.bn;
   mp.bk = p.bk;
   mp.scale_cols = p.scale_cols;
-  using A = std::conditional_t<std::is_same_v<T, __half>, __half, __nv_bfloat16>;
+  const T* x = static_cast<const T*>(p.x);
   if (p.dynamic) {
     mma::QuantizeRowsKernel<T><<<static_cast<unsigned>(tokens), mma::kThreads, 0, stream>>>(
-        static_cast<const T*>(p.x), p.in, xq, row_scale);
-    mp.x = xq;
+        x, tokens, p.in, xp, row_scale);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
     e = LaunchGemmFor<T, uint8_t>(stream, mp, p.bk > 0);
   } else {
-    e = LaunchGemmFor<T, A>(stream, mp, p.bk > 0);
+    const int64_t blocks = CeilDiv(tokens * p.in / 2, 256);
+    mma::PermuteRowsKernel<T><<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), 256, 0,
+                                stream>>>(x, tokens, p.in, xp);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    e = LaunchGemmFor<T, T>(stream, mp, p.bk > 0);
   }
   if (e != cudaSuccess) return e;
   const int64_t blocks = CeilDiv(tokens * out, 256);

@@ -78,12 +78,13 @@ inline ffi::Error Decode(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
 inline int64_t RoundUp4(int64_t n) { return (n + 3) / 4 * 4; }
 
 // f32 elements of the workspace output (the Python twin: workspace_elements in __init__.py):
-// the tensor-core path's f32 sums [tokens, out], and for "dynamic" the token scales [tokens]
-// and the quantized x [tokens, in] bytes (16-byte aligned); f32 x (CUDA cores only): 1.
+// the tensor-core path's f32 sums [tokens, out], the token scales [tokens] ("dynamic") and x
+// in the GEMM's stage order (16-byte aligned; e4m3 for "dynamic", else x's 2-byte dtype);
+// f32 x (CUDA cores only): 1.
 inline int64_t WorkspaceElements(const Shape& s) {
   if (s.dtype == ffi::DataType::F32) return 1;
-  if (!s.dynamic) return s.tokens * s.out + 1;
-  return RoundUp4(s.tokens * s.out + s.tokens) + (s.tokens * s.in + 3) / 4 + 1;
+  const int64_t x_bytes = s.tokens * s.in * (s.dynamic ? 1 : 2);
+  return RoundUp4(s.tokens * s.out + s.tokens) + (x_bytes + 3) / 4 + 1;
 }
 
 // The per-token activation scale of "dynamic": max(amax, 1e-12) times 1 / 448 (the f32

@@ -1,7 +1,7 @@
 // fp8_linear on tensor cores (sm_80+ for weight-only, sm_89+ for W8A8). At decode the weight
 // read is the cost: the K chunks stream through a kStages-deep cp.async ring in shared memory
-// (several chunks in flight per CTA, two or three CTAs per SM), and every weight byte is read
-// once by one lane and fed to mma.sync from registers. Design and measurements:
+// (three chunks in flight per CTA, two CTAs per SM), and every weight byte is read once by one
+// lane and fed to mma.sync from registers. Design and measurements:
 // docs/kernels/fp8_linear.md.
 //
 // A CTA owns BM tokens (kMf m16 fragments) x kBN output rows and one split of the K chunks;
@@ -10,7 +10,10 @@
 // [64 h + 16 q, 64 h + 16 q + 16) of its row for each half h: the fragment's B operands come
 // out of those registers with the K order permuted (a dot product does not care), and x's
 // chunk is copied into shared memory (4-byte cp.async) in the same permuted order, so that
-// ldmatrix hands every warp its A fragments:
+// ldmatrix hands every warp its A fragments. The permutation is done once per call by
+// PermuteRowsKernel (W8A16) or QuantizeRowsKernel (W8A8), which write x into the workspace in
+// stage order ([chunk][step][token][32 bytes]): each stage is then whole 16-byte copies, as the
+// weights are:
 //   W8A16 (bf16 / f16 x): m16n8k16 steps; 4 weight bytes of a lane are the step's two B
 //     registers. f16 x: e4m3 -> f16 is exact (cvt). bf16 x: the e4m3 bits are moved into
 //     bf16's fields (sign, exponent, mantissa), the weight times 2^-120 for normals and
@@ -40,7 +43,7 @@ constexpr int kNf = 2;         // n8 fragments per warp
 constexpr int kBN = kWarps * kNf * 8;  // 128 output rows per CTA
 constexpr int kChunk = 128;    // K columns per pipeline stage
 constexpr int kHalves = kChunk / 64;
-constexpr int kStages = 3;     // chunks in the ring: two in flight while one is computed
+constexpr int kStages = 4;     // chunks in the ring: three in flight while one is computed
 constexpr int kWBytes = kBN * kChunk;  // a stage's weights: 128 rows x 128 bytes
 
 // m16 fragments per CTA tile for a call: one up to 16 tokens, else two (four spilled the
@@ -49,7 +52,7 @@ constexpr int kWBytes = kBN * kChunk;  // a stage's weights: 128 rows x 128 byte
 constexpr int MfFor(int64_t tokens) { return tokens <= 16 ? 1 : 2; }
 
 struct Params {
-  const void* x;       // [tokens, in]: T (weight-only) or e4m3 bytes (W8A8)
+  const uint8_t* x;    // x in stage order (PermutedIndex): T (weight-only) or e4m3 (W8A8)
   const uint8_t* w;    // [out, in] e4m3
   const float* scale;  // [out] per channel, or [ceil(out / bn), scale_cols] per block
   float* acc;          // [tokens, out] f32, zeroed: the splits' sums
@@ -81,21 +84,20 @@ __device__ __forceinline__ int WOffset(int row, int unit) {
   return row * kChunk + ((unit ^ (4 * (row & 1))) << 4);
 }
 
-// Where word `wx` (4 bytes) of a 64-column half of an x row goes, as (step within the half,
-// word of the step's 32-byte row): the inverse of the weights' permuted K order.
-template <typename A>
-__device__ __forceinline__ void PermutedWord(int wx, int* step, int* word) {
-  constexpr int kWordsPerQuad = 16 * static_cast<int>(sizeof(A)) / 4;  // a lane's 16 columns
+// Byte offset of x[t, k] (element size E) in stage order: [chunk][step][token][32 bytes],
+// steps and words permuted to match the weights' K order (see the file comment): column k of
+// a 64-column half is in 16-column quad q = (k % 64) / 16; its word wx (4 bytes) within the
+// half goes to step wx' / 2 and word 4 (wx' % 2) + q of that step, wx' = wx mod words per quad.
+template <int E>
+__device__ __forceinline__ int64_t PermutedIndex(int64_t tokens, int64_t t, int64_t k) {
+  constexpr int kWordsPerHalf = 64 * E / 4, kWordsPerQuad = 16 * E / 4;
+  constexpr int kStepsPerHalf = kWordsPerHalf / 8, kSteps = kChunk * E / 32;
+  const int64_t c = k / kChunk;
+  const int byte = static_cast<int>(k % kChunk) * E;
+  const int half = byte / (64 * E), wx = (byte % (64 * E)) / 4, within = byte % 4;
   const int q = wx / kWordsPerQuad, r = wx % kWordsPerQuad;
-  *step = r / 2;
-  *word = 4 * (r % 2) + q;
-}
-
-__device__ __forceinline__ void CpAsync4(void* smem, const void* gmem, bool valid) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(valid ? 4 : 0)
-               : "memory");
+  const int step = half * kStepsPerHalf + r / 2, word = 4 * (r % 2) + q;
+  return ((c * kSteps + step) * tokens + t) * 32 + word * 4 + within;
 }
 
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
@@ -105,37 +107,50 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
                : "memory");
 }
 
-// Issues chunk c's copies into a stage: the CTA's weight rows (rows past out zero-filled) and
-// x's rows t0.. (rows past the tokens zero-filled), x permuted.
+// A thread's 16-byte copies of one stage, fixed for the CTA: chunk c adds c times the
+// chunk's stride to every source. Rows past out and tokens past the call's are zero-filled.
 template <typename A, int BM>
-__device__ __forceinline__ void LoadStage(const Params& p, uint8_t* stage, int64_t t0,
-                                          int64_t n_cta, int64_t c) {
+struct CopyPlan {
   using S = Stage<A, BM>;
+  static constexpr int kW = kWBytes / 16 / kThreads;
+  static constexpr int kA = S::kABytes / 16 / kThreads > 0 ? S::kABytes / 16 / kThreads : 1;
+  const uint8_t* w_src[kW];
+  int w_dst[kW];
+  bool w_valid[kW];
+  const uint8_t* a_src[kA];
+  int a_dst[kA];
+  bool a_valid[kA];
+  int64_t a_stride;  // bytes of x per chunk in stage order
+
+  __device__ __forceinline__ CopyPlan(const Params& p, int64_t t0, int64_t n_cta) {
 #pragma unroll
-  for (int i = 0; i < kWBytes / 16 / kThreads; ++i) {
-    const int e = threadIdx.x + i * kThreads, row = e / 8, unit = e % 8;
-    const bool valid = n_cta + row < p.out;
-    const uint8_t* src = p.w + (valid ? (n_cta + row) * p.in + c * kChunk + unit * 16 : 0);
-    CpAsync16(stage + WOffset(row, unit), src, valid);
-  }
-  constexpr int kWordsPerHalf = S::kWordsPerRow / kHalves, kStepsPerHalf = S::kSteps / kHalves;
-  constexpr int kWords = BM * S::kWordsPerRow;
-  static_assert(kWords % kThreads == 0, "whole words per thread");
-  const uint8_t* x = static_cast<const uint8_t*>(p.x);
-  uint8_t* a = stage + kWBytes;
+    for (int i = 0; i < kW; ++i) {
+      const int e = threadIdx.x + i * kThreads, row = e / 8, unit = e % 8;
+      w_valid[i] = n_cta + row < p.out;
+      w_src[i] = p.w + (w_valid[i] ? (n_cta + row) * p.in + unit * 16 : 0);
+      w_dst[i] = WOffset(row, unit);
+    }
+    a_stride = static_cast<int64_t>(S::kSteps) * p.tokens * 32;
 #pragma unroll
-  for (int i = 0; i < kWords / kThreads; ++i) {
-    const int e = threadIdx.x + i * kThreads, t = e / S::kWordsPerRow, wx = e % S::kWordsPerRow;
-    const int half = wx / kWordsPerHalf;
-    int step, word;
-    PermutedWord<A>(wx % kWordsPerHalf, &step, &word);
-    const bool valid = t0 + t < p.tokens;
-    const uint8_t* src =
-        x + (valid ? ((t0 + t) * p.in + c * kChunk) * static_cast<int64_t>(sizeof(A)) + wx * 4
-                   : 0);
-    CpAsync4(a + AOffset<BM>(half * kStepsPerHalf + step, t, word), src, valid);
+    for (int i = 0; i < kA; ++i) {  // unit e: (step, token, 16-byte half)
+      const int e = threadIdx.x + i * kThreads;
+      const int step = e / (BM * 2), t = (e / 2) % BM, half = e % 2;
+      a_valid[i] = e < S::kABytes / 16 && t0 + t < p.tokens;
+      a_src[i] = p.x + (a_valid[i] ? (step * p.tokens + t0 + t) * 32 + half * 16 : 0);
+      a_dst[i] = kWBytes + AOffset<BM>(step, t, 4 * half);
+    }
   }
-}
+
+  __device__ __forceinline__ void Issue(uint8_t* stage, int64_t c) const {
+#pragma unroll
+    for (int i = 0; i < kW; ++i)
+      CpAsync16(stage + w_dst[i], w_src[i] + (w_valid[i] ? c * kChunk : 0), w_valid[i]);
+#pragma unroll
+    for (int i = 0; i < kA; ++i)
+      if (threadIdx.x + i * kThreads < S::kABytes / 16)
+        CpAsync16(stage + a_dst[i], a_src[i] + (a_valid[i] ? c * a_stride : 0), a_valid[i]);
+  }
+};
 
 // Four e4m3 bytes as two B registers of a 16-bit MMA: bytes (0, 1) and (2, 3).
 template <typename T>
@@ -235,7 +250,8 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
   if (c_begin >= c_end) return;
   const int64_t nt = p.tokens - t0 < BM ? p.tokens - t0 : BM;
   const int mfs = static_cast<int>((nt + 15) / 16);
-  auto stage = [&](int64_t c) { return smem + ((c - c_begin) % kStages) * Stage<A, BM>::kBytes; };
+  constexpr int kStageBytes = Stage<A, BM>::kBytes;
+  const CopyPlan<A, BM> plan(p, t0, n_cta);
 
   float acc[kMf][kNf][4];
 #pragma unroll
@@ -247,15 +263,19 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (c_begin + s < c_end) LoadStage<A, BM>(p, stage(c_begin + s), t0, n_cta, c_begin + s);
+    if (c_begin + s < c_end) plan.Issue(smem + s * kStageBytes, c_begin + s);
     cuda_mma::cp_async_commit();
   }
+  int slot = 0;  // chunk c's stage; the ring's next free stage is the one before it
   for (int64_t c = c_begin; c < c_end; ++c) {
     cuda_mma::cp_async_wait<kStages - 2>();
     __syncthreads();  // chunk c landed for every thread; chunk c - 1's stage is free
     const int64_t next = c + kStages - 1;
-    if (next < c_end) LoadStage<A, BM>(p, stage(next), t0, n_cta, next);
+    const int free_slot = slot == 0 ? kStages - 1 : slot - 1;
+    if (next < c_end) plan.Issue(smem + free_slot * kStageBytes, next);
     cuda_mma::cp_async_commit();
+    const uint8_t* stage = smem + slot * kStageBytes;
+    slot = slot == kStages - 1 ? 0 : slot + 1;
     if constexpr (kBlock) {
       float part[kMf][kNf][4];
 #pragma unroll
@@ -264,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
         for (int f = 0; f < kNf; ++f)
 #pragma unroll
           for (int i = 0; i < 4; ++i) part[m][f][i] = 0.f;
-      StageMma<T, A, kMf>(stage(c), warp, lane, mfs, part);
+      StageMma<T, A, kMf>(stage, warp, lane, mfs, part);
       const int64_t kb = c * kChunk / p.bk;
 #pragma unroll
       for (int f = 0; f < kNf; ++f) {
@@ -277,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
           for (int i = 0; i < 4; ++i) acc[m][f][i] = fmaf(part[m][f][i], s, acc[m][f][i]);
       }
     } else {
-      StageMma<T, A, kMf>(stage(c), warp, lane, mfs, acc);
+      StageMma<T, A, kMf>(stage, warp, lane, mfs, acc);
     }
   }
 
@@ -302,10 +322,11 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
 }
 
 // W8A8's first pass: each CTA quantizes one token's row (fp8_linear's "dynamic" rule, as
-// the CUDA-core kernel and the CPU kernel apply it) and records its scale.
+// the CUDA-core kernel and the CPU kernel apply it) into stage order and records its scale.
 template <typename T>
-__global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64_t in,
-                                                               uint8_t* xq, float* row_scale) {
+__global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64_t tokens,
+                                                               int64_t in, uint8_t* xq,
+                                                               float* row_scale) {
   __shared__ float warp_max[kWarps];
   const int64_t t = blockIdx.x;
   const T* xr = x + t * in;
@@ -321,8 +342,20 @@ __global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64
   const float s = ActivationScale(amax);
   if (threadIdx.x == 0) row_scale[t] = s;
   for (int64_t i = threadIdx.x; i < in; i += kThreads)
-    xq[t * in + i] = __nv_cvt_float_to_fp8(static_cast<float>(xr[i]) / s, __NV_SATFINITE,
-                                           __NV_E4M3);
+    xq[PermutedIndex<1>(tokens, t, i)] =
+        __nv_cvt_float_to_fp8(static_cast<float>(xr[i]) / s, __NV_SATFINITE, __NV_E4M3);
+}
+
+// W8A16's first pass: x copied into stage order (PermutedIndex), two elements per thread step.
+template <typename T>
+__global__ void PermuteRowsKernel(const T* x, int64_t tokens, int64_t in, uint8_t* xp) {
+  const int64_t pairs = tokens * in / 2;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < pairs;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = 2 * i / in, k = 2 * i % in;  // in is even: a pair stays in one row
+    *reinterpret_cast<uint32_t*>(xp + PermutedIndex<2>(tokens, t, k)) =
+        *reinterpret_cast<const uint32_t*>(x + 2 * i);
+  }
 }
 
 // y = acc (times the token's activation scale, W8A8) rounded to T.
