@@ -193,6 +193,18 @@ __global__ void __launch_bounds__(kThreads)
         const float f = sc[wr];
 #pragma unroll
         for (int e = 0; e < 8; ++e) v[e] = FromF32<T>(E4m3ToF32(raw[j * kBK + c * 8 + e]) * f);
+      } else if (p.scale_bk % 8 == 0 && k0 + c * 8 + 8 <= K &&
+                 w_rows * K < (int64_t{1} << 31)) {
+        // The group's 8 weights share one block scale: one lookup in 32-bit arithmetic (a
+        // lookup per weight through ScaleIndex's 64-bit divisions made fp8 decode ~20x slower
+        // than bf16).
+        const int k = static_cast<int>(k0) + c * 8;
+        const int scale_cols = (static_cast<int>(K) + static_cast<int>(p.scale_bk) - 1) /
+                               static_cast<int>(p.scale_bk);
+        const float f = sc[(static_cast<int>(wr) / static_cast<int>(p.scale_bn)) * scale_cols +
+                           k / static_cast<int>(p.scale_bk)];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = FromF32<T>(E4m3ToF32(raw[j * kBK + c * 8 + e]) * f);
       } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
