@@ -29,6 +29,10 @@
 #                            the tiny preset with fp8 weights, checked token for token
 #   tiny_jax_kvfp8 tiny_torchax_kvfp8
 #                            the tiny preset with an fp8 KV cache, checked token for token
+#   8b_table_WEIGHTS_KV_SHAPE   one cell of the 8b table: WEIGHTS bf16 or fp8 (W8A16 through
+#                            fp8_linear), KV bf16 or fp8, SHAPE 64x2000 (the preset's 64
+#                            requests of ~2000-token prompts) or 256x512 (256 of ~512, 256 at
+#                            once); async scheduling, timed; e.g. 8b_table_fp8_bf16_256x512
 # Writes OUT_DIR/serve_RUN.json and .txt per run.
 source "$(dirname "$0")/common.sh" "${1:-}"
 shift
@@ -83,6 +87,17 @@ for name in "$@"; do
                       --kv-cache-dtype fp8 ;;
     tiny_torchax_kvfp8) serve_run tiny_torchax_kvfp8 120 --preset tiny --frontend torchax \
                           --kv-cache-dtype fp8 ;;
+    8b_table_*)
+      IFS=_ read -r _ _ weights kv shape <<< "$name"
+      cell=(--preset 8b --frontend jax --no-reference --async-scheduling
+            --weights "$([ "$weights" = fp8 ] && echo fp8 || echo model)"
+            --kv-cache-dtype "$([ "$kv" = fp8 ] && echo fp8 || echo auto)")
+      case $shape in
+        64x2000) ;;
+        256x512) cell+=(--requests 256 --prompt-len 512 --max-num-seqs 256) ;;
+        *) echo "serve.sh: unknown shape '$shape' in '$name'" >&2; status=1; continue ;;
+      esac
+      serve_run "$name" 240 "${cell[@]}" ;;
     *) echo "serve.sh: unknown run '$name'" >&2; status=1 ;;
   esac
 done
