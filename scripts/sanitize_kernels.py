@@ -47,6 +47,13 @@ def main() -> None:
         x = jnp.asarray(rng.standard_normal(shape), dtype)
         w = jnp.asarray(rng.standard_normal(shape[-1]), dtype)
         jax.block_until_ready(jax.grad(lambda x, w: rms_norm(x, w).sum(), (0, 1))(x, w))
+    from xla_kernels.kernels.rms_norm import fused_add_rms_norm
+
+    # fused_add_rms_norm: odd hidden, fewer and more columns than threads, the serving shape.
+    for shape, dtype in (*cases, ((64, 4096), jnp.bfloat16), ((2, 300), jnp.float16)):
+        x, r = (jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(2))
+        w = jnp.asarray(rng.standard_normal(shape[-1]), dtype)
+        jax.block_until_ready(fused_add_rms_norm(x, r, w))
     sample_cases(rng)
     from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_cases as ragged_cases
     from xla_kernels.kernels.ragged_paged_attention.testing import sanitize_fused_cases

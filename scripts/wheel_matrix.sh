@@ -105,8 +105,8 @@ if [ "$step" = venvs ]; then
   exit 0
 fi
 wheel=${WHEEL:-$(ls dist/xla_kernels-*.whl | head -1)}
-tests="tests/test_simple_add.py tests/test_rms_norm.py tests/test_kv_cache.py
-       tests/test_fused_kv_cache.py tests/test_paged_attention.py
+tests="tests/test_simple_add.py tests/test_rms_norm.py tests/test_fused_add_rms_norm.py
+       tests/test_kv_cache.py tests/test_fused_kv_cache.py tests/test_paged_attention.py
        tests/test_ragged_paged_attention.py tests/test_sampling.py
        tests/test_moe.py tests/test_moe_ep.py tests/test_fp8_linear.py"
 deselect="not compile"

@@ -35,7 +35,12 @@ from xla_kernels.kernels.ragged_paged_attention import (
     ragged_paged_attention_numpy_f64,
 )
 from xla_kernels.kernels.ragged_paged_attention.testing import make_inputs as ragged_inputs
-from xla_kernels.kernels.rms_norm import rms_norm, rms_norm_numpy_f64
+from xla_kernels.kernels.rms_norm import (
+    fused_add_rms_norm,
+    fused_add_rms_norm_numpy_f64,
+    rms_norm,
+    rms_norm_numpy_f64,
+)
 from xla_kernels.kernels.simple_add import simple_add
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices (fake CPU "
@@ -160,6 +165,18 @@ def test_rms_norm(data):
     w = rng.standard_normal(32).astype(np.float32)
     got = run_sharded(data, rms_norm, [x, w], [3])
     np.testing.assert_allclose(np.asarray(got), rms_norm_numpy_f64(x, w), rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=EXAMPLES)
+@given(st.data())
+def test_fused_add_rms_norm(data):
+    rng = np.random.default_rng(3)
+    x, residual = (rng.standard_normal((8, 3, 32)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(32).astype(np.float32)
+    out, residual_out = run_sharded(data, fused_add_rms_norm, [x, residual, w], [3, 3])
+    want_out, want_residual = fused_add_rms_norm_numpy_f64(x, residual, w)
+    np.testing.assert_allclose(np.asarray(out), want_out, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(np.asarray(residual_out), want_residual)
 
 
 @settings(max_examples=EXAMPLES)

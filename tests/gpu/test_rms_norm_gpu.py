@@ -1,4 +1,6 @@
-"""rms_norm's CUDA kernels, forward and backward, against float64 and the CPU kernels."""
+"""rms_norm's CUDA kernels, forward and backward, against float64 and the CPU kernels;
+fused_add_rms_norm's against float64, the CPU kernel and (bit for bit) XLA's add followed by
+the rms_norm kernel, in JAX and torch eager on CUDA tensors."""
 
 from __future__ import annotations
 
@@ -9,7 +11,13 @@ import pytest
 
 from test_rms_norm import TOL, rel
 from xla_kernels import dtypes
-from xla_kernels.kernels.rms_norm import rms_norm, rms_norm_bwd_numpy_f64, rms_norm_numpy_f64
+from xla_kernels.kernels.rms_norm import (
+    fused_add_rms_norm,
+    fused_add_rms_norm_numpy_f64,
+    rms_norm,
+    rms_norm_bwd_numpy_f64,
+    rms_norm_numpy_f64,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -70,3 +78,51 @@ def test_sharded_programs_compile_and_run_on_a_one_gpu_mesh(rng):
                        NamedSharding(mesh, P("tp")))
     g = jax.jit(jax.grad(lambda h, w: rms_norm(h, w).sum()))(h, w)
     assert g.shape == (4, 64)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("shape", [(1, 8), (3, 5, 129), (64, 4096), (2, 0, 4), (7, 1),
+                                   (5, 8193)])
+def test_cuda_fused_add_rms_norm_is_add_then_rms_norm_bit_for_bit(rng, dtype, shape):
+    np_dtype = dtypes.to_numpy(dtype)
+    x = rng.standard_normal(shape).astype(np_dtype)
+    residual = (3 * rng.standard_normal(shape)).astype(np_dtype)
+    w = rng.standard_normal(shape[-1]).astype(np_dtype)
+    fused = jax.jit(lambda *a: fused_add_rms_norm(*a, eps=1e-5))
+    out, residual_out = fused(*(jax.device_put(a) for a in (x, residual, w)))
+    assert out.devices().pop().platform == "gpu"
+    assert out.dtype == residual_out.dtype == x.dtype and out.shape == x.shape
+    # The unfused model on the GPU: XLA's add in the dtype, then the rms_norm kernel, whose
+    # reduction order the fused kernel shares.
+    total = jax.jit(lambda a, b: a + b)(jax.device_put(x), jax.device_put(residual))
+    y = jax.jit(lambda s, w: rms_norm(s, w, eps=1e-5))(total, jax.device_put(w))
+    np.testing.assert_array_equal(np.asarray(residual_out).view(np.uint8),
+                                  np.asarray(total).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(out).view(np.uint8), np.asarray(y).view(np.uint8))
+    if x.size == 0:
+        return
+    want_out, want_residual = fused_add_rms_norm_numpy_f64(x, residual, w, eps=1e-5)
+    np.testing.assert_array_equal(np.asarray(residual_out, np.float64), want_residual)
+    assert rel(out, want_out) < TOL[dtype]
+    cpu = jax.devices("cpu")[0]
+    with jax.default_device(cpu):
+        cpu_out, cpu_residual = fused(*(jax.device_put(a, cpu) for a in (x, residual, w)))
+    np.testing.assert_array_equal(np.asarray(cpu_residual), np.asarray(residual_out))
+    assert rel(out, cpu_out) < TOL[dtype]
+
+
+def test_torch_eager_fused_add_rms_norm_on_cuda_tensors(rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from xla_kernels.frontends.torch import torch_op
+
+    x, residual = (rng.standard_normal((64, 4096)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(4096).astype(np.float32)
+    args = [torch.from_numpy(a).cuda().to(torch.bfloat16) for a in (x, residual, w)]
+    out, residual_out = torch_op(fused_add_rms_norm)(*args, eps=1e-5)
+    assert out.is_cuda and residual_out.is_cuda and out.dtype == torch.bfloat16
+    assert torch.equal(residual_out, args[0] + args[1])
+    host = [a.float().cpu().numpy().astype(dtypes.to_numpy("bf16")) for a in args]
+    want_out, _ = fused_add_rms_norm_numpy_f64(*host, eps=1e-5)
+    assert rel(out.float().cpu().numpy(), want_out) < TOL["bf16"]

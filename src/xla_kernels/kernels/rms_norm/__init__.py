@@ -87,6 +87,42 @@ rms_norm = Op(
 )
 
 
+def _fused_add_rule(x: Spec, residual: Spec, weight: Spec, *, eps: float) -> list[Spec]:
+    if (residual.shape, residual.dtype) != (x.shape, x.dtype):
+        raise Invalid("residual", f"expected x's shape {x.shape} and dtype {x.dtype}, got "
+                      f"{residual.shape} {residual.dtype}",
+                      "pass the residual stream x is added to, of x's shape and dtype")
+    _check(x, weight, eps)
+    return [like(x), like(x)]
+
+
+fused_add_rms_norm = Op(
+    "xla_kernels.fused_add_rms_norm",
+    inputs=[Tensor("x", DTYPES, doc="[..., hidden], e.g. a layer's output"),
+            Tensor("residual", DTYPES, doc="[..., hidden], the residual stream x is added to"),
+            Tensor("weight", DTYPES, rank=1, doc="[hidden]")],
+    attrs=[Attr("eps", float, default=1e-6, doc="added to mean(s^2)")],
+    outputs=_fused_add_rule,
+    output_names=("out", "residual_out"),
+    # Rows split freely; a row's hidden dimension must be whole on one device.
+    sharding_rule=("... h, ... h, h -> ... h, ... h", {"need_replication_factors": ("h",)}),
+    kernels={"cpu": Kernel(["rms_norm_cpu.cc"], handler="XkFusedAddRmsNormCpu"),
+             "cuda": Kernel(["rms_norm.cu"], handler="XkFusedAddRmsNormCuda",
+                            dtypes=_CUDA_DTYPES)},
+    doc="""The residual add and the rms_norm after it, in one kernel (vLLM's
+``fused_add_rms_norm``, functional)::
+
+    out, residual_out = fused_add_rms_norm(x, residual, weight, *, eps=1e-6)
+    residual_out = x + residual                     # rounded to the dtype
+    out = rms_norm(residual_out, weight, eps=eps)
+
+Both are bit for bit what the two steps give: the sum is computed in the accumulation
+type and rounded once to the dtype (as XLA's add), then normalized with rms_norm's own
+arithmetic (on CUDA its reduction order too). Rows are read once. No backward is declared.
+:func:`fused_add_rms_norm_numpy_f64` is the reference.""",
+)
+
+
 def rms_norm_numpy_f64(x: Any, weight: Any, *, eps: float = 1e-6) -> np.ndarray:
     """The forward in float64 NumPy."""
     x = np.asarray(x, np.float64)
@@ -106,4 +142,14 @@ def rms_norm_bwd_numpy_f64(x: Any, weight: Any, dy: Any, *, eps: float = 1e-6
     return dx, dw
 
 
-__all__ = ["DTYPES", "rms_norm", "rms_norm_bwd", "rms_norm_bwd_numpy_f64", "rms_norm_numpy_f64"]
+def fused_add_rms_norm_numpy_f64(x: Any, residual: Any, weight: Any, *, eps: float = 1e-6
+                                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(out, residual_out) in float64 NumPy, the sum rounded to x's dtype first (as the op
+    and the unfused model do): rounding the sum is part of the op's definition."""
+    x = np.asarray(x)
+    total = (x.astype(np.float64) + np.asarray(residual, np.float64)).astype(x.dtype)
+    return rms_norm_numpy_f64(total, weight, eps=eps), total.astype(np.float64)
+
+
+__all__ = ["DTYPES", "fused_add_rms_norm", "fused_add_rms_norm_numpy_f64", "rms_norm",
+           "rms_norm_bwd", "rms_norm_bwd_numpy_f64", "rms_norm_numpy_f64"]

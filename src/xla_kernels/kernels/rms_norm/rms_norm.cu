@@ -3,7 +3,11 @@
 // memory), and write y = x * r * w. Backward: one CTA per row computes r and sum(w dy x),
 // writes dx and keeps r in the workspace; a second kernel gives each thread one column of
 // dw = sum over rows of dy * x * r (reads are coalesced across the threads of a warp).
-// Handlers XkRmsNormCuda and XkRmsNormBwdCuda; command-buffer compatible.
+// fused_add_rms_norm: one CTA per row, as the forward; it writes residual_out = x + residual
+// (rounded to the dtype) while summing its squares, then normalizes it with the forward's
+// own row code (NormalizeRow), so out is bit for bit rms_norm(residual_out).
+// Handlers XkRmsNormCuda, XkRmsNormBwdCuda and XkFusedAddRmsNormCuda; command-buffer
+// compatible.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -45,6 +49,18 @@ __device__ inline float BlockSum(float v, float* shared) {
   return total;
 }
 
+// 1 / sqrt(mean(v^2) + eps) of a row from each thread's partial sum of squares (its columns
+// j = threadIdx.x + k * kThreads), then y = v * r * w over the same columns: the arithmetic
+// and reduction order rms_norm's forward and fused_add_rms_norm share, so the fused op's out
+// is bit for bit rms_norm of its residual_out.
+template <typename T>
+__device__ inline void NormalizeRow(const T* v, const T* __restrict__ w, T* __restrict__ y,
+                                    float sq, int64_t hidden, float eps, float* shared) {
+  const float r = rsqrtf(BlockSum(sq, shared) / static_cast<float>(hidden) + eps);
+  for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
+    y[j] = Store<T>(Load(v[j]) * r * Load(w[j]));
+}
+
 template <typename T>
 __global__ void ForwardKernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                               int64_t hidden, float eps) {
@@ -52,9 +68,25 @@ __global__ void ForwardKernel(const T* __restrict__ x, const T* __restrict__ w, 
   const T* xr = x + blockIdx.x * hidden;
   float sq = 0.f;
   for (int64_t j = threadIdx.x; j < hidden; j += kThreads) sq += Load(xr[j]) * Load(xr[j]);
-  const float r = rsqrtf(BlockSum(sq, shared) / static_cast<float>(hidden) + eps);
-  for (int64_t j = threadIdx.x; j < hidden; j += kThreads)
-    y[blockIdx.x * hidden + j] = Store<T>(Load(xr[j]) * r * Load(w[j]));
+  NormalizeRow(xr, w, y + blockIdx.x * hidden, sq, hidden, eps, shared);
+}
+
+// fused_add_rms_norm: one CTA per row reads x and residual once, writes s = x + residual
+// (rounded to T, as XLA's add) to residual_out, and normalizes s. Each thread reads back only
+// the elements of residual_out it wrote itself (no barrier needed; an L1/L2 hit).
+template <typename T>
+__global__ void FusedAddKernel(const T* __restrict__ x, const T* __restrict__ residual,
+                               const T* __restrict__ w, T* __restrict__ out, T* residual_out,
+                               int64_t hidden, float eps) {
+  __shared__ float shared[kThreads / 32];
+  const int64_t o = blockIdx.x * hidden;
+  float sq = 0.f;
+  for (int64_t j = threadIdx.x; j < hidden; j += kThreads) {
+    const T s = Store<T>(Load(x[o + j]) + Load(residual[o + j]));
+    residual_out[o + j] = s;
+    sq += Load(s) * Load(s);
+  }
+  NormalizeRow(residual_out + o, w, out + o, sq, hidden, eps, shared);
 }
 
 template <typename T>
@@ -96,12 +128,21 @@ ffi::Error LaunchError(const char* op) {
 
 constexpr const char* kFwd = "xla_kernels.rms_norm";
 constexpr const char* kBwd = "xla_kernels.rms_norm_bwd";
+constexpr const char* kAdd = "xla_kernels.fused_add_rms_norm";
 
 template <typename T>
 void LaunchForward(cudaStream_t stream, const Rows& s, const void* x, const void* w, void* y,
                    float eps) {
   ForwardKernel<T><<<static_cast<unsigned>(s.rows), kThreads, 0, stream>>>(
       static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(y), s.hidden, eps);
+}
+
+template <typename T>
+void LaunchFusedAdd(cudaStream_t stream, const Rows& s, const void* x, const void* residual,
+                    const void* w, void* out, void* residual_out, float eps) {
+  FusedAddKernel<T><<<static_cast<unsigned>(s.rows), kThreads, 0, stream>>>(
+      static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<const T*>(w),
+      static_cast<T*>(out), static_cast<T*>(residual_out), s.hidden, eps);
 }
 
 template <typename T>
@@ -138,6 +179,31 @@ ffi::Error RmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer wei
       return Bad(kFwd, "x", "unsupported dtype on cuda", "pass f32, bf16 or f16");
   }
   return LaunchError(kFwd);
+}
+
+ffi::Error FusedAddRmsNormCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer residual,
+                               ffi::AnyBuffer weight, ffi::Result<ffi::AnyBuffer> out,
+                               ffi::Result<ffi::AnyBuffer> residual_out, float eps) {
+  Rows s;
+  ffi::Error err = DecodeRows(kAdd, x, weight, {&residual, &*out, &*residual_out}, &s);
+  if (err.failure()) return err;
+  if (s.rows == 0 || s.hidden == 0) return ffi::Error::Success();
+  if (s.rows > 0x7fffffff) return Bad(kAdd, "x", "too many rows for one launch", "split x");
+  const void* xp = x.untyped_data();
+  const void* rp = residual.untyped_data();
+  const void* wp = weight.untyped_data();
+  void* yp = out->untyped_data();
+  void* rop = residual_out->untyped_data();
+  switch (x.element_type()) {
+    case ffi::DataType::F32: LaunchFusedAdd<float>(stream, s, xp, rp, wp, yp, rop, eps); break;
+    case ffi::DataType::BF16:
+      LaunchFusedAdd<__nv_bfloat16>(stream, s, xp, rp, wp, yp, rop, eps);
+      break;
+    case ffi::DataType::F16: LaunchFusedAdd<__half>(stream, s, xp, rp, wp, yp, rop, eps); break;
+    default:
+      return Bad(kAdd, "x", "unsupported dtype on cuda", "pass f32, bf16 or f16");
+  }
+  return LaunchError(kAdd);
 }
 
 ffi::Error RmsNormBwdCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
@@ -187,6 +253,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(XkRmsNormCuda, xla_kernels::rms_norm::RmsNormCuda,
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<float>("eps"),
+                              {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedAddRmsNormCuda, xla_kernels::rms_norm::FusedAddRmsNormCuda,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<float>("eps"),
                               {ffi::Traits::kCmdBufferCompatible});
