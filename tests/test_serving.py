@@ -123,38 +123,7 @@ def test_step_is_one_program_per_bucket_with_the_caches_donated(frontend, cpu, w
     assert text.count("tf.aliasing_output") == 2 * MODEL.num_layers     # every cache donated
     assert text.count("@xla_kernels.reshape_and_cache(") == MODEL.num_layers
     assert text.count("@xla_kernels.ragged_paged_attention(") == MODEL.num_layers
-    # Every residual add is fused into the norm after it; only the first norm stands alone.
-    assert text.count("@xla_kernels.rms_norm(") == 1
-    assert text.count("@xla_kernels.fused_add_rms_norm(") == 2 * MODEL.num_layers
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fused_residual_adds_change_no_bit_of_the_hidden_states(cpu, dtype, monkeypatch):
-    """The decoder's fused_add_rms_norm calls against the unfused model they replace: XLA's
-    add in the model's dtype, then rms_norm; the final hidden states agree bit for bit."""
-    import dataclasses
-
-    import jax
-    import jax.numpy as jnp
-
-    from xla_kernels.kernels import rms_norm as rn
-    from xla_kernels.serving.attention import dense_attention
-    from xla_kernels.serving.model_jax import decoder
-    from xla_kernels.serving.weights import init_weights
-
-    config = dataclasses.replace(MODEL, dtype=dtype)
-    w = init_weights(config, seed=0)
-    tokens = (jnp.arange(12, dtype=jnp.int32) * 37 % config.vocab_size)[None]
-    positions = jnp.arange(12)[None]
-
-    def hidden() -> np.ndarray:
-        attend = lambda layer, q, k, v: dense_attention(q, k, v, positions, positions)  # noqa: E731
-        return np.asarray(jax.jit(lambda w: decoder(w, config, tokens, positions, attend))(w))
-
-    fused = hidden()
-    monkeypatch.setattr(rn, "fused_add_rms_norm", lambda x, residual, weight, *, eps: (
-        rn.rms_norm(x + residual, weight, eps=eps), x + residual))
-    np.testing.assert_array_equal(fused.view(np.uint8), hidden().view(np.uint8))
+    assert text.count("@xla_kernels.rms_norm(") == 2 * MODEL.num_layers + 1
 
 
 # Scheduler and allocator (a stand-in runner: no model) ---------------------------------

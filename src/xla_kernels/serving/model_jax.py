@@ -1,7 +1,6 @@
 """The Llama-style decoder in JAX, and the engine's runner for it.
 
-:func:`decoder` is the model once (RMSNorm through the library's ``rms_norm`` op, each
-residual add fused into the norm after it with ``fused_add_rms_norm``, as vLLM does; rotary
+:func:`decoder` is the model once (RMSNorm through the library's ``rms_norm`` op, rotary
 embeddings, GQA attention, SwiGLU MLP or a mixture of experts); the attention is a function
 passed in, so the paged engine (:func:`paged_step`) and the dense reference
 (:mod:`xla_kernels.serving.reference`) share every other line. :class:`JaxRunner` holds the
@@ -66,7 +65,7 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
     split over (None: one device), which row-parallel fp8 projections sum over."""
     import jax
 
-    from xla_kernels.kernels.rms_norm import fused_add_rms_norm, rms_norm
+    from xla_kernels.kernels.rms_norm import rms_norm
 
     scheme = ACTIVATION_SCHEMES.get(config.weights)
 
@@ -78,35 +77,28 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
                            scheme=scheme, kernel=ops == "xla-kernels",
                            mesh=mesh if row_parallel else None)
 
-    def add_norm(x: Any, delta: Any, name: str) -> tuple[Any, Any]:
-        """(x + delta, rms_norm of it): one fused_add_rms_norm call, as vLLM's layers; a
-        None delta (the first layer's input) is a plain rms_norm of x."""
-        if delta is None:
-            return x, rms_norm(x, weights[name], eps=config.rms_eps)
-        h, x = fused_add_rms_norm(delta, x, weights[name], eps=config.rms_eps)
-        return x, h
-
     lead = token_ids.shape
     hq, hkv, d = config.num_q_heads, config.num_kv_heads, config.head_dim
-    x, delta = weights["embed_tokens.weight"][token_ids], None   # delta: not yet added to x
+    x = weights["embed_tokens.weight"][token_ids]
     for i in range(config.num_layers):
         p = f"layers.{i}."
-        x, h = add_norm(x, delta, p + "input_layernorm.weight")
+        h = rms_norm(x, weights[p + "input_layernorm.weight"], eps=config.rms_eps)
         q = linear(h, p + "self_attn.q_proj").reshape(*lead, hq, d)
         k = linear(h, p + "self_attn.k_proj").reshape(*lead, hkv, d)
         v = linear(h, p + "self_attn.v_proj").reshape(*lead, hkv, d)
         q = rotary(q, positions, config.rope_theta)
         k = rotary(k, positions, config.rope_theta)
         out = attention(i, q, k, v).reshape(*lead, hq * d)
-        x, h = add_norm(x, linear(out, p + "self_attn.o_proj"),
-                        p + "post_attention_layernorm.weight")
+        x = x + linear(out, p + "self_attn.o_proj")
+        h = rms_norm(x, weights[p + "post_attention_layernorm.weight"], eps=config.rms_eps)
         if config.num_experts:
-            delta = moe(ops, config, h, weights[p + "mlp.gate.weight"],
-                        weights[p + "mlp.experts.w13_weight"], weights[p + "mlp.experts.w2_weight"])
+            x = x + moe(ops, config, h, weights[p + "mlp.gate.weight"],
+                        weights[p + "mlp.experts.w13_weight"],
+                        weights[p + "mlp.experts.w2_weight"])
             continue
         gate = jax.nn.silu(linear(h, p + "mlp.gate_proj"))
-        delta = linear(gate * linear(h, p + "mlp.up_proj"), p + "mlp.down_proj")
-    return add_norm(x, delta, "norm.weight")[1]
+        x = x + linear(gate * linear(h, p + "mlp.up_proj"), p + "mlp.down_proj")
+    return rms_norm(x, weights["norm.weight"], eps=config.rms_eps)
 
 
 def greedy(weights: Weights, hidden: Any) -> Any:

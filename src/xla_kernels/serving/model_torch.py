@@ -1,9 +1,7 @@
 """The Llama-style decoder as PyTorch modules, run on XLA through torchax.
 
 The modules are ordinary torch code (``nn.Linear``, ``nn.Embedding``, ``F.silu``) that calls
-the library's ops as torch operators: ``torch.ops.xla_kernels.rms_norm`` and
-``torch.ops.xla_kernels.fused_add_rms_norm`` (the residual add fused into the next norm, as
-vLLM's ``RMSNorm(x, residual)``),
+the library's ops as torch operators: ``torch.ops.xla_kernels.rms_norm``,
 ``torch.ops.xla_kernels.reshape_and_cache`` (which updates the layer's caches in place and
 returns nothing, like vLLM's ``reshape_and_cache_flash``) and
 ``torch.ops.xla_kernels.ragged_paged_attention`` (and ``torch.ops.xla_kernels.fused_moe`` in
@@ -117,20 +115,15 @@ def projection(config: ModelConfig, in_features: int, out_features: int, attenti
 
 
 class RMSNorm(nn.Module):
-    """RMS normalization through the library's ``rms_norm`` op; ``forward(x, residual)``
-    first adds ``x`` to the residual stream and returns ``(rms_norm(x + residual), x +
-    residual)`` in one ``fused_add_rms_norm`` call (vLLM's ``RMSNorm`` interface)."""
+    """RMS normalization through the library's ``rms_norm`` op."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return torch.ops.xla_kernels.rms_norm(x, self.weight, eps=self.eps)
-        return torch.ops.xla_kernels.fused_add_rms_norm(x, residual, self.weight, eps=self.eps)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.xla_kernels.rms_norm(x, self.weight, eps=self.eps)
 
 
 class Attention(nn.Module):
@@ -239,19 +232,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
         self.mlp = MoE(config, attention) if config.num_experts else MLP(config, attention, mesh)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                kv_cache: KVCache, batch: StepBatch
-                ) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
-        """vLLM's layer: ``x`` is the previous layer's output, not yet added to the residual
-        stream (None: ``x`` is the embedding and the stream's start); returns this layer's
-        output (the MLP's), the stream and the caches."""
-        if residual is None:
-            h, residual = self.input_layernorm(x), x
-        else:
-            h, residual = self.input_layernorm(x, residual)
-        out, kv_cache = self.self_attn(h, positions, kv_cache, batch)
-        h, residual = self.post_attention_layernorm(out, residual)
-        return self.mlp(h), residual, kv_cache
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
+                batch: StepBatch) -> tuple[torch.Tensor, KVCache]:
+        out, kv_cache = self.self_attn(self.input_layernorm(x), positions, kv_cache, batch)
+        x = x + out
+        return x + self.mlp(self.post_attention_layernorm(x)), kv_cache
 
 
 class LlamaForServing(nn.Module):
@@ -272,12 +257,12 @@ class LlamaForServing(nn.Module):
 
     def forward(self, caches: tuple[KVCache, ...], batch: StepBatch
                 ) -> tuple[torch.Tensor, tuple[KVCache, ...]]:
-        x, residual = self.embed_tokens(batch.token_ids), None
+        x = self.embed_tokens(batch.token_ids)
         updated = []
         for layer, kv_cache in zip(self.layers, caches, strict=True):
-            x, residual, kv_cache = layer(x, residual, batch.positions, kv_cache, batch)
+            x, kv_cache = layer(x, batch.positions, kv_cache, batch)
             updated.append(kv_cache)
-        hidden = self.norm(x, residual)[0][batch.logits_indices]
+        hidden = self.norm(x)[batch.logits_indices]
         if self.sampling is None or self.sampling.greedy:
             return torch.argmax(self.lm_head(hidden), dim=-1).to(torch.int32), tuple(updated)
         return sample_torch(self.lm_head(hidden), self.sampling, batch), tuple(updated)
@@ -300,13 +285,12 @@ class TorchaxRunner:
         from xla_kernels.kernels.kv_cache import reshape_and_cache
         from xla_kernels.kernels.moe import fused_moe
         from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
-        from xla_kernels.kernels.rms_norm import fused_add_rms_norm, rms_norm
+        from xla_kernels.kernels.rms_norm import rms_norm
         from xla_kernels.kernels.sampling import sample
         from xla_kernels.serving.tp import place
 
         interop = _interop()
         register_torchax(rms_norm)
-        register_torchax(fused_add_rms_norm)
         register_torchax(reshape_and_cache)
         register_torchax(ragged_paged_attention)
         register_torchax(fused_moe)
