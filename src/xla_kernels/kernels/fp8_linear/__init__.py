@@ -17,9 +17,11 @@
   q[t, i] * W[o, i]``, in f32, rounded once to x's dtype. (vLLM's per-token quantization,
   with a division of x by s_t where vLLM multiplies by its reciprocal.)
 
-Kernels: CPU (``fp8_linear_cpu.cc``) and CUDA (``fp8_linear.cu``: a skinny-M kernel for
-decode, 16-byte weight loads dequantized in registers, f32 FMA on CUDA cores; design and
-roofline in docs/kernels/fp8_linear.md). :func:`fp8_linear_numpy_f64` is the float64
+Kernels: CPU (``fp8_linear_cpu.cc``) and CUDA (``fp8_linear.cu``): tensor cores for bf16 /
+f16 x with ``in`` a multiple of 128 (``fp8_linear_mma.cuh``: mma.sync, W8A8 on sm_89+, K
+split over CTAs into the f32 workspace output), CUDA cores for the rest; design and
+measurements in docs/kernels/fp8_linear.md. The workspace (:func:`workspace_elements`) is
+an output the callers never see. :func:`fp8_linear_numpy_f64` is the float64
 reference; :func:`fp8_linear_xla` is the plain-XLA path
 (dequantize then dot for ``"none"``; for ``"dynamic"`` ``jax.lax.dot_general`` on the
 float8 operands with f32 results, then the scales: what XLA:GPU hands to cuBLASLt's fp8
