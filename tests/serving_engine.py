@@ -1,6 +1,7 @@
-"""Running the paged engine in the serving tests: fresh copies of the requests (an engine
-consumes them), one run on a shuffled or ordered block allocator, the dense reference's
-tokens to compare with, and a script run on two fake CPU devices (tensor parallel)."""
+"""Running the paged engine in the serving tests: a small workload and engine shared by the
+tiny-model tests, fresh copies of the requests (an engine consumes them), one run on a
+shuffled or ordered block allocator, the dense reference's tokens to compare with, and a
+script run on two fake CPU devices (tensor parallel)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,15 @@ import sys
 from pathlib import Path
 
 from xla_kernels.serving.blocks import BlockAllocator
-from xla_kernels.serving.config import EngineConfig
+from xla_kernels.serving.config import EngineConfig, Workload
 from xla_kernels.serving.engine import Engine, Request
+
+# Five requests over three sequence slots and 24 blocks: prefill chunks, preemption-free
+# continuous batching and block reuse in a few engine steps.
+SMALL_WORKLOAD = Workload(requests=5, prompt_len=24, new_tokens=8, prompt_spread=0.8,
+                          output_spread=0.7, arrival_every=2)
+SMALL_ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
+                            token_budget=32)
 
 
 def fresh(requests: list[Request]) -> list[Request]:

@@ -16,16 +16,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from serving_engine import fresh, reference_tokens, run_engine, run_on_two_cpu_devices
+from serving_engine import (
+    SMALL_ENGINE,
+    SMALL_WORKLOAD,
+    fresh,
+    reference_tokens,
+    run_engine,
+    run_on_two_cpu_devices,
+)
 from xla_kernels import cli
 from xla_kernels.kernels.fp8_weights import fp8_quantize
 from xla_kernels.serving.attention import dense_attention
 from xla_kernels.serving.batch import empty_batch
 from xla_kernels.serving.bench import make_requests, make_runner
 from xla_kernels.serving.config import (
-    EngineConfig,
     ServingConfigError,
-    Workload,
     preset,
 )
 from xla_kernels.serving.engine import Engine
@@ -35,16 +40,12 @@ from xla_kernels.serving.tp import check_tp, weight_spec
 from xla_kernels.serving.weights import cast_weights, init_weights, weight_shapes
 
 TINY = preset("tiny")
-WORKLOAD = Workload(requests=5, prompt_len=24, new_tokens=8, prompt_spread=0.8,
-                    output_spread=0.7, arrival_every=2)
-ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
-                      token_budget=32)
 FP8_CALL = "stablehlo.custom_call @xla_kernels.fp8_linear("
 
 
 @pytest.fixture(scope="module")
 def requests():
-    return make_requests(WORKLOAD, TINY.vocab_size, seed=2)
+    return make_requests(SMALL_WORKLOAD, TINY.vocab_size, seed=2)
 
 
 # Quantization at load --------------------------------------------------------------------
@@ -123,8 +124,8 @@ def test_fp8_engine_matches_the_dense_reference_on_the_same_weights(
         frontend, attention, fmt, cpu, requests):
     config = TINY.with_weights(fmt)
     weights = init_weights(config, seed=0)
-    runner = make_runner(frontend, config, weights, ENGINE, attention)
-    outputs, _ = run_engine(runner, requests, ENGINE, shuffle_seed=5)
+    runner = make_runner(frontend, config, weights, SMALL_ENGINE, attention)
+    outputs, _ = run_engine(runner, requests, SMALL_ENGINE, shuffle_seed=5)
     assert outputs == reference_tokens(config, weights, requests)
 
 
@@ -132,8 +133,8 @@ def test_fp8_engine_matches_the_dense_reference_on_the_same_weights(
 def test_fp8_engine_with_async_scheduling_matches_the_reference(frontend, cpu, requests):
     config = TINY.with_weights("fp8")
     weights = init_weights(config, seed=0)
-    runner = make_runner(frontend, config, weights, ENGINE, "xla-kernels")
-    outputs = Engine(runner, ENGINE, async_scheduling=True).run(fresh(requests))
+    runner = make_runner(frontend, config, weights, SMALL_ENGINE, "xla-kernels")
+    outputs = Engine(runner, SMALL_ENGINE, async_scheduling=True).run(fresh(requests))
     assert outputs == reference_tokens(config, weights, requests)
 
 
@@ -144,12 +145,12 @@ def test_the_kernel_program_calls_fp8_linear_and_the_plain_xla_one_does_not(
         frontend, fmt, scheme, cpu):
     config = TINY.with_weights(fmt)
     weights = init_weights(config, seed=0)
-    batch = empty_batch(16, ENGINE.max_num_seqs, ENGINE.max_blocks_per_seq)
-    kernel = make_runner(frontend, config, weights, ENGINE, "xla-kernels").lower(batch)
+    batch = empty_batch(16, SMALL_ENGINE.max_num_seqs, SMALL_ENGINE.max_blocks_per_seq)
+    kernel = make_runner(frontend, config, weights, SMALL_ENGINE, "xla-kernels").lower(batch)
     calls = [line for line in kernel.as_text().splitlines() if FP8_CALL in line]
     assert len(calls) == 7 * TINY.num_layers
     assert all(f'activation_scheme = "{scheme}"' in c and "xf8E4M3FN>" in c for c in calls)
-    plain = make_runner(frontend, config, weights, ENGINE, "plain-xla").lower(batch).as_text()
+    plain = make_runner(frontend, config, weights, SMALL_ENGINE, "plain-xla").lower(batch).as_text()
     assert "fp8_linear" not in plain and "xf8E4M3FN>" in plain
 
 
@@ -194,26 +195,22 @@ TP_SCRIPT = textwrap.dedent("""
     import re
     from xla_kernels.serving.batch import empty_batch
     from xla_kernels.serving.bench import make_requests, make_runner
-    from xla_kernels.serving.config import EngineConfig, Workload, preset
+    from xla_kernels.serving.config import preset
     from xla_kernels.serving.engine import Engine
     from xla_kernels.serving.weights import init_weights
-    from serving_engine import fresh, reference_tokens
+    from serving_engine import SMALL_ENGINE, SMALL_WORKLOAD, fresh, reference_tokens
 
     TINY = preset("tiny").with_weights("fp8")
-    ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
-                          token_budget=32)
     WEIGHTS = init_weights(TINY, seed=0)
-    requests = make_requests(Workload(requests=5, prompt_len=24, new_tokens=8,
-                                      prompt_spread=0.8, output_spread=0.7,
-                                      arrival_every=2), TINY.vocab_size, seed=2)
+    requests = make_requests(SMALL_WORKLOAD, TINY.vocab_size, seed=2)
     ref = reference_tokens(TINY, WEIGHTS, requests)
     for frontend in ("jax", "torchax"):
         for attention in ("xla-kernels", "plain-xla"):
-            runner = make_runner(frontend, TINY, WEIGHTS, ENGINE, attention, 2)
-            two = Engine(runner, ENGINE).run(fresh(requests))
+            runner = make_runner(frontend, TINY, WEIGHTS, SMALL_ENGINE, attention, 2)
+            two = Engine(runner, SMALL_ENGINE).run(fresh(requests))
             assert two == ref, (frontend, attention, two, ref)
-        text = make_runner(frontend, TINY, WEIGHTS, ENGINE, "xla-kernels", 2).lower(
-            empty_batch(16, 3, ENGINE.max_blocks_per_seq)).compile().as_text()
+        text = make_runner(frontend, TINY, WEIGHTS, SMALL_ENGINE, "xla-kernels", 2).lower(
+            empty_batch(16, 3, SMALL_ENGINE.max_blocks_per_seq)).compile().as_text()
         calls = [l for l in text.splitlines()
                  if 'custom_call_target="xla_kernels.fp8_linear"' in l]
         assert len(calls) == 7 * TINY.num_layers, len(calls)

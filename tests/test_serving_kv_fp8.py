@@ -20,29 +20,32 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from serving_engine import fresh, reference_tokens, run_engine, run_on_two_cpu_devices
+from serving_engine import (
+    SMALL_ENGINE,
+    SMALL_WORKLOAD,
+    fresh,
+    reference_tokens,
+    run_engine,
+    run_on_two_cpu_devices,
+)
 from xla_kernels import cli
 from xla_kernels.kernels.kv_cache import quantize_fp8_xla, reshape_and_cache
 from xla_kernels.kernels.paged_cache import quantize_fp8
 from xla_kernels.serving.attention import as_cached, attention_queries
 from xla_kernels.serving.batch import empty_batch
 from xla_kernels.serving.bench import kv_cache_bytes, make_requests, make_runner
-from xla_kernels.serving.config import EngineConfig, ServingConfigError, Workload, preset
+from xla_kernels.serving.config import ServingConfigError, preset
 from xla_kernels.serving.engine import Engine
 from xla_kernels.serving.weights import init_weights
 
 TINY = preset("tiny")
 FP8_KV = TINY.with_kv_cache("fp8")
-WORKLOAD = Workload(requests=5, prompt_len=24, new_tokens=8, prompt_spread=0.8,
-                    output_spread=0.7, arrival_every=2)
-ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
-                      token_budget=32)
 E4M3 = "float8_e4m3fn"
 
 
 @pytest.fixture(scope="module")
 def requests():
-    return make_requests(WORKLOAD, TINY.vocab_size, seed=2)
+    return make_requests(SMALL_WORKLOAD, TINY.vocab_size, seed=2)
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +95,10 @@ def test_attention_takes_16_bit_queries_over_an_fp8_cache():
 @pytest.mark.parametrize("attention", ["xla-kernels", "plain-xla"])
 def test_fp8_cache_engine_matches_the_reference_on_the_same_rounding(
         frontend, attention, cpu, weights, requests, reference):
-    runner = make_runner(frontend, FP8_KV, weights, ENGINE, attention)
+    runner = make_runner(frontend, FP8_KV, weights, SMALL_ENGINE, attention)
     # a jax dtype, or torch.float8_e4m3fn for the torchax runner's tensors
     assert all(str(c.dtype).endswith(E4M3) for pair in runner.caches for c in pair)
-    outputs, _ = run_engine(runner, requests, ENGINE, shuffle_seed=5)
+    outputs, _ = run_engine(runner, requests, SMALL_ENGINE, shuffle_seed=5)
     assert outputs == reference
 
 
@@ -109,15 +112,16 @@ def test_fp8_weights_and_fp8_cache_with_async_scheduling_match_the_reference(
         frontend, cpu, requests):
     config = FP8_KV.with_weights("fp8")
     weights = init_weights(config, seed=0)
-    runner = make_runner(frontend, config, weights, ENGINE, "xla-kernels")
-    outputs = Engine(runner, ENGINE, async_scheduling=True).run(fresh(requests))
+    runner = make_runner(frontend, config, weights, SMALL_ENGINE, "xla-kernels")
+    outputs = Engine(runner, SMALL_ENGINE, async_scheduling=True).run(fresh(requests))
     assert outputs == reference_tokens(config, weights, requests)
 
 
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
 def test_the_ops_read_and_write_the_e4m3_caches_with_bf16_queries(frontend, cpu, weights):
-    batch = empty_batch(16, ENGINE.max_num_seqs, ENGINE.max_blocks_per_seq)
-    text = make_runner(frontend, FP8_KV, weights, ENGINE, "xla-kernels").lower(batch).as_text()
+    batch = empty_batch(16, SMALL_ENGINE.max_num_seqs, SMALL_ENGINE.max_blocks_per_seq)
+    runner = make_runner(frontend, FP8_KV, weights, SMALL_ENGINE, "xla-kernels")
+    text = runner.lower(batch).as_text()
     writes = [line for line in text.splitlines() if "@xla_kernels.reshape_and_cache(" in line]
     reads = [line for line in text.splitlines()
              if "@xla_kernels.ragged_paged_attention(" in line]
@@ -125,7 +129,7 @@ def test_the_ops_read_and_write_the_e4m3_caches_with_bf16_queries(frontend, cpu,
     assert all("tensor<24x16x2x64xf8E4M3FN>" in line for line in writes + reads)
     assert all("(tensor<16x4x64xbf16>" in line for line in reads)
     assert text.count("tf.aliasing_output") == 2 * TINY.num_layers  # still in place
-    plain = make_runner(frontend, FP8_KV, weights, ENGINE, "plain-xla").lower(batch).as_text()
+    plain = make_runner(frontend, FP8_KV, weights, SMALL_ENGINE, "plain-xla").lower(batch).as_text()
     assert "@xla_kernels.reshape_and_cache" not in plain and "xf8E4M3FN>" in plain
 
 
@@ -133,28 +137,24 @@ def test_the_ops_read_and_write_the_e4m3_caches_with_bf16_queries(frontend, cpu,
 
 TP_SCRIPT = textwrap.dedent("""
     from xla_kernels.serving.bench import make_requests, make_runner
-    from xla_kernels.serving.config import EngineConfig, Workload, preset
+    from xla_kernels.serving.config import preset
     from xla_kernels.serving.engine import Engine
     from xla_kernels.serving.weights import init_weights
-    from serving_engine import fresh, reference_tokens
+    from serving_engine import SMALL_ENGINE, SMALL_WORKLOAD, fresh, reference_tokens
 
-    ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
-                          token_budget=32)
-    requests = make_requests(Workload(requests=5, prompt_len=24, new_tokens=8,
-                                      prompt_spread=0.8, output_spread=0.7,
-                                      arrival_every=2), 512, seed=2)
+    requests = make_requests(SMALL_WORKLOAD, 512, seed=2)
     for weights in ("model", "fp8"):
         config = preset("tiny").with_kv_cache("fp8").with_weights(weights)
         params = init_weights(config, seed=0)
         ref = reference_tokens(config, params, requests)
         for frontend in ("jax", "torchax"):
             for attention in ("xla-kernels", "plain-xla"):
-                runner = make_runner(frontend, config, params, ENGINE, attention, 2)
+                runner = make_runner(frontend, config, params, SMALL_ENGINE, attention, 2)
                 cache = runner.caches[0][0]
                 cache = getattr(cache, "_elem", cache)        # torchax: the jax array
                 assert str(cache.dtype) == "float8_e4m3fn", cache.dtype
                 assert len(cache.sharding.device_set) == 2, cache.sharding
-                two = Engine(runner, ENGINE).run(fresh(requests))
+                two = Engine(runner, SMALL_ENGINE).run(fresh(requests))
                 assert two == ref, (weights, frontend, attention, two, ref)
     print("ok")
 """)

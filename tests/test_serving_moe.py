@@ -10,24 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from serving_engine import run_engine
+from serving_engine import SMALL_ENGINE, SMALL_WORKLOAD, run_engine
 from xla_kernels import cli
 from xla_kernels.serving.batch import empty_batch
 from xla_kernels.serving.bench import make_runner
-from xla_kernels.serving.config import EngineConfig, ServingConfigError, Workload, preset
+from xla_kernels.serving.config import ServingConfigError, preset
 from xla_kernels.serving.reference import first_divergence
 from xla_kernels.serving.tp import check_tp
 from xla_kernels.serving.weights import weight_shapes
 
 MODEL = preset("tiny-moe")
-WORKLOAD = Workload(requests=5, prompt_len=24, new_tokens=8, prompt_spread=0.8,
-                    output_spread=0.7, arrival_every=2)
-ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
-                      token_budget=32)
+WORKLOAD = SMALL_WORKLOAD  # what the conftest requests fixture draws from
 
 
 def run(runner, requests):
-    return run_engine(runner, requests, ENGINE, shuffle_seed=3)[0]
+    return run_engine(runner, requests, SMALL_ENGINE, shuffle_seed=3)[0]
 
 
 def test_moe_weights_are_in_fused_moe_layout():
@@ -42,17 +39,17 @@ def test_moe_weights_are_in_fused_moe_layout():
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
 def test_paged_moe_engine_matches_dense_reference(frontend, attention, cpu, weights, requests,
                                                   reference):
-    runner = make_runner(frontend, MODEL, weights, ENGINE, attention)
+    runner = make_runner(frontend, MODEL, weights, SMALL_ENGINE, attention)
     assert first_divergence(run(runner, requests), reference) is None
 
 
 @pytest.mark.parametrize("frontend", ["jax", "torchax"])
 def test_the_step_calls_fused_moe_once_per_layer(frontend, cpu, weights):
-    batch = empty_batch(16, ENGINE.max_num_seqs, ENGINE.max_blocks_per_seq)
-    text = make_runner(frontend, MODEL, weights, ENGINE, "xla-kernels").lower(
+    batch = empty_batch(16, SMALL_ENGINE.max_num_seqs, SMALL_ENGINE.max_blocks_per_seq)
+    text = make_runner(frontend, MODEL, weights, SMALL_ENGINE, "xla-kernels").lower(
         batch).as_text()
     assert text.count("@xla_kernels.fused_moe(") == MODEL.num_layers
-    plain = make_runner(frontend, MODEL, weights, ENGINE, "plain-xla").lower(batch).as_text()
+    plain = make_runner(frontend, MODEL, weights, SMALL_ENGINE, "plain-xla").lower(batch).as_text()
     assert "@xla_kernels.fused_moe(" not in plain
 
 
