@@ -73,10 +73,7 @@ __device__ inline float2 E4m3x2ToF32(uint32_t two) {
   return __half22float2(h);
 }
 
-__device__ inline float WarpMax(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+using mma::WarpMax;  // the W8A8 pass's; the CUDA-core prologue finds row amaxes too
 
 __device__ inline float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -235,6 +235,16 @@ __device__ __forceinline__ void StageMma(const uint8_t* stage, int warp, int lan
   }
 }
 
+template <int kMf>
+__device__ __forceinline__ void Zero(float (&acc)[kMf][kNf][4]) {
+#pragma unroll
+  for (int m = 0; m < kMf; ++m)
+#pragma unroll
+    for (int f = 0; f < kNf; ++f)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][f][i] = 0.f;
+}
+
 template <typename T, typename A, bool kBlock, int kMf>
 __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
   constexpr int BM = kMf * 16;
@@ -254,12 +264,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
   const CopyPlan<A, BM> plan(p, t0, n_cta);
 
   float acc[kMf][kNf][4];
-#pragma unroll
-  for (int m = 0; m < kMf; ++m)
-#pragma unroll
-    for (int f = 0; f < kNf; ++f)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][f][i] = 0.f;
+  Zero(acc);
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -278,12 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
     slot = slot == kStages - 1 ? 0 : slot + 1;
     if constexpr (kBlock) {
       float part[kMf][kNf][4];
-#pragma unroll
-      for (int m = 0; m < kMf; ++m)
-#pragma unroll
-        for (int f = 0; f < kNf; ++f)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) part[m][f][i] = 0.f;
+      Zero(part);
       StageMma<T, A, kMf>(stage, warp, lane, mfs, part);
       const int64_t kb = c * kChunk / p.bk;
 #pragma unroll
@@ -321,6 +321,11 @@ __global__ void __launch_bounds__(kThreads, 2) GemmKernel(const Params p) {
   }
 }
 
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 // W8A8's first pass: each CTA quantizes one token's row (fp8_linear's "dynamic" rule, as
 // the CUDA-core kernel and the CPU kernel apply it) into stage order and records its scale.
 template <typename T>
@@ -333,7 +338,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64
   float amax = 0.f;
   for (int64_t i = threadIdx.x; i < in; i += kThreads)
     amax = fmaxf(amax, fabsf(static_cast<float>(xr[i])));
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  amax = WarpMax(amax);
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = amax;
   __syncthreads();
   amax = 0.f;
