@@ -23,6 +23,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "fp8_linear_ffi.h"
 #include "fp8_linear_mma.cuh"
@@ -258,9 +259,16 @@ cudaError_t LaunchGemm(cudaStream_t stream, const mma::Params& mp) {
   // Per launch: the attribute belongs to the current device.
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
-  int per_sm = 0;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, mma::kThreads, kSmem);
-  if (e != cudaSuccess) return e;
+  // The resident CTA slots, found once per kernel (as the SM count: the first device's),
+  // not on every call's host path.
+  static const std::pair<cudaError_t, int> occupancy = [&] {
+    int per_sm = 0;
+    const cudaError_t err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, mma::kThreads, kSmem);
+    return std::pair<cudaError_t, int>{err, per_sm};
+  }();
+  if (occupancy.first != cudaSuccess) return occupancy.first;
+  const int per_sm = occupancy.second;
   static const int sms = DeviceAttribute(cudaDevAttrMultiProcessorCount);
   const int64_t slots = static_cast<int64_t>(per_sm > 0 ? per_sm : 1) * (sms > 0 ? sms : 1);
   const int64_t chunks = mp.in / mma::kChunk;
