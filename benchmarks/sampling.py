@@ -65,6 +65,7 @@ SETTINGS = {"k50_p0.9": dict(top_k=50, top_p=0.9), "plain": dict(top_k=0, top_p=
 TOP_K_CHECK = 50
 FI_VARIANTS = {"k50_p0.9": ("fi_logits", "fi_logits_k_int", "fi_probs"),
                "plain": ("fi_logits",)}
+FI_NAMES = ("fi_logits", "fi_logits_k_int", "fi_probs")
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -123,7 +124,8 @@ def in_top_k(tokens: torch.Tensor, logits: torch.Tensor, k: int) -> bool:
     return bool((top == tokens.long().view(-1, 1)).any(dim=-1).all())
 
 
-def measure(cfg: dict[str, Any], device: torch.device, op: Any, fi: Any) -> dict[str, Any]:
+def measure(cfg: dict[str, Any], device: torch.device, op: Any, fi: Any,
+            skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Check, then time, ours and FlashInfer's variants on one config."""
     row: dict[str, Any] = dict(cfg)
     x = inputs(cfg["batch"], cfg["vocab"], DTYPES[cfg["dtype"]], SETTINGS[cfg["setting"]],
@@ -131,7 +133,7 @@ def measure(cfg: dict[str, Any], device: torch.device, op: Any, fi: Any) -> dict
     row["logits_bytes"] = x["logits"].numel() * x["logits"].element_size()
     variants = {"ours": ours_call(op, x)}
     if fi is not None:
-        for name in FI_VARIANTS[cfg["setting"]]:
+        for name in (n for n in FI_VARIANTS[cfg["setting"]] if n not in skip):
             try:
                 variants[name] = fi_call(fi, name, cfg["setting"], x)
             except Exception as e:
@@ -194,6 +196,9 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("fi_build_s") is not None:
         lines += ["", f"FlashInfer's first calls (JIT build or load): {result['fi_build_s']:.0f} s."
                   f" Ours: {fmt(result.get('ours_build_s'), '.0f')} s."]
+    if result.get("fi_skipped"):
+        lines += ["", f"FlashInfer variants not run (--skip-fi): "
+                      f"{', '.join(result['fi_skipped'])}."]
     notes = [f"- {r['setting']} {r['dtype']} batch {r['batch']}: {k[:-6]}: {v}"
              for r in result["rows"] for k, v in r.items() if k.endswith("_error")]
     if notes:
@@ -207,7 +212,8 @@ def write(result: dict[str, Any], out: Path, began: float) -> None:
     (out / "sampling.md").write_text(markdown(result))
 
 
-def first_calls(op: Any, fi: Any, device: torch.device, result: dict[str, Any]) -> None:
+def first_calls(op: Any, fi: Any, device: torch.device, result: dict[str, Any],
+                skip: tuple[str, ...] = ()) -> None:
     """Build or load ours, then FlashInfer's variants, on tiny inputs (timed apart)."""
     start = time.perf_counter()
     x = inputs(2, 1000, torch.float32, SETTINGS["k50_p0.9"], device)
@@ -220,6 +226,8 @@ def first_calls(op: Any, fi: Any, device: torch.device, result: dict[str, Any]) 
     start = time.perf_counter()
     for setting, names in FI_VARIANTS.items():
         for name in names:
+            if name in skip:
+                continue
             try:
                 fi_call(fi, name, setting, inputs(2, 65536, torch.float32, SETTINGS[setting],
                                                   device))(0)
@@ -236,6 +244,10 @@ def main() -> None:
                         help="output directory (default benchmarks/results/latest/<card>)")
     parser.add_argument("--smoke", action="store_true",
                         help="two tiny configs, ours only (the default without a GPU)")
+    parser.add_argument("--skip-fi", nargs="*", default=[], choices=FI_NAMES,
+                        help="FlashInfer variants not run (fi_logits_k_int's JIT module, "
+                             "topk, did not finish building in 9 minutes on a 16-core H200 "
+                             "host)")
     args = parser.parse_args()
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     began = time.perf_counter()
@@ -260,7 +272,9 @@ def main() -> None:
     else:
         result["flashinfer"] = {"error": "smoke run: ours only"}
     op = torch_op(sample)
-    first_calls(op, fi, device, result)
+    skip = tuple(args.skip_fi)
+    result["fi_skipped"] = list(skip)
+    first_calls(op, fi, device, result, skip)
     result["copy_gbs"] = copy_bandwidth_gbs(1 << 30 if device.type == "cuda" else 1 << 24)
     configs = ([dict(setting="k50_p0.9", dtype="f32", batch=2, vocab=4096),
                 dict(setting="plain", dtype="bf16", batch=2, vocab=4096)] if smoke else
@@ -268,7 +282,7 @@ def main() -> None:
                 for s in SETTINGS for d in DTYPES for b in BATCHES])
     for cfg in configs:
         try:
-            row = measure(cfg, device, op, fi)
+            row = measure(cfg, device, op, fi, skip)
         except Exception as e:
             row = {**cfg, "config_error": error_text(e)}
             traceback.print_exc(limit=3)

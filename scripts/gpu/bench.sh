@@ -16,7 +16,8 @@
 #   decode_trace     CUPTI kernel timestamps: ours, cuDNN and ours on fp8 caches
 #   command_buffers  the kernels inside XLA's CUDA graphs
 #   flashinfer       paged decode vs FlashInfer (its wheels in .whl-fi/)
-#   sampling         sample vs FlashInfer's sampling (its wheels in .whl-fi/)
+#   sampling         sample vs FlashInfer's sampling (its wheels in .whl-fi/; sampling.py
+#                    options after the name, e.g. --skip-fi fi_logits_k_int)
 #   moe              fused_moe vs the ragged_dot MoE and the plain-XLA expert loop
 #                    (Mixtral-8x7B and Qwen3-30B-A3B layers, bf16 and fp8); opt-in peers
 #                    tokamax (its wheels in .whl/) and flashinfer (.whl-fi/, a long JIT build)
@@ -40,7 +41,7 @@ case $name in
                      32x4096 16x2048/32 4x8192/32 32x2048/8/64 32x2048/8/256) ;;
   command_buffers) cmd=(benchmarks/command_buffers.py --out "$out") ;;
   flashinfer) cmd=(benchmarks/flashinfer_decode.py --out "$out" $quick) ;;
-  sampling) cmd=(benchmarks/sampling.py --out "$out") ;;
+  sampling) cmd=(benchmarks/sampling.py --out "$out" "${@:3}") ;;
   moe) cmd=(benchmarks/moe.py --out "$out" "${@:3}") ;;
   fp8_linear) cmd=(benchmarks/fp8_linear.py --out "$out") ;;
   step_profile)  # three runs, one process each (each model alone on the card)

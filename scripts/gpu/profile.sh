@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Nsight Compute profiles (ncu --set full) of the attention kernels, with their raw and
+# Nsight Compute profiles (ncu --set full) of our kernels and their peers, with their raw and
 # source pages and a summary table (benchmarks/ncu_summary.py).
 #
 #   bash scripts/gpu/profile.sh OUT_DIR decode [CONFIG...]   # ours bf16, cuDNN, ours fp8
 #                                                            # (default 128x8192 32x8192/32 32x2048)
 #   bash scripts/gpu/profile.sh OUT_DIR ragged [CONFIG]      # ours vs FA3
 #                                                            # (default "chunked 8x512 of 8192")
+#   bash scripts/gpu/profile.sh OUT_DIR prefill [CONFIG...]  # ours vs cuDNN dense, fresh causal
+#                                                            # prefills (default: the 3 shapes
+#                                                            # where cuDNN leads most)
+#   bash scripts/gpu/profile.sh OUT_DIR fp8_linear           # W8A16, W8A8, XLA fp8 dot, dequant
+#                                                            # + bf16 dot at 1/16/64 tokens
+#   bash scripts/gpu/profile.sh OUT_DIR moe                  # fused_moe vs the ragged_dot MoE
+#   bash scripts/gpu/profile.sh OUT_DIR sampling             # sample: batch 16/64/256, top-k/p, plain
 # Writes OUT_DIR/ncu_NAME.ncu-rep, _raw.csv.gz, _source.csv.gz and .md.
 source "$(dirname "$0")/common.sh" "${1:-}"
-name=${2:?usage: profile.sh OUT_DIR decode|ragged [CONFIG...]}
+name=${2:?usage: profile.sh OUT_DIR decode|ragged|prefill|fp8_linear|moe|sampling [CONFIG...]}
 shift 2
 case $name in
   decode) configs=("$@")
@@ -16,6 +23,11 @@ case $name in
           cmd=(benchmarks/decode_trace.py --ncu --out "$out/ncu_trace" --configs "${configs[@]}") ;;
   ragged) cmd=(benchmarks/profile_ragged.py --variants ours,fa3
                --configs "${1:-chunked 8x512 of 8192}") ;;
+  prefill) configs=("$@")
+           [ ${#configs[@]} -gt 0 ] \
+             || configs=("prefill 4x4096 d64" "prefill 8x2048 MHA" "prefill 4x4096")
+           cmd=(benchmarks/profile_ragged.py --variants ours,cudnn_dense --configs "${configs[@]}") ;;
+  fp8_linear|moe|sampling) cmd=(benchmarks/profile_ops.py --cases "$name") ;;
   *) echo "profile.sh: unknown profile '$name'" >&2; exit 2 ;;
 esac
 if ! ncu --profile-from-start off --set full --import-source yes --clock-control none \
