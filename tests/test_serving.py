@@ -366,6 +366,7 @@ def test_serve_bench_writes_json_and_matches_reference(frontend, tmp_path: Path,
     assert result["tokens_per_s"] > 0 and result["generated_tokens"] > 0
     assert result["config"]["frontend"] == frontend
     assert result["config"]["attention"] == "xla-kernels"
+    assert result["config"]["moe"] is None  # a dense model: no experts
     assert result["config"]["platform"] == "cpu"
     assert result["compiled_programs"] == len(result["config"]["engine"]["buckets"])
     assert result["breakdown"]["attention_share"] > 0

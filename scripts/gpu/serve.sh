@@ -13,7 +13,15 @@
 #                            the tiny preset, checked token for token
 #   moe_jax moe_torchax      the moe preset (fused_moe in every layer), timed, no check
 #   moe_jax_checked          moe with the f32 token-for-token check (name it alone)
-#   tiny_moe_jax tiny_moe_torchax   the tiny-moe preset, checked token for token
+#   moe_jax_ragged_dot       moe with --moe ragged-dot: the experts through
+#                            fused_moe_ragged_dot (two jax.lax.ragged_dot grouped GEMMs), the
+#                            same attention kernels, timed, no check
+#   moe_jax_fused_vs_ragged_dot   moe_jax_fused (--moe xla-kernels: fused_moe) then
+#                            moe_jax_ragged_dot on the same workload, one after the other:
+#                            decode tokens/s of the two MoE layers (up to 8 minutes: name it
+#                            alone)
+#   tiny_moe_jax tiny_moe_torchax   the tiny-moe preset, checked token for token;
+#                            tiny_moe_jax_ragged_dot: with --moe ragged-dot
 #   8b_jax_async             the 8b preset, bf16 weights, async scheduling, timed (the fp8
 #                            runs' baseline: name it in the same call or on the same machine)
 #   8b_jax_fp8_async 8b_jax_fp8_dynamic_async
@@ -59,7 +67,15 @@ for name in "$@"; do
     moe_jax) serve_run moe_jax 240 --preset moe --frontend jax --no-reference ;;
     moe_torchax) serve_run moe_torchax 240 --preset moe --frontend torchax --no-reference ;;
     moe_jax_checked) serve_run moe_jax_checked 540 --preset moe --frontend jax --no-breakdown ;;
+    moe_jax_ragged_dot) serve_run moe_jax_ragged_dot 240 --preset moe --frontend jax \
+                          --moe ragged-dot --no-reference ;;
+    moe_jax_fused_vs_ragged_dot)
+      serve_run moe_jax_fused 240 --preset moe --frontend jax --moe xla-kernels --no-reference
+      serve_run moe_jax_ragged_dot 240 --preset moe --frontend jax --moe ragged-dot \
+        --no-reference ;;
     tiny_moe_jax) serve_run tiny_moe_jax 120 --preset tiny-moe --frontend jax ;;
+    tiny_moe_jax_ragged_dot) serve_run tiny_moe_jax_ragged_dot 120 --preset tiny-moe \
+                               --frontend jax --moe ragged-dot ;;
     tiny_moe_torchax) serve_run tiny_moe_torchax 120 --preset tiny-moe --frontend torchax ;;
     8b_jax_async) serve_run 8b_jax_async 180 --preset 8b --frontend jax --no-reference \
                     --async-scheduling ;;

@@ -412,6 +412,13 @@ def _serve_bench_parser(sub: Any) -> None:
     srv.add_argument("--attention", default="xla-kernels",
                      help="xla-kernels (the library's custom calls) or plain-xla (their "
                           "plain-XLA fallbacks); default xla-kernels")
+    srv.add_argument("--moe", default="auto",
+                     help="a mixture-of-experts preset's expert layer: auto (default: as "
+                          "--attention, fused_moe under xla-kernels, fused_moe_xla under "
+                          "plain-xla), xla-kernels (the fused_moe custom call), ragged-dot "
+                          "(fused_moe_ragged_dot: two jax.lax.ragged_dot grouped GEMMs) or "
+                          "plain-xla (fused_moe_xla: every expert over every token); the "
+                          "attention stays as --attention says. Dense presets take only auto")
     srv.add_argument("--platform", default=None,
                      help="cpu or gpu (default: JAX's default backend)")
     # Whole numbers are parsed by serve_bench, so a bad one gets the same one-line error
@@ -511,7 +518,7 @@ def serve_bench(args: argparse.Namespace) -> int:
     from xla_kernels.serving.bench import serve_bench as run
 
     options = BenchOptions(
-        preset=args.preset, frontend=args.frontend, attention=args.attention,
+        preset=args.preset, frontend=args.frontend, attention=args.attention, moe=args.moe,
         platform=args.platform, dtype=args.dtype, check_dtype=args.check_dtype,
         weights=args.weights, kv_cache_dtype=args.kv_cache_dtype,
         shuffle_blocks=args.shuffle_blocks, reference=not args.no_reference,
@@ -523,8 +530,9 @@ def serve_bench(args: argparse.Namespace) -> int:
     weights = "" if config["weights"] == "model" else f" {config['weights']} weights"
     if config["kv_cache_dtype"] != "auto":
         weights += f" {config['kv_cache_dtype']} KV cache"
+    moe = f", MoE {config['moe']}" if config["moe"] else ""
     rows = [("config", f"{config['preset']} {config['dtype']}{weights}, {config['frontend']}, "
-                       f"{config['attention']}, {config['device']}"
+                       f"{config['attention']}{moe}, {config['device']}"
                        + (f" x {config['tp']} (tp)" if config["tp"] > 1 else "")
                        + (", async scheduling" if config["async_scheduling"] else "")
                        + _sampling_text(config["sampling"])),

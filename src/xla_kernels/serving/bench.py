@@ -2,8 +2,8 @@
 
 What one run does, in order:
 
-1. Makes the model (seeded random weights) and the runner for ``frontend`` and
-   ``attention`` on ``platform``'s first JAX device.
+1. Makes the model (seeded random weights) and the runner for ``frontend``, ``attention``
+   and (a mixture-of-experts model's) ``moe`` on ``platform``'s first JAX device.
 2. **Compiles** every bucket with an empty batch (``compile_s``), so no step of the timed
    run compiles.
 3. **Runs** the workload through the engine, a progress bar on stderr, recording every
@@ -56,6 +56,7 @@ from xla_kernels.serving.config import (
     DTYPES,
     FRONTENDS,
     KV_CACHE_DTYPES,
+    MOE_IMPLEMENTATIONS,
     PLATFORMS,
     WEIGHT_FORMATS,
     EngineConfig,
@@ -66,6 +67,7 @@ from xla_kernels.serving.config import (
     preset_entry,
 )
 from xla_kernels.serving.engine import Engine, Request, StepRecord
+from xla_kernels.serving.moe import moe_implementation
 from xla_kernels.serving.options import (
     BenchOptions,
     check_memory,
@@ -123,17 +125,21 @@ def _devices(platform: str | None) -> list[Any]:
 
 def make_runner(frontend: str, config: ModelConfig, weights: dict[str, Any],
                 engine: EngineConfig, attention: str, tp: int = 1,
-                devices: list[Any] | None = None, sampling: Sampling | None = None) -> Any:
+                devices: list[Any] | None = None, sampling: Sampling | None = None,
+                moe: str = "auto") -> Any:
     """The runner of ``frontend`` ("jax" or "torchax"), over ``tp`` of ``devices``, picking
-    tokens as ``sampling`` says (default greedy)."""
+    tokens as ``sampling`` says (default greedy), a mixture-of-experts model's experts
+    computed as ``moe`` says (one of :data:`MOE_IMPLEMENTATIONS`; ``auto``: as
+    ``attention``)."""
     check_choice("--attention", attention, ATTENTIONS)
+    check_choice("--moe", moe, MOE_IMPLEMENTATIONS)
     if check_choice("--frontend", frontend, FRONTENDS) == "jax":
         from xla_kernels.serving.model_jax import JaxRunner
 
-        return JaxRunner(config, weights, engine, attention, tp, devices, sampling)
+        return JaxRunner(config, weights, engine, attention, tp, devices, sampling, moe)
     from xla_kernels.serving.model_torch import TorchaxRunner
 
-    return TorchaxRunner(config, weights, engine, attention, tp, devices, sampling)
+    return TorchaxRunner(config, weights, engine, attention, tp, devices, sampling, moe)
 
 
 class Progress:
@@ -303,6 +309,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
                                              KV_CACHE_DTYPES))
     check_dtype = check_choice("--check-dtype", options.check_dtype or "float32", DTYPES)
     check_options(options, entry)
+    # The experts' implementation (None: a dense model, which has none).
+    moe = moe_implementation(options.attention, options.moe) if model.num_experts else None
     devices = _devices(options.platform)
     device = devices[0]
     check_tp(model, options.tp, devices)
@@ -317,7 +325,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         weights = init_weights(model, options.seed)
         read = weight_bytes(weights, model, options.tp)
         runner = make_runner(options.frontend, model, weights, engine_config,
-                             options.attention, options.tp, devices, sampling_of(options))
+                             options.attention, options.tp, devices, sampling_of(options),
+                             options.moe)
         start = time.perf_counter()
         for bucket in engine_config.buckets():
             batch = empty_batch(bucket, engine_config.max_num_seqs,
@@ -363,7 +372,7 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
                 with jax.default_matmul_precision("highest"):
                     exact_runner = make_runner(options.frontend, exact, exact_weights,
                                                engine_config, options.attention, options.tp,
-                                               devices)
+                                               devices, moe=options.moe)
                     exact_out = Engine(exact_runner, engine_config,
                                        async_scheduling=options.async_scheduling
                                        ).run(_fresh(requests))
@@ -375,7 +384,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
 
     result["config"] = {
         "preset": options.preset, "frontend": options.frontend,
-        "attention": options.attention, "platform": device.platform, "tp": options.tp,
+        "attention": options.attention, "moe": moe, "platform": device.platform,
+        "tp": options.tp,
         "async_scheduling": options.async_scheduling,
         "sampling": dataclasses.asdict(sampling_of(options)),
         "device": device.device_kind, "dtype": model.dtype, "weights": model.weights,
@@ -399,8 +409,9 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         from xla_kernels.serving.plot import write_step_plot
 
         write_step_plot(result["steps"], plot,
-                        title=f"{options.preset} {options.frontend} {options.attention} "
-                              f"on {device.device_kind}")
+                        title=f"{options.preset} {options.frontend} {options.attention}"
+                              + (f" MoE {moe}" if moe else "")
+                              + f" on {device.device_kind}")
         result["plot"] = plot
         if options.json_path:
             Path(options.json_path).write_text(json.dumps(result, indent=1) + "\n")

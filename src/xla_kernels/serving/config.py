@@ -30,6 +30,13 @@ ATTENTIONS = ("xla-kernels", "plain-xla")
 """The paged attention implementation: the library's custom calls (``reshape_and_cache``,
 ``ragged_paged_attention``) or their plain-XLA fallbacks (``*_xla``)."""
 
+MOE_IMPLEMENTATIONS = ("auto", "xla-kernels", "ragged-dot", "plain-xla")
+"""How a mixture-of-experts model computes its experts (``--moe``; see
+:mod:`xla_kernels.serving.moe`): ``xla-kernels`` the library's ``fused_moe`` custom call;
+``ragged-dot`` ``fused_moe_ragged_dot`` (the (token, expert) pairs sorted by expert, two
+``jax.lax.ragged_dot`` grouped GEMMs, a scatter-add); ``plain-xla`` ``fused_moe_xla`` (every
+expert over every token); ``auto`` the one ``--attention`` names."""
+
 PLATFORMS = ("cpu", "gpu")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -80,7 +87,8 @@ class ModelConfig:
     """A Llama-style decoder: RMSNorm, rotary embeddings, GQA attention, SwiGLU MLP, or with
     ``num_experts > 0`` a mixture of SwiGLU experts in every layer (Qwen3-MoE / Mixtral
     style: a linear router, softmax, the top ``experts_per_token``, renormalized; experts of
-    ``moe_intermediate_size``), computed by the ``fused_moe`` op.
+    ``moe_intermediate_size``), computed by the ``fused_moe`` op or, with ``--moe``, another
+    implementation (:data:`MOE_IMPLEMENTATIONS`).
 
     ``dtype`` is the dtype of the weights and activations (a NumPy name); ``weights`` (one
     of :data:`WEIGHT_FORMATS`) how the linear projections are stored; ``kv_cache`` (one of
@@ -320,6 +328,6 @@ def cache_shape(config: ModelConfig, engine: EngineConfig) -> tuple[int, int, in
 
 
 __all__ = ["ATTENTIONS", "DTYPES", "FP8_CACHE_DTYPE", "FRONTENDS", "ITEMSIZES", "KV_CACHE_DTYPES",
-           "PLATFORMS", "PRESETS", "WEIGHT_FORMATS",
+           "MOE_IMPLEMENTATIONS", "PLATFORMS", "PRESETS", "WEIGHT_FORMATS",
            "EngineConfig", "ModelConfig", "Preset", "ServingConfigError", "Workload",
            "cache_shape", "check_choice", "preset", "preset_entry"]

@@ -28,7 +28,8 @@ import numpy as np
 from xla_kernels.serving.attention import paged_attention, write_kv
 from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig, cache_shape
-from xla_kernels.serving.moe import moe
+from xla_kernels.serving.moe import moe as experts_layer
+from xla_kernels.serving.moe import moe_implementation
 from xla_kernels.serving.quantize import ACTIVATION_SCHEMES, fp8_project
 from xla_kernels.serving.sampling import Sampling, sample_jax
 from xla_kernels.serving.tp import ROW_PARALLEL, place, zero_caches
@@ -57,17 +58,21 @@ def rotary(x: Any, positions: Any, theta: float) -> Any:
 
 
 def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: Any,
-            attention: AttentionFn, ops: str = "plain-xla", mesh: Any = None) -> Any:
-    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]. ``ops``: how a
-    mixture-of-experts model computes its experts (see :mod:`~xla_kernels.serving.moe`) and
-    fp8 projections theirs (:mod:`~xla_kernels.serving.quantize`): ``"xla-kernels"`` (the
-    library's ops) or ``"plain-xla"``. ``mesh``: the tensor-parallel mesh the weights are
+            attention: AttentionFn, ops: str = "plain-xla", mesh: Any = None,
+            moe: str = "auto") -> Any:
+    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]. ``ops``: how
+    fp8 projections are computed (:mod:`~xla_kernels.serving.quantize`), and a
+    mixture-of-experts model's experts unless ``moe`` says otherwise: ``"xla-kernels"`` (the
+    library's ops) or ``"plain-xla"``. ``moe``: the experts' implementation (one of
+    :data:`~xla_kernels.serving.config.MOE_IMPLEMENTATIONS`; ``"auto"``: ``ops``; see
+    :mod:`~xla_kernels.serving.moe`). ``mesh``: the tensor-parallel mesh the weights are
     split over (None: one device), which row-parallel fp8 projections sum over."""
     import jax
 
     from xla_kernels.kernels.rms_norm import rms_norm
 
     scheme = ACTIVATION_SCHEMES.get(config.weights)
+    experts = moe_implementation(ops, moe)
 
     def linear(x: Any, name: str) -> Any:      # torch layout: weight [out, in]
         if scheme is None:
@@ -92,7 +97,7 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
         x = x + linear(out, p + "self_attn.o_proj")
         h = rms_norm(x, weights[p + "post_attention_layernorm.weight"], eps=config.rms_eps)
         if config.num_experts:
-            x = x + moe(ops, config, h, weights[p + "mlp.gate.weight"],
+            x = x + experts_layer(experts, config, h, weights[p + "mlp.gate.weight"],
                         weights[p + "mlp.experts.w13_weight"],
                         weights[p + "mlp.experts.w2_weight"])
             continue
@@ -110,12 +115,12 @@ def greedy(weights: Weights, hidden: Any) -> Any:
 
 
 def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: ModelConfig,
-               attention: str, sampling: Sampling | None = None, mesh: Any = None
-               ) -> tuple[Any, Caches]:
+               attention: str, sampling: Sampling | None = None, mesh: Any = None,
+               moe: str = "auto") -> tuple[Any, Caches]:
     """One engine step: every layer writes the batch's K/V to its paged cache, then attends
     with ragged paged attention; returns (next token of each sequence slot [max_num_seqs],
     greedy or drawn as ``sampling`` says; the updated caches). ``mesh``: the
-    tensor-parallel mesh (see :func:`decoder`)."""
+    tensor-parallel mesh, ``moe``: the experts' implementation (see :func:`decoder`)."""
     updated = list(caches)
     scale = config.head_dim ** -0.5
 
@@ -125,7 +130,7 @@ def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: Mo
         return paged_attention(attention, q, key_cache, value_cache, batch, scale=scale)
 
     hidden = decoder(weights, config, batch.token_ids, batch.positions, attend,
-                     ops=attention, mesh=mesh)[batch.logits_indices]
+                     ops=attention, mesh=mesh, moe=moe)[batch.logits_indices]
     if sampling is None or sampling.greedy:
         return greedy(weights, hidden), tuple(updated)
     return sample_jax(hidden @ weights["lm_head.weight"].T, sampling, batch), tuple(updated)
@@ -137,21 +142,25 @@ class JaxRunner:
 
     ``tp > 1`` splits the step over the first ``tp`` of ``devices`` (default: JAX's), kv
     heads sharded (see :mod:`xla_kernels.serving.tp`); ``self.mesh`` is then its mesh.
-    ``sampling`` (default greedy) says how tokens are picked."""
+    ``sampling`` (default greedy) says how tokens are picked; ``moe`` how a
+    mixture-of-experts model computes its experts (``self.moe``: the implementation it
+    resolves to, see :func:`~xla_kernels.serving.moe.moe_implementation`)."""
 
     frontend = "jax"
 
     def __init__(self, config: ModelConfig, weights: Weights, engine: EngineConfig,
                  attention: str, tp: int = 1, devices: Sequence[Any] | None = None,
-                 sampling: Sampling | None = None):
+                 sampling: Sampling | None = None, moe: str = "auto"):
         import jax
 
+        self.moe = moe_implementation(attention, moe)
         placement = place(config, engine, weights, tp, devices)
         self.config, self.weights, self.attention = config, placement.weights, attention
         self.caches, self.mesh, self.tp = placement.caches, placement.mesh, tp
         self._batch_sharding = placement.batch_sharding
         self.jitted = jax.jit(functools.partial(paged_step, config=config, attention=attention,
-                                                sampling=sampling, mesh=placement.mesh),
+                                                sampling=sampling, mesh=placement.mesh,
+                                                moe=self.moe),
                               donate_argnums=(1,), **placement.jit_kwargs)
 
     def prepare(self, batch: StepBatch) -> StepBatch:

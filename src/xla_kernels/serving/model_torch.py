@@ -5,14 +5,15 @@ the library's ops as torch operators: ``torch.ops.xla_kernels.rms_norm``,
 ``torch.ops.xla_kernels.reshape_and_cache`` (which updates the layer's caches in place and
 returns nothing, like vLLM's ``reshape_and_cache_flash``) and
 ``torch.ops.xla_kernels.ragged_paged_attention`` (and ``torch.ops.xla_kernels.fused_moe`` in
-a mixture-of-experts model), lowered by
+a mixture-of-experts model, unless ``--moe`` picks another implementation), lowered by
 :func:`~xla_kernels.frontends.torchax.register_torchax` to the same custom calls JAX emits.
 The torchax lowering of the cache write rebinds the cache tensors to the custom call's
 results; under the jitted step, whose cache argument is donated, the custom call's output
 aliases its operand: the cache is updated in place, exactly as in the JAX frontend.
 ``--attention plain-xla`` calls both plain-XLA fallbacks with ``torchax.interop.call_jax``
 (they are JAX functions, not torch operators), the way vLLM's TPU backend calls its Pallas
-kernels from torch model code.
+kernels from torch model code; so does ``--moe ragged-dot`` (``fused_moe_ragged_dot``) and
+``--moe plain-xla`` (``fused_moe_xla``).
 
 :class:`TorchaxRunner` builds the modules on torch's ``meta`` device (no host memory for a
 1B model) and runs them with ``torch.func.functional_call`` on the weights of
@@ -201,36 +202,40 @@ class Experts(nn.Module):
 
 class MoE(nn.Module):
     """A mixture of SwiGLU experts: a linear router, then ``torch.ops.xla_kernels.fused_moe``
-    (``--attention xla-kernels``) or the plain-XLA ``fused_moe_xla`` through
-    ``interop.call_jax``; see :mod:`xla_kernels.serving.moe`."""
+    (``--moe xla-kernels``, or ``auto`` under ``--attention xla-kernels``), or the JAX
+    function ``fused_moe_ragged_dot`` (``--moe ragged-dot``) or ``fused_moe_xla``
+    (``plain-xla``) through ``interop.call_jax``; see :mod:`xla_kernels.serving.moe`."""
 
-    def __init__(self, config: ModelConfig, attention: str):
+    def __init__(self, config: ModelConfig, attention: str, moe: str = "auto"):
         super().__init__()
+        from xla_kernels.serving.moe import jax_function, moe_implementation
+
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = Experts(config)
         self.top_k, self.attention = config.experts_per_token, attention
-        from xla_kernels.kernels.moe import fused_moe_xla
-
+        self.implementation = moe_implementation(attention, moe)
         # call_jax keys its trace cache on the function: make it once.
-        self._xla = functools.partial(fused_moe_xla, top_k=self.top_k)
+        self._jax = functools.partial(jax_function(self.implementation), top_k=self.top_k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from xla_kernels.serving.moe import kernel_runs
 
         logits = self.gate(x)
         w13, w2 = self.experts.w13_weight, self.experts.w2_weight
-        if kernel_runs(self.attention):
+        if kernel_runs(self.implementation):
             return torch.ops.xla_kernels.fused_moe(x, logits, w13, w2, top_k=self.top_k)
-        return _interop().call_jax(self._xla, x, logits, w13, w2)
+        return _interop().call_jax(self._jax, x, logits, w13, w2)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, attention: str, mesh: Any = None):
+    def __init__(self, config: ModelConfig, attention: str, mesh: Any = None,
+                 moe: str = "auto"):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
         self.self_attn = Attention(config, attention, mesh)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.mlp = MoE(config, attention) if config.num_experts else MLP(config, attention, mesh)
+        self.mlp = (MoE(config, attention, moe) if config.num_experts
+                    else MLP(config, attention, mesh))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
                 batch: StepBatch) -> tuple[torch.Tensor, KVCache]:
@@ -243,14 +248,15 @@ class LlamaForServing(nn.Module):
     """The decoder for one engine step: ``forward(caches, batch)`` returns (the next token of
     each sequence slot, int32 [max_num_seqs], greedy or drawn as ``sampling`` says; the
     updated caches). ``mesh``: the tensor-parallel mesh (None: one device), which
-    row-parallel fp8 projections sum their partial products over."""
+    row-parallel fp8 projections sum their partial products over; ``moe``: how a
+    mixture-of-experts model computes its experts (see :class:`MoE`)."""
 
     def __init__(self, config: ModelConfig, attention: str, sampling: Sampling | None = None,
-                 mesh: Any = None):
+                 mesh: Any = None, moe: str = "auto"):
         super().__init__()
         self.sampling = sampling
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, attention, mesh)
+        self.layers = nn.ModuleList(DecoderLayer(config, attention, mesh, moe)
                                     for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -271,13 +277,15 @@ class LlamaForServing(nn.Module):
 class TorchaxRunner:
     """Runs :class:`LlamaForServing` for the engine through torchax (see the module doc):
     ``step(batch)`` returns the sampled tokens [max_num_seqs] as NumPy and keeps the updated
-    caches (torchax tensors); ``sampling`` (default greedy) says how tokens are picked."""
+    caches (torchax tensors); ``sampling`` (default greedy) says how tokens are picked,
+    ``moe`` how a mixture-of-experts model computes its experts (``self.moe``: the
+    implementation it resolves to, see :func:`~xla_kernels.serving.moe.moe_implementation`)."""
 
     frontend = "torchax"
 
     def __init__(self, config: ModelConfig, weights: dict[str, Any], engine: EngineConfig,
                  attention: str, tp: int = 1, devices: Sequence[Any] | None = None,
-                 sampling: Sampling | None = None):
+                 sampling: Sampling | None = None, moe: str = "auto"):
         import jax
 
         from xla_kernels.frontends.torchax import register_torchax
@@ -287,8 +295,10 @@ class TorchaxRunner:
         from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
         from xla_kernels.kernels.rms_norm import rms_norm
         from xla_kernels.kernels.sampling import sample
+        from xla_kernels.serving.moe import moe_implementation
         from xla_kernels.serving.tp import place
 
+        self.moe = moe_implementation(attention, moe)
         interop = _interop()
         register_torchax(rms_norm)
         register_torchax(reshape_and_cache)
@@ -298,7 +308,7 @@ class TorchaxRunner:
         register_torchax(fp8_linear)
         placement = place(config, engine, weights, tp, devices)
         with torch.device("meta"):
-            module = LlamaForServing(config, attention, sampling, placement.mesh)
+            module = LlamaForServing(config, attention, sampling, placement.mesh, self.moe)
         self.module, self.config, self.attention = module, config, attention
         self.mesh, self.tp, self._batch_sharding = placement.mesh, tp, placement.batch_sharding
         self.params = interop.torch_view(placement.weights)
