@@ -1,14 +1,16 @@
 """tpu-inference's fp8 linear layers through xla-kernels' ``fp8_linear``, where JAX has no TPU.
 
-Every fp8 linear layer of tpu-inference ends in one of two methods of
+Every (non-batched) fp8 linear layer of tpu-inference ends in one of two methods of
 ``tpu_inference.layers.common.quantization.fp8.Fp8LinearMethod``: ``_apply_fused(x, weight,
 weight_scale, bias)`` (one weight for the layer, q/k/v or gate/up concatenated along the
 output axis) and ``_apply_split(x, [(weight, weight_scale), ...], bias, mesh)`` (one weight
 per output shard). vLLM's PyTorch models reach them through ``VllmFp8LinearMethod.apply``,
 the JAX-native models through ``Fp8TensorwiseLinearMethod`` / ``Fp8BlockwiseLinearMethod``
-``.apply_jax``. Upstream runs ``sharded_quantized_matmul`` there (an XLA dot on the fp8
-weight, the activations quantized per token first). Off TPU the patches route both to
-:func:`apply_fused` / :func:`apply_split`, one ``fp8_linear`` call per weight.
+``.apply_jax`` (except a batched einsum, ``batch_features``, which stays upstream's
+``sharded_quantized_batched_matmul``). Upstream runs ``sharded_quantized_matmul`` there
+(an XLA dot on the fp8 weight, the activations quantized per token first). Off TPU the
+patches route both to :func:`apply_fused` / :func:`apply_split`, one ``fp8_linear`` call per
+weight.
 
 Layout: tpu-inference loads the checkpoint's weight [out, in] and keeps it transposed,
 ``weight`` [in, out] ``float8_e4m3fn``, with the scales as its processing left them:
@@ -21,14 +23,15 @@ Layout: tpu-inference loads the checkpoint's weight [out, in] and keeps it trans
 
 :func:`linear` hands ``fp8_linear`` ``weight.T`` [out, in] and the scales in its layout
 (the transpose is an XLA op in the compiled step, so each step copies each weight once;
-not measured). Activations stay
-in the model's dtype (W8A16, ``activation_scheme="none"``), as vLLM runs fp8 checkpoints
-where the GPU has no fp8 tensor cores (Marlin; tpu-inference's method sets ``use_marlin``).
+not measured). Activations stay in the model's dtype (W8A16, ``activation_scheme="none"``),
+as vLLM runs fp8 checkpoints where the GPU has no fp8 tensor cores (Marlin;
+tpu-inference's method sets ``use_marlin``).
 
 Refused with :class:`UnsupportedFp8`, naming the feature and the fix: scales in the
 quantized-matmul kernel's layout (``ENABLE_QUANTIZED_MATMUL_KERNEL``), weights requantized
 to another dtype (``REQUANTIZE_WEIGHT_DTYPE``) or block size (``REQUANTIZE_BLOCK_SIZE``),
-and a deferred all-reduce over a split input axis.
+blocks that would straddle fused or tensor-parallel shards, and a deferred all-reduce over
+a split input axis.
 
 ``TRACES["fp8_linear"]`` counts the ``fp8_linear`` calls traced (one per weight and compiled
 batch shape), so a check can prove the compiled model runs our op.
