@@ -188,22 +188,20 @@ def test_weights_fp8_linear_cannot_take_are_refused(args, what, fix):
 
 
 @pytest.mark.parametrize(("overrides", "sizes", "what", "fix"), [
-    (dict(requant_block_size=256), SIZES, "REQUANTIZE_BLOCK_SIZE=256",
+    (dict(requant_block_size=256), (256,), "REQUANTIZE_BLOCK_SIZE=256",
      "REQUANTIZE_BLOCK_SIZE unset"),
-    (dict(enable_kernel=True), SIZES, "ENABLE_QUANTIZED_MATMUL_KERNEL",
+    (dict(enable_kernel=True), (256,), "ENABLE_QUANTIZED_MATMUL_KERNEL",
      "ENABLE_QUANTIZED_MATMUL_KERNEL"),
-    ({}, (192, 64), "output sizes (192, 64)", "whole blocks per device"),
-], ids=["requant-block", "kernel", "straddling-block"])
+    ({}, (192, 64), "output sizes (192, 64)", "fused shards (q/k/v, gate/up) are whole"),
+    (dict(n_shards=2), (128, 128), "two fused shards on 2 devices",
+     "a smaller tensor_parallel_size"),
+], ids=["requant-block", "kernel", "straddling-block", "straddling-tp"])
 def test_block_processing_refuses_what_would_change_or_split_blocks(overrides, sizes, what,
                                                                     fix):
     patches.apply_all()
     shards, _ = _checkpoint(sizes=(256,), block=BLOCK)
-    q, s = shards[0]
     with pytest.raises(fp8.UnsupportedFp8) as e:
-        if sizes == SIZES:
-            _block_processed(shards, **overrides)
-        else:
-            _block_processed([(q, s)], output_sizes=sizes)
+        _block_processed(shards, output_sizes=sizes, **overrides)
     found, _, remedy = str(e.value).partition("Fix:")
     assert what in found and fix in remedy
 

@@ -187,10 +187,11 @@ def keep_weight_blocks(weight, weight_scale, *, bias, weight_block_size, requant
         kept.weight_scale = weight_scale if fuse_matmuls else [weight_scale]
         return kept
     if any(s % (bn * n_shards) for s in sizes):
-        raise _refuse(f"output sizes {sizes} that blocks of {bn} rows do not split evenly "
-                      f"into {n_shards} tensor-parallel shard(s) (a block would hold two "
-                      "shards' rows)", "a checkpoint whose fused shards are whole blocks per "
-                      "device, or a smaller tensor_parallel_size")
+        where = "fused shards" if n_shards == 1 else f"fused shards on {n_shards} devices"
+        fix = ("a checkpoint whose fused shards (q/k/v, gate/up) are whole blocks" +
+               ("" if n_shards == 1 else " per device, or a smaller tensor_parallel_size"))
+        raise _refuse(f"block scales of {bn} rows over output sizes {sizes} (a block would "
+                      f"hold rows of two {where})", fix)
     blocks = [s // bn for s in sizes]
     kept = process_linear_weights(kept, fused=fuse_matmuls, output_sizes=sizes,
                                   reorder_size=n_shards)
