@@ -223,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
                         choices=("checkpoint", *models.FP8_WEIGHTS),
                         help="fp8: the model's linear layers written as an fp8 checkpoint "
                              "(e4m3, one scale per weight), fp8-block: with 128x128 block "
-                             "scales; vLLM then runs in bf16, transformers in f32 on the "
-                             "dequantized weights")
+                             "scales; vLLM then runs in f16 (--dtype), transformers in f32 "
+                             "on the dequantized weights")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="vLLM's activation dtype; default float32, float16 with fp8 "
                              "weights")
