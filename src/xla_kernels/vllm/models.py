@@ -22,6 +22,9 @@ class Checkpoint:
     prompts: list[str] | None
     """Text prompts (the checkpoint has a tokenizer), or None: use ``prompt_token_ids``."""
     prompt_token_ids: list[list[int]]
+    reference_path: Path | None = None
+    """Where transformers reads the weights, when not ``path`` (an fp8 checkpoint's
+    dequantized copy, :func:`fp8_weights`)."""
 
 
 TINY_PROMPTS = [[1, 15, 27, 3, 99, 42, 7], [1, 200, 201, 202], [5] * 19 + [88]]
@@ -69,6 +72,24 @@ def tiny_moe(directory: Path, *, seed: int = 2, vocab_size: int = 256,
                             eos_token_id=2)
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(config).to(torch.float32)
+    model.save_pretrained(directory, safe_serialization=True)
+    return Checkpoint(Path(directory), None, TINY_PROMPTS)
+
+
+def tiny_qwen3(directory: Path, *, seed: int = 0, vocab_size: int = 256) -> Checkpoint:
+    """A 2-layer dense Qwen3 (:func:`tiny_llama`'s shapes plus Qwen3's q/k norms) with seeded
+    random weights, init std 0.08; tpu-inference has a JAX-native Qwen3 built from its
+    quantizable linear layers (its Llama's are not)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(vocab_size=vocab_size, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
+                         bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
     model.save_pretrained(directory, safe_serialization=True)
     return Checkpoint(Path(directory), None, TINY_PROMPTS)
 
@@ -131,7 +152,81 @@ def tiny_moe_unnormalized(directory: Path) -> Checkpoint:
     return tiny_moe(directory, norm_topk_prob=False)
 
 
-MODELS = {"tiny": tiny_llama, "tiny-moe": tiny_moe,
+MODELS = {"tiny": tiny_llama, "tiny-qwen3": tiny_qwen3, "tiny-moe": tiny_moe,
           "tiny-moe-unnormalized": tiny_moe_unnormalized, "smollm2": smollm2}
 MOE_MODELS = ("tiny-moe", "tiny-moe-unnormalized")
 """The models whose layers run ``fused_moe`` (the check requires its traces)."""
+
+FP8_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The decoder's linear layers an fp8 checkpoint stores in e4m3 (not the embeddings, the
+lm_head or the norms)."""
+FP8_WEIGHTS = {"fp8": None, "fp8-block": (128, 128)}
+"""``--weights`` of the check: per-tensor scales (one per linear layer, per q/k/v and
+gate/up shard), or 128 x 128 block scales (DeepSeek's ``weight_block_size``)."""
+
+FP8_JAX_MODELS = ("tiny-qwen3",)
+"""The models whose JAX-native model (``flax_nnx``) loads an fp8 checkpoint (block scales
+only; tpu-inference's JAX Llama reads safetensors through NumPy, which has no e4m3)."""
+FP8_MODEL_KWARGS = {"tiny": {"seed": 2}}
+"""The model arguments the check's fp8 runs use: vLLM runs an fp8 checkpoint in bf16 or f16
+(its Fp8Config takes no f32; the check: f16), so a token whose reference logit leads by less
+than that rounding may go either way (seed 0 in bf16: one step 0.0097 logits off, at a
+0.0002 gap). Seed 2: of seeds 0-7 the one whose f32 reference on the dequantized weights
+(per-tensor scales) has the widest smallest top-2 logit gap over the check's 48 greedy steps
+(0.026; block scales: 0.014)."""
+
+
+def fp8_weights(checkpoint: Checkpoint, directory: Path, *,
+                block_size: tuple[int, int] | None = None) -> Checkpoint:
+    """``checkpoint`` rewritten as vLLM's fp8 checkpoints are (``quantization_config``
+    ``{"quant_method": "fp8", "activation_scheme": "dynamic"}``, read by vLLM's
+    ``Fp8Config``): each :data:`FP8_LINEARS` weight [out, in] as ``float8_e4m3fn`` values
+    ``q`` with f32 scales, ``W ~= q * scale``; ``block_size=None``: one scale per weight
+    (``weight_scale``, a scalar), else one per block (``weight_scale_inv`` [ceil(out / bn),
+    ceil(in / bk)], ``weight_block_size`` in the config). Each scale maps the largest
+    magnitude it covers to 448, e4m3's largest value. Writes ``directory/fp8`` (what vLLM
+    loads) and ``directory/dequantized``: the same model in f32 with ``q * scale`` for each
+    of those weights (what transformers loads, ``reference_path``), so both engines run the
+    same numbers."""
+    import json
+    import shutil
+
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from xla_kernels.kernels.fp8_weights import fp8_quantize
+
+    source = Path(checkpoint.reference_path or checkpoint.path)
+    fp8_dir, ref_dir = Path(directory) / "fp8", Path(directory) / "dequantized"
+    for target in (fp8_dir, ref_dir):
+        shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.safetensors"))
+    quantized, dequantized = {}, {}
+    for name, tensor in load_file(str(source / "model.safetensors")).items():
+        layer, _, leaf = name.rpartition(".")
+        if leaf != "weight" or layer.rpartition(".")[2] not in FP8_LINEARS:
+            quantized[name] = dequantized[name] = tensor
+            continue
+        w = tensor.to(torch.float32).numpy()
+        if block_size is None:
+            scale = np.float32(max(float(np.abs(w).max()), 1e-12) / 448.0)
+            q = torch.from_numpy(w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+            quantized[f"{layer}.weight_scale"] = torch.tensor(scale, dtype=torch.float32)
+            dequantized[name] = q.to(torch.float32) * torch.tensor(scale)
+        else:
+            q_np, scales = fp8_quantize(w, block_size)
+            q = torch.from_numpy(q_np.view(np.uint8)).view(torch.float8_e4m3fn)
+            quantized[f"{layer}.weight_scale_inv"] = torch.from_numpy(scales)
+            bn, bk = block_size
+            full = np.repeat(np.repeat(scales, bn, axis=0), bk, axis=1)[:w.shape[0], :w.shape[1]]
+            dequantized[name] = torch.from_numpy(q_np.astype(np.float32) * full)
+        quantized[name] = q.contiguous()
+    save_file(quantized, str(fp8_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in dequantized.items()},
+              str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((fp8_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    if block_size is not None:
+        config["quantization_config"]["weight_block_size"] = list(block_size)
+    (fp8_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return Checkpoint(fp8_dir, checkpoint.prompts, checkpoint.prompt_token_ids, ref_dir)

@@ -281,6 +281,50 @@ def moe_weights_split_for_fused_moe(upstream, weights, moe_backend, mesh):
     return moe.shard_vllm_layout(weights, mesh)
 
 
+def fp8_fused_runs_fp8_linear(upstream, method, x, weight, weight_scale, bias):
+    """``tpu_inference.layers.common.quantization.fp8.Fp8LinearMethod._apply_fused`` runs an
+    fp8 linear layer (its fused weight [in, out], e4m3, with its scales) through
+    ``sharded_quantized_matmul``: an XLA dot on the fp8 weight after quantizing the
+    activations per token (on TPU a Pallas kernel when ``ENABLE_QUANTIZED_MATMUL_KERNEL`` is
+    set). Both model paths reach it: vLLM's PyTorch models through
+    ``VllmFp8LinearMethod.apply``, the JAX-native ones through their fp8 methods'
+    ``apply_jax``. Off TPU the layer runs xla-kernels' ``fp8_linear`` on the weight as
+    tpu-inference processed it (:func:`xla_kernels.vllm.fp8.apply_fused`), or is refused
+    naming what it needs."""
+    if _jax_has_tpu():
+        return upstream(method, x, weight, weight_scale, bias)
+    from . import fp8
+
+    return fp8.apply_fused(method, x, weight, weight_scale, bias)
+
+
+def fp8_split_runs_fp8_linear(upstream, method, x, weight_and_scale, bias=None, mesh=None):
+    """``Fp8LinearMethod._apply_split``: as :func:`fp8_fused_runs_fp8_linear`, for a layer
+    that tpu-inference keeps as one weight per output shard (``fuse_matmuls`` off); off TPU
+    one ``fp8_linear`` per weight (:func:`xla_kernels.vllm.fp8.apply_split`)."""
+    if _jax_has_tpu():
+        return upstream(method, x, weight_and_scale, bias, mesh)
+    from . import fp8
+
+    return fp8.apply_split(method, x, weight_and_scale, bias, mesh)
+
+
+def fp8_blocks_stay_blocks(upstream, weight, weight_scale, **kwargs):
+    """``tpu_inference.layers.common.quantization.fp8.process_blockwise_fp8_linear_weights``
+    prepares a block-quantized fp8 weight (a checkpoint with ``weight_block_size``) at load:
+    unless ``DISABLE_WEIGHT_REQUANTIZATION`` is set, it dequantizes each weight to bf16 and
+    quantizes it again for the TPU's matmul (one scale per output column, or
+    ``REQUANTIZE_BLOCK_SIZE`` blocks), so the layer no longer computes with the checkpoint's
+    numbers. ``fp8_linear`` takes 128 x 128 block scales as they are, so off TPU the
+    checkpoint's weight and block scales are kept, laid out per shard as upstream's
+    unrequantized path does (:func:`xla_kernels.vllm.fp8.keep_weight_blocks`)."""
+    if _jax_has_tpu():
+        return upstream(weight, weight_scale, **kwargs)
+    from . import fp8
+
+    return fp8.keep_weight_blocks(weight, weight_scale, **kwargs)
+
+
 SHARD_MOE_WEIGHTS_SHA256 = "2f2ee73b962c1d081efb5559ed79599b32cc3621d34c05996f34788be24240a7"
 SHARD_MOE_WEIGHTS_CALLERS = (
     "tpu_inference.layers.common.process_weights.moe_weights",
@@ -329,6 +373,16 @@ PATCHES: list[Patch] = [
     Patch("tpu_inference.layers.common.process_weights.moe_weights", "process_moe_weights",
           "e4262431f8e606cca8f9207ee214ca72f8215cca4fbcd4ccbdc98f3659413a6a",
           moe_weights_stay_in_vllm_layout),
+    Patch("tpu_inference.layers.common.quantization.fp8:Fp8LinearMethod", "_apply_fused",
+          "76244780c84acf7c4300dddbf905223825ce330724b6efadb131bc843ccd3ed1",
+          fp8_fused_runs_fp8_linear, kind="method"),
+    Patch("tpu_inference.layers.common.quantization.fp8:Fp8LinearMethod", "_apply_split",
+          "7540f88928099d2a40c65f5cf84fb359c8614f031f931f26760bced759c2fa47",
+          fp8_split_runs_fp8_linear, kind="method"),
+    Patch("tpu_inference.layers.common.quantization.fp8",
+          "process_blockwise_fp8_linear_weights",
+          "ebae0307fe28d898f21644ba2e09e87f101f2392933f764f9add4752143b8420",
+          fp8_blocks_stay_blocks),
     *(Patch(module, "moe_apply", MOE_APPLY_SHA256, moe_runs_fused_moe)
       for module in MOE_APPLY_CALLERS),
     *(Patch(module, "shard_moe_weights", SHARD_MOE_WEIGHTS_SHA256,

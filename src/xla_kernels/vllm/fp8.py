@@ -1,0 +1,205 @@
+"""tpu-inference's fp8 linear layers through xla-kernels' ``fp8_linear``, where JAX has no TPU.
+
+Every (non-batched) fp8 linear layer of tpu-inference ends in one of two methods of
+``tpu_inference.layers.common.quantization.fp8.Fp8LinearMethod``: ``_apply_fused(x, weight,
+weight_scale, bias)`` (one weight for the layer, q/k/v or gate/up concatenated along the
+output axis) and ``_apply_split(x, [(weight, weight_scale), ...], bias, mesh)`` (one weight
+per output shard). vLLM's PyTorch models reach them through ``VllmFp8LinearMethod.apply``,
+the JAX-native models through ``Fp8TensorwiseLinearMethod`` / ``Fp8BlockwiseLinearMethod``
+``.apply_jax`` (except a batched einsum, ``batch_features``, which stays upstream's
+``sharded_quantized_batched_matmul``). Upstream runs ``sharded_quantized_matmul`` there
+(an XLA dot on the fp8 weight, the activations quantized per token first). Off TPU the
+patches route both to :func:`apply_fused` / :func:`apply_split`, one ``fp8_linear`` call per
+weight.
+
+Layout: tpu-inference loads the checkpoint's weight [out, in] and keeps it transposed,
+``weight`` [in, out] ``float8_e4m3fn``, with the scales as its processing left them:
+
+* per-tensor checkpoint scales (``weight_scale``, one per q/k/v or gate/up shard) expanded
+  to one per output column, ``weight_scale`` [out] f32: ``fp8_linear``'s per-channel
+  scales ([out, 1]);
+* 128 x 128 block scales kept as blocks (the block-scale patch, :func:`keep_weight_blocks`),
+  ``weight_scale`` [in / bk, out / bn] f32: ``fp8_linear``'s block scales, transposed.
+
+:func:`linear` hands ``fp8_linear`` ``weight.T`` [out, in] and the scales in its layout
+(the transpose is an XLA op in the compiled step, so each step copies each weight once;
+not measured). Activations stay in the model's dtype (W8A16, ``activation_scheme="none"``),
+as vLLM runs fp8 checkpoints where the GPU has no fp8 tensor cores (Marlin;
+tpu-inference's method sets ``use_marlin``).
+
+Refused with :class:`UnsupportedFp8`, naming the feature and the fix: scales in the
+quantized-matmul kernel's layout (``ENABLE_QUANTIZED_MATMUL_KERNEL``), weights requantized
+to another dtype (``REQUANTIZE_WEIGHT_DTYPE``) or block size (``REQUANTIZE_BLOCK_SIZE``),
+blocks that would straddle fused or tensor-parallel shards, and a deferred all-reduce over
+a split input axis.
+
+``TRACES["fp8_linear"]`` counts the ``fp8_linear`` calls traced (one per weight and compiled
+batch shape), so a check can prove the compiled model runs our op.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+TRACES: Counter[str] = Counter()
+
+
+class UnsupportedFp8(NotImplementedError):
+    """An fp8 linear layer that xla-kernels' ``fp8_linear`` does not serve in vLLM (yet)."""
+
+
+def _refuse(what: str, fix: str) -> UnsupportedFp8:
+    return UnsupportedFp8(f"xla_kernels.vllm fp8 linear (fp8_linear): {what} is not supported "
+                          f"off TPU. Fix: {fix}")
+
+
+def block_size(method) -> tuple[int, int] | None:
+    """The checkpoint's ``weight_block_size`` (bn, bk) that ``method`` (vLLM's or the JAX
+    path's fp8 linear method) was made with, or None (per-tensor scales)."""
+    size = getattr(method, "weight_block_size", None)
+    if size is None:
+        size = getattr(getattr(method, "quant_config", None), "weight_block_size", None)
+    return None if size is None else (int(size[0]), int(size[1]))
+
+
+def linear(x, weight, weight_scale, block: tuple[int, int] | None):
+    """``x [..., in] @ (weight * scale)`` with tpu-inference's processed ``weight`` [in, out]
+    (e4m3) and ``weight_scale`` ([out] per output column, or [in / bk, out / bn] per block),
+    through one ``fp8_linear`` call; the result [..., out] in x's dtype."""
+    import jax.numpy as jnp
+
+    from xla_kernels.kernels.fp8_linear import fp8_linear
+
+    if weight.ndim != 2 or weight.dtype != jnp.float8_e4m3fn:
+        raise _refuse(f"a weight of shape {tuple(weight.shape)} and dtype {weight.dtype} (e4m3 "
+                      "[in, out] expected)", "leave REQUANTIZE_WEIGHT_DTYPE unset (its default "
+                      "float8_e4m3fn is what fp8_linear takes)")
+    k, out = weight.shape
+    if weight_scale is None or weight_scale.ndim not in (1, 2):
+        shape = None if weight_scale is None else tuple(weight_scale.shape)
+        raise _refuse(f"weight scales of shape {shape} (the quantized matmul kernel's layout)",
+                      "leave ENABLE_QUANTIZED_MATMUL_KERNEL and REQUANTIZE_BLOCK_SIZE unset")
+    if weight_scale.ndim == 1:
+        if weight_scale.shape != (out,):
+            raise _refuse(f"{weight_scale.shape[0]} scales for a weight of {out} output columns",
+                          "a checkpoint with one scale per weight or per fused shard, which "
+                          "tpu-inference expands to one per output column")
+        scale, block_shape = weight_scale[:, None], (0, 0)
+    else:
+        if block is None:
+            raise _refuse(f"2-D weight scales {tuple(weight_scale.shape)} without a "
+                          "weight_block_size", "a checkpoint whose quantization_config has "
+                          "weight_block_size")
+        bn, bk = block
+        want = (-(-k // bk), -(-out // bn))
+        if tuple(weight_scale.shape) != want:
+            raise _refuse(f"block scales of shape {tuple(weight_scale.shape)} for a weight "
+                          f"[in, out] {weight.shape} and blocks {block} (expected {want})",
+                          "leave REQUANTIZE_BLOCK_SIZE unset")
+        scale, block_shape = weight_scale.T, (bn, bk)
+    lead = x.shape[:-1]
+    y = fp8_linear(x.reshape(-1, k), weight.T, scale.astype(jnp.float32),
+                   block_shape=block_shape, activation_scheme="none")
+    TRACES["fp8_linear"] += 1
+    return y.reshape(*lead, out)
+
+
+def _check_reduce(method) -> None:
+    """Refuse ``defer_all_reduce`` when the weight's input axis is split: ``fp8_linear``'s
+    sharding rule keeps that axis whole (XLA gathers it), so the result is already the full
+    sum, and a caller that sums the partial results later would count them twice."""
+    config = method.linear_config
+    if not getattr(config, "defer_all_reduce", False):
+        return
+    from tpu_inference.utils import get_mesh_shape_product
+
+    in_axis = config.weight_sharding[0]
+    if in_axis is not None and get_mesh_shape_product(config.mesh, in_axis) > 1:
+        raise _refuse("defer_all_reduce with the input axis split over the mesh",
+                      "a caller that takes the reduced result (defer_all_reduce=False)")
+
+
+def apply_fused(method, x, weight, weight_scale, bias):
+    """``Fp8LinearMethod._apply_fused`` off TPU: one ``fp8_linear`` over the fused weight,
+    the bias, then upstream's own split of the output per fused shard and tensor-parallel
+    shard (``slice_sharded_tensor_for_concatenation``) and concatenation."""
+    import jax.numpy as jnp
+    from tpu_inference.layers.common.utils import slice_sharded_tensor_for_concatenation
+
+    _check_reduce(method)
+    out = linear(x, weight, weight_scale, block_size(method))
+    if bias is not None:
+        out += bias
+    config = method.linear_config
+    outs = slice_sharded_tensor_for_concatenation(out, config.output_sizes, config.n_shards)
+    return jnp.concatenate(outs, axis=-1)
+
+
+def apply_split(method, x, weight_and_scale, bias=None, mesh=None):
+    """``Fp8LinearMethod._apply_split`` off TPU: one ``fp8_linear`` per output shard's
+    weight, each plus its bias, concatenated."""
+    import jax.numpy as jnp
+
+    _check_reduce(method)
+    block = block_size(method)
+    outs = []
+    for i, (weight, weight_scale) in enumerate(weight_and_scale):
+        out = linear(x, weight, weight_scale, block)
+        if bias is not None:
+            out += bias[i]
+        outs.append(out)
+    return jnp.concatenate(outs, axis=-1)
+
+
+def keep_weight_blocks(weight, weight_scale, *, bias, weight_block_size, requant_block_size,
+                       output_sizes, requant_weight_dtype, fuse_matmuls, n_shards,
+                       enable_kernel=False):
+    """``process_blockwise_fp8_linear_weights`` off TPU: the checkpoint's e4m3 weight
+    [in, out] and its block scales [in / bk, out / bn] (both transposed by the caller) are
+    kept as they are, laid out per output shard as upstream lays out the weight (fused:
+    reordered for the tensor-parallel split; split: one weight and its scale columns per
+    shard), which is upstream's own path when ``DISABLE_WEIGHT_REQUANTIZATION`` is set.
+    (Upstream's default dequantizes each weight to bf16 and quantizes it again with one scale
+    per output column: other numbers than the checkpoint's.)"""
+    import jax
+    import jax.numpy as jnp
+    from tpu_inference.layers.common.process_weights.linear_weights import (
+        LinearWeights,
+        process_linear_weights,
+    )
+    from tpu_inference.layers.common.utils import reorder_concatenated_tensor_for_sharding
+
+    if enable_kernel or requant_block_size:
+        raise _refuse("requantized block weights (ENABLE_QUANTIZED_MATMUL_KERNEL, "
+                      f"REQUANTIZE_BLOCK_SIZE={requant_block_size})", "leave "
+                      "ENABLE_QUANTIZED_MATMUL_KERNEL and REQUANTIZE_BLOCK_SIZE unset (the "
+                      "checkpoint's blocks are kept)")
+    if weight.dtype != jnp.float8_e4m3fn:
+        raise _refuse(f"block-quantized weights of dtype {weight.dtype}", "an fp8 checkpoint "
+                      "with e4m3 weights (float8_e4m3fn)")
+    bn = int(weight_block_size[0])
+    sizes = tuple(int(s) for s in output_sizes)
+    kept = LinearWeights(weight=weight, weight_scale=None, zero_point=None, bias=bias)
+    if len(sizes) == 1 and n_shards == 1:
+        # One output, nothing to split or reorder (a last partial block is fine).
+        kept = process_linear_weights(kept, fused=fuse_matmuls, output_sizes=sizes,
+                                      reorder_size=n_shards)
+        kept.weight_scale = weight_scale if fuse_matmuls else [weight_scale]
+        return kept
+    if any(s % (bn * n_shards) for s in sizes):
+        where = "fused shards" if n_shards == 1 else f"fused shards on {n_shards} devices"
+        fix = ("a checkpoint whose fused shards (q/k/v, gate/up) are whole blocks" +
+               ("" if n_shards == 1 else " per device, or a smaller tensor_parallel_size"))
+        raise _refuse(f"block scales of {bn} rows over output sizes {sizes} (a block would "
+                      f"hold rows of two {where})", fix)
+    blocks = [s // bn for s in sizes]
+    kept = process_linear_weights(kept, fused=fuse_matmuls, output_sizes=sizes,
+                                  reorder_size=n_shards)
+    if fuse_matmuls:
+        kept.weight_scale = reorder_concatenated_tensor_for_sharding(weight_scale, blocks,
+                                                                     n_shards, dim=1)
+    else:
+        starts = [sum(blocks[:i]) for i in range(len(blocks))]
+        kept.weight_scale = [jax.lax.slice_in_dim(weight_scale, s, s + b, axis=1)
+                             for s, b in zip(starts, blocks, strict=True)]
+    return kept
