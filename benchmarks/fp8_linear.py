@@ -108,9 +108,13 @@ def weight_sets(out: int, k: int, block: tuple[int, int]) -> list[tuple[Any, Any
 
 def chain(fn: Any, n_sets: int) -> Any:
     """One jitted program of CHAIN calls of ``fn(x, q, s)``: call i on x copy i and weight set
-    i % n_sets, each result returned (nothing to merge or drop)."""
+    i % n_sets, each result returned (nothing to drop). Each call's operands pass through an
+    optimization barrier of their own, so that calls sharing a weight set cannot be computed
+    together: without it the XLA peers' chains ran faster per call than one call does
+    (docs/kernels/fp8_linear.md)."""
     def program(xs: list[Any], sets: list[tuple[Any, Any]]) -> tuple:
-        return tuple(fn(xs[i], *sets[i % n_sets]) for i in range(CHAIN))
+        return tuple(fn(*jax.lax.optimization_barrier((xs[i], *sets[i % n_sets])))
+                     for i in range(CHAIN))
 
     return jax.jit(program)
 

@@ -79,7 +79,7 @@ def cell(result: dict[str, Any], copy_gbs: float, peak_tflops: float) -> dict[st
 def markdown(rows: list[dict[str, Any]], head: dict[str, Any]) -> str:
     lines = [f"# serve-bench --preset 8b: the decode step against its floor ({head['device']})",
              "",
-             f"Copy bandwidth {head['copy_gbs']:.0f} GB/s (measured on this machine), dense "
+             f"Copy bandwidth {head['copy_gbs']:.0f} GB/s (--copy-gbs: a measured copy's), dense "
              f"bf16 peak {head['peak_tflops']:.0f} TFLOP/s. HBM floor = (weight + KV bytes) / "
              "copy bandwidth; floor = max(weight bytes / bandwidth, GEMM FLOPs / peak) + KV "
              "bytes / bandwidth; device step = the widest decode batch replayed with no host "

@@ -10,8 +10,8 @@
 #                                                            # prefills (default: the 3 shapes
 #                                                            # where cuDNN leads most)
 #   bash scripts/gpu/profile.sh OUT_DIR fp8_linear           # W8A16, W8A8, XLA fp8 dot, dequant
-#                                                            # + bf16 dot at 1/16/64 tokens
-#   bash scripts/gpu/profile.sh OUT_DIR moe                  # fused_moe vs the ragged_dot MoE
+#                                                            # + bf16 dot at 1 and 64 tokens
+#   bash scripts/gpu/profile.sh OUT_DIR moe [--moe-tokens N...]  # fused_moe vs the ragged_dot MoE
 #   bash scripts/gpu/profile.sh OUT_DIR sampling             # sample: batch 16/64/256, top-k/p, plain
 # Writes OUT_DIR/ncu_NAME.ncu-rep, _raw.csv.gz, _source.csv.gz and .md.
 source "$(dirname "$0")/common.sh" "${1:-}"
@@ -27,9 +27,17 @@ case $name in
            [ ${#configs[@]} -gt 0 ] \
              || configs=("prefill 4x4096 d64" "prefill 8x2048 MHA" "prefill 4x4096")
            cmd=(benchmarks/profile_ragged.py --variants ours,cudnn_dense --configs "${configs[@]}") ;;
-  fp8_linear|moe|sampling) cmd=(benchmarks/profile_ops.py --cases "$name") ;;
+  fp8_linear|moe|sampling) cmd=(benchmarks/profile_ops.py --cases "$name" "$@") ;;
   *) echo "profile.sh: unknown profile '$name'" >&2; exit 2 ;;
 esac
+# XLA's GEMM autotuning crashed (SIGSEGV) while compiling under ncu: the XLA-program profiles
+# run once without it first, into JAX's persistent compilation cache, which the profiled run
+# then loads instead of compiling.
+if [ "$name" != decode ]; then
+  export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax-cache-profile}
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+  python3 "${cmd[@]}" > "$out/ncu_${name}_compile.log" 2>&1 || { tail -5 "$out/ncu_${name}_compile.log"; exit 1; }
+fi
 if ! ncu --profile-from-start off --set full --import-source yes --clock-control none \
     -f -o "$out/ncu_$name" python3 "${cmd[@]}" > "$out/ncu_$name.log" 2>&1; then
   tail -5 "$out/ncu_$name.log"

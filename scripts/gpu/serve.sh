@@ -16,9 +16,10 @@
 #   moe_jax_ragged_dot       moe with --moe ragged-dot: the experts through
 #                            fused_moe_ragged_dot (two jax.lax.ragged_dot grouped GEMMs), the
 #                            same attention kernels, timed, no check
-#   moe_jax_fused_vs_ragged_dot   moe_jax_fused (--moe xla-kernels: fused_moe) then
-#                            moe_jax_ragged_dot on the same workload, one after the other:
-#                            decode tokens/s of the two MoE layers (up to 8 minutes: name it
+#   moe_jax_fused_vs_ragged_dot   the moe preset with --moe xla-kernels (fused_moe) then
+#                            --moe ragged-dot, one after the other, on 64 requests of ~512-token
+#                            prompts (the MoE layers' share of the step is larger than at 2000):
+#                            decode tokens/s of the two MoE layers (up to 6 minutes: name it
 #                            alone)
 #   tiny_moe_jax tiny_moe_torchax   the tiny-moe preset, checked token for token;
 #                            tiny_moe_jax_ragged_dot: with --moe ragged-dot
@@ -70,9 +71,10 @@ for name in "$@"; do
     moe_jax_ragged_dot) serve_run moe_jax_ragged_dot 240 --preset moe --frontend jax \
                           --moe ragged-dot --no-reference ;;
     moe_jax_fused_vs_ragged_dot)
-      serve_run moe_jax_fused 240 --preset moe --frontend jax --moe xla-kernels --no-reference
-      serve_run moe_jax_ragged_dot 240 --preset moe --frontend jax --moe ragged-dot \
-        --no-reference ;;
+      serve_run moe_jax_fused 180 --preset moe --frontend jax --moe xla-kernels --no-reference \
+        --prompt-len 512
+      serve_run moe_jax_ragged_dot 180 --preset moe --frontend jax --moe ragged-dot \
+        --prompt-len 512 --no-reference ;;
     tiny_moe_jax) serve_run tiny_moe_jax 120 --preset tiny-moe --frontend jax ;;
     tiny_moe_jax_ragged_dot) serve_run tiny_moe_jax_ragged_dot 120 --preset tiny-moe \
                                --frontend jax --moe ragged-dot ;;
