@@ -8,7 +8,11 @@ random normal router logits:
 
 * ``ours``: :func:`~xla_kernels.kernels.moe.fused_moe` / ``fused_moe_fp8``;
 * ``ragged_dot``: :func:`~xla_kernels.kernels.moe.fused_moe_ragged_dot` (sort, gather, two
-  ``jax.lax.ragged_dot`` grouped GEMMs, scatter-add; fp8 dequantized first);
+  ``jax.lax.ragged_dot`` grouped GEMMs, scatter-add; fp8 dequantized first) on vLLM's
+  [experts, out, in] weights, which XLA transposes on every call (Nsight Compute:
+  docs/kernels/moe.md);
+* ``ragged_dot_in_out``: the same MoE on weights transposed once beforehand to [experts, in,
+  out] (``weights_in_out=True``), the layout ``ragged_dot`` takes without a transpose;
 * ``loop``: :func:`~xla_kernels.kernels.moe.fused_moe_xla`, the plain-XLA loop over experts
   (every expert over every token, masked by the routing);
 * ``tokamax`` (opt-in): the ragged_dot MoE with ``tokamax.ragged_dot_general`` for the two
@@ -83,10 +87,10 @@ MODELS = {  # experts, top_k, hidden, intermediate
 TOKENS = (1, 16, 64, 256, 4096, 16384)
 BLOCK = (128, 128)
 PEAK_TFLOPS = 989.0
-PEERS = ("ours", "ragged_dot", "loop", "tokamax", "flashinfer")
-DEFAULT_PEERS = ("ours", "ragged_dot", "loop")
+PEERS = ("ours", "ragged_dot", "ragged_dot_in_out", "loop", "tokamax", "flashinfer")
+DEFAULT_PEERS = ("ours", "ragged_dot", "ragged_dot_in_out", "loop")
 TOKAMAX_IMPLEMENTATIONS = ("mosaic", "triton")  # tried in this order
-CHECKED = ("tokamax", "flashinfer")  # peers whose output is checked against ragged_dot too
+CHECKED = ("ragged_dot_in_out", "tokamax", "flashinfer")  # outputs also checked vs ragged_dot
 
 
 def error_text(e: BaseException) -> str:
@@ -140,6 +144,8 @@ def layer(peer: str, fp8: bool, top_k: int,
                 x, r, a, b, sa, sb, top_k=top_k, block_shape=BLOCK))
         return jax.jit(lambda x, r, a, b: fused_moe(x, r, a, b, top_k=top_k))
     fn, block = fused_moe_ragged_dot if peer == "ragged_dot" else fused_moe_xla, BLOCK
+    if peer == "ragged_dot_in_out":
+        fn, block = partial(fused_moe_ragged_dot, weights_in_out=True), BLOCK[::-1]
     if ragged_dot_general is not None:
         fn = partial(fused_moe_ragged_dot, ragged_dot_general=ragged_dot_general,
                      weights_in_out=True)
@@ -352,8 +358,12 @@ def measure(model: str, tokens: int, w: dict[str, Any], peers: tuple[str, ...],
                 outs[peer] = run_flashinfer(fi, fi.get("weights", {}), x, logits, top_k, row)
             else:
                 fn = layer(peer, fp8, top_k)
-                outs[peer] = np.asarray(fn(*args), np.float32)
-                row[f"{peer}_ms"] = 1e3 * budgeted_seconds(fn, args, budget)
+                call_args = args
+                if peer == "ragged_dot_in_out":
+                    wt = extras["in_out_weights"]
+                    call_args = (x, logits, *(wt[k] for k in names if k in wt))
+                outs[peer] = np.asarray(fn(*call_args), np.float32)
+                row[f"{peer}_ms"] = 1e3 * budgeted_seconds(fn, call_args, budget)
         except Exception as e:  # recorded (out of memory, an unsupported lowering)
             row[f"{peer}_ms"] = None
             row[f"{peer}_error"] = error_text(e)
@@ -379,9 +389,12 @@ def measure(model: str, tokens: int, w: dict[str, Any], peers: tuple[str, ...],
 
 def prepare(peers: tuple[str, ...], model: str, w: dict[str, Any],
             setups: dict[str, Any]) -> dict[str, Any]:
-    """Per weight set, what the opt-in peers need: tokamax's transposed weights, FlashInfer's
-    torch tensors (``setups``: the modules, imported once per run)."""
+    """Per weight set, what the peers beyond ours, ragged_dot and loop need: the weights
+    transposed once (ragged_dot_in_out, tokamax), FlashInfer's torch tensors (``setups``:
+    the modules, imported once per run)."""
     extras: dict[str, Any] = {}
+    if "ragged_dot_in_out" in peers:
+        extras["in_out_weights"] = transposed(w)
     if "tokamax" in peers:
         extras["tokamax"] = dict(setups["tokamax"])
         if extras["tokamax"].get("module") is not None:
