@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -33,22 +34,32 @@ SMOLLM2_PROMPTS = ["The capital of France is", "def fibonacci(n):",
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+TINY_DENSE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                  max_position_embeddings=2048, initializer_range=0.08, rms_norm_eps=1e-5,
+                  tie_word_embeddings=False, torch_dtype="float32", bos_token_id=1,
+                  eos_token_id=2)
+"""The tiny dense models' shape and init (:func:`tiny_llama`, :func:`tiny_qwen3`)."""
+
+
+def _save_seeded(model_class: Any, config: Any, seed: int, directory: Path) -> Checkpoint:
+    """``model_class(config)`` initialised from torch seed ``seed``, saved as f32 safetensors."""
+    import torch
+
+    torch.manual_seed(seed)
+    model = model_class(config).to(torch.float32)
+    model.save_pretrained(directory, safe_serialization=True)
+    return Checkpoint(Path(directory), None, TINY_PROMPTS)
+
+
 def tiny_llama(directory: Path, *, seed: int = 0, vocab_size: int = 256) -> Checkpoint:
     """A 2-layer Llama (head_dim 64, 4 q heads over 2 kv heads, vocab ``vocab_size``) with
     seeded random weights. The init is wider than Llama's (std 0.08, not 0.02) so that the
     next-token logits have clear winners and greedy decoding does not hinge on rounding."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
-                         rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
-                         bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
-    model.save_pretrained(directory, safe_serialization=True)
-    return Checkpoint(Path(directory), None, TINY_PROMPTS)
+    config = LlamaConfig(vocab_size=vocab_size, **TINY_DENSE)
+    return _save_seeded(LlamaForCausalLM, config, seed, directory)
 
 
 def tiny_moe(directory: Path, *, seed: int = 2, vocab_size: int = 256,
@@ -59,7 +70,6 @@ def tiny_moe(directory: Path, *, seed: int = 2, vocab_size: int = 256,
     (Qwen3-30B-A3B sets it). Seed 2: of seeds 0-5 the one whose f32 reference has the widest
     smallest top-2 logit gap over the check's 48 greedy steps (0.016 renormalized, 0.011
     not; seed 0 had 0.0009 and 0.0001), so the tokens do not hinge on rounding."""
-    import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     config = Qwen3MoeConfig(vocab_size=vocab_size, hidden_size=256, intermediate_size=512,
@@ -70,28 +80,17 @@ def tiny_moe(directory: Path, *, seed: int = 2, vocab_size: int = 256,
                             initializer_range=0.08, rms_norm_eps=1e-5,
                             tie_word_embeddings=False, torch_dtype="float32", bos_token_id=1,
                             eos_token_id=2)
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(config).to(torch.float32)
-    model.save_pretrained(directory, safe_serialization=True)
-    return Checkpoint(Path(directory), None, TINY_PROMPTS)
+    return _save_seeded(Qwen3MoeForCausalLM, config, seed, directory)
 
 
 def tiny_qwen3(directory: Path, *, seed: int = 0, vocab_size: int = 256) -> Checkpoint:
     """A 2-layer dense Qwen3 (:func:`tiny_llama`'s shapes plus Qwen3's q/k norms) with seeded
     random weights, init std 0.08; tpu-inference has a JAX-native Qwen3 built from its
     quantizable linear layers (its Llama's are not)."""
-    import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=vocab_size, hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=64, max_position_embeddings=2048, initializer_range=0.08,
-                         rms_norm_eps=1e-5, tie_word_embeddings=False, torch_dtype="float32",
-                         bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).to(torch.float32)
-    model.save_pretrained(directory, safe_serialization=True)
-    return Checkpoint(Path(directory), None, TINY_PROMPTS)
+    config = Qwen3Config(vocab_size=vocab_size, **TINY_DENSE)
+    return _save_seeded(Qwen3ForCausalLM, config, seed, directory)
 
 
 def _smollm2_gguf_dir() -> Path:
