@@ -393,12 +393,12 @@ def prepare(peers: tuple[str, ...], model: str, w: dict[str, Any],
     transposed once (ragged_dot_in_out, tokamax), FlashInfer's torch tensors (``setups``:
     the modules, imported once per run)."""
     extras: dict[str, Any] = {}
-    if "ragged_dot_in_out" in peers:
-        extras["in_out_weights"] = transposed(w)
+    if "ragged_dot_in_out" in peers or "tokamax" in peers:
+        extras["in_out_weights"] = transposed(w)  # one copy for both peers
     if "tokamax" in peers:
         extras["tokamax"] = dict(setups["tokamax"])
         if extras["tokamax"].get("module") is not None:
-            extras["tokamax"]["weights"] = transposed(w)
+            extras["tokamax"]["weights"] = extras["in_out_weights"]
     if "flashinfer" in peers:
         fi = dict(setups["flashinfer"])
         if "error" not in fi:
