@@ -63,8 +63,8 @@ def fp8_linear_calls(smoke: bool) -> Iterator[tuple[str, Callable[[], Any]]]:
             yield f"{peer} {shape} {tokens} tokens", lambda fn=fn, x=x: fn(x, q, s)
 
 
-def moe_calls(smoke: bool, tokens_list: tuple[int, ...] = MOE_TOKENS
-              ) -> Iterator[tuple[str, Callable[[], Any]]]:
+def moe_calls(smoke: bool, tokens_list: tuple[int, ...] = MOE_TOKENS,
+              peers: tuple[str, ...] = MOE_PEERS) -> Iterator[tuple[str, Callable[[], Any]]]:
     """(label, call) of every MoE variant at every model and token count."""
     mb = load_script(HERE / "moe.py")
     for model in ("tiny",) if smoke else MOE_MODELS:
@@ -74,7 +74,7 @@ def moe_calls(smoke: bool, tokens_list: tuple[int, ...] = MOE_TOKENS
             kx, kr = jax.random.split(jax.random.PRNGKey(tokens))
             x = jax.random.normal(kx, (tokens, hidden), jnp.bfloat16)
             logits = jax.random.normal(kr, (tokens, experts), jnp.float32)
-            for peer in MOE_PEERS:
+            for peer in peers:
                 fn = mb.layer(peer, False, top_k)
                 yield (f"{peer} {model} {tokens} tokens",
                        lambda fn=fn, x=x, r=logits, w=w: fn(x, r, w["w13"], w["w2"]))
@@ -105,8 +105,11 @@ def main() -> None:
                         help="tiny shapes, no profiler (runs on the CPU)")
     parser.add_argument("--moe-tokens", nargs="+", type=int, default=list(MOE_TOKENS),
                         help="token counts of the moe case")
+    parser.add_argument("--moe-peers", nargs="+", choices=MOE_PEERS, default=list(MOE_PEERS),
+                        help="the moe case's variants (ours alone: a shorter profile)")
     args = parser.parse_args()
-    cases = {**CASES, "moe": partial(moe_calls, tokens_list=tuple(args.moe_tokens))}
+    cases = {**CASES, "moe": partial(moe_calls, tokens_list=tuple(args.moe_tokens),
+                                     peers=tuple(args.moe_peers))}
     cuda = None if args.smoke else ctypes.CDLL("libcuda.so.1")
     for case in args.cases:
         calls = list(cases[case](args.smoke))

@@ -11,9 +11,11 @@
 #                                                            # where cuDNN leads most)
 #   bash scripts/gpu/profile.sh OUT_DIR fp8_linear           # W8A16, W8A8, XLA fp8 dot, dequant
 #                                                            # + bf16 dot at 1 and 64 tokens
-#   bash scripts/gpu/profile.sh OUT_DIR moe [--moe-tokens N...]  # fused_moe vs the ragged_dot MoE
+#   bash scripts/gpu/profile.sh OUT_DIR moe [--moe-tokens N...] [--moe-peers ours]
+#                                                            # fused_moe vs the ragged_dot MoE
 #   bash scripts/gpu/profile.sh OUT_DIR sampling             # sample: batch 16/64/256, top-k/p, plain
-# Writes OUT_DIR/ncu_NAME.ncu-rep, _raw.csv.gz, _source.csv.gz and .md.
+# Writes OUT_DIR/ncu_NAME.ncu-rep, _raw.csv.gz, _source.csv.gz and .md. NCU_SOURCE=0 skips the
+# source page (its export took minutes for the sampling and MoE reports).
 source "$(dirname "$0")/common.sh" "${1:-}"
 name=${2:?usage: profile.sh OUT_DIR decode|ragged|prefill|fp8_linear|moe|sampling [CONFIG...]}
 shift 2
@@ -44,8 +46,10 @@ if ! ncu --profile-from-start off --set full --import-source yes --clock-control
   exit 1
 fi
 ncu --import "$out/ncu_$name.ncu-rep" --page raw --csv | gzip > "$out/ncu_${name}_raw.csv.gz"
-ncu --import "$out/ncu_$name.ncu-rep" --page source --csv 2>/dev/null \
-  | gzip > "$out/ncu_${name}_source.csv.gz"
+if [ "${NCU_SOURCE:-1}" != 0 ]; then
+  ncu --import "$out/ncu_$name.ncu-rep" --page source --csv 2>/dev/null \
+    | gzip > "$out/ncu_${name}_source.csv.gz"
+fi
 python3 benchmarks/ncu_summary.py "$out/ncu_${name}_raw.csv.gz" --out "$out/ncu_$name.md" \
   || status=1
 exit "$status"

@@ -1,8 +1,8 @@
 """fused_moe's CUDA kernels against the float64 oracle and the CPU kernel: every tile
-configuration the host picks for bf16/f16 (decode: 16-row tiles with 64 or 128 columns; 64-
-and 128-row prefill tiles) and the f32 CUDA-core path, odd sizes (element-wise loads), one
-expert, no tokens, experts never routed (their weights NaN), fp8 per-channel and block
-scales, torch eager on CUDA with NaN left in the allocator, the expert-parallel ops
+configuration the host picks for bf16/f16 (16-row tiles with 32, 64 or 128 columns and 64-row
+tiles, whose 8 warps split K; 128-row tiles) and the f32 CUDA-core path, odd sizes (element-wise
+loads), one expert, no tokens, experts never routed (their weights NaN), fp8 per-channel and
+block scales, torch eager on CUDA with NaN left in the allocator, the expert-parallel ops
 (fused_moe_ep / fused_moe_fp8_ep: a block of the experts, the offset on the device), and the
 compute-sanitizer cases."""
 
@@ -24,9 +24,11 @@ from xla_kernels.kernels.moe.testing import ARGS, make_inputs, sanitize_cases
 
 pytestmark = pytest.mark.gpu
 
-# (tokens, hidden, experts, intermediate, top_k) and the tiles the host picks on an H100.
+# (tokens, hidden, experts, intermediate, top_k) and the tiles the host picks on an H100 or
+# H200 (132 SMs).
 SHAPES = {
-    "decode bm16 bn64": (1, 512, 8, 256, 2),
+    "decode bm16 bn32": (1, 512, 8, 256, 2),
+    "decode bm16 bn64": (33, 128, 128, 128, 2),
     "decode qwen-like bm16 bn128": (16, 256, 128, 256, 8),
     "bm64": (128, 256, 8, 128, 2),
     "prefill bm128": (300, 256, 16, 192, 4),
@@ -83,8 +85,9 @@ def test_no_tokens(rng):
 
 @pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
 @pytest.mark.parametrize("block_shape", [(0, 0), (128, 128)])
-@pytest.mark.parametrize("name", ["decode bm16 bn64", "decode qwen-like bm16 bn128", "bm64",
-                                  "prefill bm128", "fp8 element loads"])
+@pytest.mark.parametrize("name", ["decode bm16 bn32", "decode bm16 bn64",
+                                  "decode qwen-like bm16 bn128", "bm64", "prefill bm128",
+                                  "fp8 element loads"])
 def test_cuda_fp8_matches_float64_on_the_dequantized_weights(rng, dtype, block_shape, name):
     tokens, hidden, experts, inter, top_k = SHAPES[name]
     x = make_inputs(rng, tokens=tokens, hidden=hidden, experts=experts, intermediate=inter,

@@ -47,7 +47,7 @@ cudaError_t LaunchGemm(cudaStream_t stream, const GemmParams& p, int64_t max_til
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
   if (attr != cudaSuccess) return attr;
   const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>(CeilDiv(p.N, BN)));
-  kernel<<<grid, kThreads, C::kSmemBytes, stream>>>(p);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -56,6 +56,7 @@ cudaError_t DispatchGemm(cudaStream_t stream, const GemmParams& p, const tuning:
                          int bn, int64_t pairs, int64_t experts) {
   const int64_t active = experts < pairs ? experts : pairs;
   const int64_t max_tiles = CeilDiv(pairs, t.bm) + active;
+  if (t.bm == 16 && bn == 32) return LaunchGemm<T, kFp8, kGated, 16, 32>(stream, p, max_tiles);
   if (t.bm == 16 && bn == 64) return LaunchGemm<T, kFp8, kGated, 16, 64>(stream, p, max_tiles);
   if (t.bm == 16) return LaunchGemm<T, kFp8, kGated, 16, 128>(stream, p, max_tiles);
   if (t.bm == 64) return LaunchGemm<T, kFp8, kGated, 64, 128>(stream, p, max_tiles);

@@ -51,10 +51,11 @@ def sanitize_cases(platform: str = "gpu") -> None:
 
     rng = np.random.default_rng(0)
     device = jax.devices(platform)[0]
-    # (tokens, hidden, experts, intermediate, top_k): bm 16 / bn 64, bm 16 / bn 128, bm 64,
-    # bm 128, odd hidden and intermediate, one expert, per-pair outputs at an odd offset
-    # (pairs * intermediate odd: unpaired stores).
-    shapes = [(1, 256, 8, 128, 2), (16, 256, 128, 256, 8), (128, 128, 8, 64, 2),
+    # (tokens, hidden, experts, intermediate, top_k) and the tiles on a 132-SM card: bm 16 /
+    # bn 32, bm 16 / bn 64, bm 16 / bn 128, bm 64, bm 128, odd hidden and intermediate, one
+    # expert, per-pair outputs at an odd offset (pairs * intermediate odd: unpaired stores).
+    shapes = [(1, 256, 8, 128, 2), (33, 128, 128, 128, 2), (16, 256, 128, 256, 8),
+              (128, 128, 8, 64, 2),
               (300, 64, 8, 32, 2), (5, 13, 4, 20, 2), (3, 24, 1, 8, 1), (3, 64, 4, 5, 1)]
     for tokens, hidden, experts, inter, top_k in shapes:
         for dtype in ("bf16", "f16", "f32"):
