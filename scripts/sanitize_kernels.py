@@ -66,6 +66,9 @@ def main() -> None:
     from xla_kernels.kernels.fp8_linear.testing import sanitize_cases as fp8_linear_cases
 
     fp8_linear_cases()
+    from xla_kernels.kernels.linear.testing import sanitize_cases as linear_cases
+
+    linear_cases()
     print("sanitize run finished")
 
 

@@ -33,6 +33,11 @@ SHAPES = {
     "tensor cores: channel scales, 130 tokens": (130, 512, 136, (0, 0)),
     "tensor cores: 13 rows": (5, 256, 13, (0, 0)),
     "tensor cores: 256 tokens, many splits": (256, 4096, 256, (128, 128)),
+    # The skinny GEMM (up to 16 tokens, per-channel scales, bf16/f16 x): a cluster split, a
+    # partial last chunk and rows past out, 16 tokens.
+    "skinny: llama o decode": (1, 4096, 4096, (0, 0)),
+    "skinny: partial chunk and rows": (7, 1040, 72, (0, 0)),
+    "skinny: 16 tokens": (16, 2048, 520, (0, 0)),
 }
 
 

@@ -1,5 +1,7 @@
 // fp8_linear on NVIDIA GPUs (design and roofline in docs/kernels/fp8_linear.md). Handler
-// XkFp8LinearCuda, command-buffer compatible, two paths:
+// XkFp8LinearCuda, command-buffer compatible, three paths:
+// * decode (up to 16 tokens, bf16 / f16 x, weight-only, per-channel scales): the skinny GEMM
+//   of xla_kernels/gemm/ (one launch, e4m3 converted in registers);
 // * tensor cores (fp8_linear_mma.cuh) for bf16 / f16 x, in a multiple of 128, block scales of
 //   whole 128-column chunks (W8A8 on sm_89+): a workspace memset, (W8A8) a quantize pass, the
 //   GEMM (K split so that the grid fills the SMs once), a finalize pass;
@@ -29,6 +31,7 @@
 #include "fp8_linear_mma.cuh"
 #include "fp8_linear_tuning.h"
 #include "xla/ffi/api/ffi.h"
+#include "xla_kernels/gemm/skinny_kernel.cuh"
 
 namespace ffi = xla::ffi;
 
@@ -252,6 +255,31 @@ bool UseMma(const Shape& s, const Params& p) {
   return true;
 }
 
+// Decode with per-channel scales, weight-only: the skinny GEMM (one launch, no workspace,
+// K split over a cluster), measured faster than the tensor-core path up to kSkinnyTokens
+// tokens (docs/design/gemm.md); block scales stay on the tensor-core path, which applies
+// them per 128-column chunk.
+constexpr int64_t kSkinnyTokens = 16;
+
+gemm::SkinnyParams SkinnyParamsOf(const Params& p) {
+  gemm::SkinnyParams sp{};
+  sp.x = p.x;
+  sp.w = p.w;
+  sp.scale = p.scale;
+  sp.y = p.y;
+  sp.tokens = p.tokens;
+  sp.k = p.in;
+  sp.n = p.out;
+  sp.bn = 1;
+  return sp;
+}
+
+bool UseSkinny(const Shape& s, const Params& p) {
+  if (s.dtype != ffi::DataType::BF16 && s.dtype != ffi::DataType::F16) return false;
+  if (s.dynamic || s.bk > 0 || s.tokens > kSkinnyTokens) return false;
+  return gemm::SkinnySupports(SkinnyParamsOf(p), /*fp8=*/true);
+}
+
 template <typename T, typename A, bool kBlock, int kMf>
 cudaError_t LaunchGemm(cudaStream_t stream, const mma::Params& mp) {
   auto kernel = mma::GemmKernel<T, A, kBlock, kMf>;
@@ -359,7 +387,12 @@ ffi::Error Fp8LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w
   p.vec = s.in % kVec == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   p.vec_scale = s.bk > 0 && s.bk % kVec == 0;
   cudaError_t status;
-  if (UseMma(s, p)) {
+  if (UseSkinny(s, p)) {
+    const gemm::SkinnyParams sp = SkinnyParamsOf(p);
+    status = s.dtype == ffi::DataType::BF16
+                 ? gemm::LaunchSkinny<__nv_bfloat16, uint8_t>(stream, sp, false)
+                 : gemm::LaunchSkinny<__half, uint8_t>(stream, sp, false);
+  } else if (UseMma(s, p)) {
     if (static_cast<int64_t>(workspace->element_count()) < WorkspaceElements(s) ||
         workspace->element_type() != ffi::DataType::F32)
       return InvalidArgument(kOp, "workspace", "expected " +

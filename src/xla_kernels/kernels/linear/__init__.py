@@ -1,0 +1,69 @@
+"""``linear``: a linear layer's matrix product, ``y = x @ weight.T``::
+
+    y = linear(x, weight)
+
+* ``x`` [tokens, in] (bf16, f16 or f32); ``weight`` [out, in] in x's dtype (torch's
+  ``nn.Linear`` layout); ``y`` [tokens, out] in x's dtype: products and sums in f32,
+  rounded once.
+
+Kernels: CPU (``linear_cpu.cc``, a reference) and CUDA (``linear.cu``): for bf16 / f16 the
+skinny GEMM of ``xla_kernels/gemm/`` (the weight streamed once through shared memory,
+mma.sync, K split over a thread-block cluster on sm_90+; built for decode, where reading
+the weight is the cost), for f32 or rows that are not whole 16 bytes a CUDA-core kernel.
+Past 16 tokens XLA's dot (:func:`linear_xla`, cuBLAS) is faster at the shapes measured:
+docs/design/gemm.md has the table. :func:`linear_numpy_f64` is the float64 reference.
+
+Sharding: tokens and out split freely (no communication); in stays whole (XLA gathers a
+weight split along it).
+
+Example:
+    >>> import numpy as np
+    >>> linear(np.ones((2, 4), np.float32), np.ones((3, 4), np.float32)).shape  # doctest: +SKIP
+    (2, 3)
+"""
+
+from __future__ import annotations
+
+from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
+
+from .reference import linear_numpy_f64, linear_xla
+
+DTYPES = ("bf16", "f16", "f32")
+
+
+def _output_rule(x: Spec, weight: Spec) -> Spec:
+    """Validate a call; returns y [tokens, out] in x's dtype."""
+    tokens, k = x.shape
+    out, wk = weight.shape
+    if weight.dtype != x.dtype:
+        raise Invalid("weight", f"dtype {weight.dtype} differs from x's {x.dtype}",
+                      f"pass the weight in x's dtype ({x.dtype}), e.g. weight.astype(x.dtype)")
+    if wk != k or k < 1:
+        raise Invalid("weight", f"expected shape (out, {k}) for x of shape {x.shape} (in = "
+                      f"{k} >= 1), got {weight.shape}",
+                      "pass the weight as [out, in], in being x's last dimension (transpose "
+                      "an [in, out] weight)")
+    if out < 1:
+        raise Invalid("weight", f"expected at least one output row, got shape {weight.shape}",
+                      "pass a weight [out, in] with out >= 1")
+    return Spec((tokens, out), x.dtype)
+
+
+def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
+    """Tokens and out split freely; in stays whole."""
+    return "t k, n k -> t n", {"need_replication_factors": ("k",)}
+
+
+linear = Op(
+    "xla_kernels.linear",
+    inputs=[Tensor("x", DTYPES, rank=2, doc="[tokens, in]"),
+            Tensor("weight", DTYPES, rank=2, doc="[out, in], x's dtype")],
+    outputs=_output_rule,
+    output_names=("y",),
+    sharding_rule=_sharding_rule,
+    kernels={"cpu": Kernel(["linear_cpu.cc"], handler="XkLinearCpu"),
+             "cuda": Kernel(["linear.cu"], handler="XkLinearCuda")},
+    doc=__doc__ or "",
+)
+
+__all__ = ["DTYPES", "linear", "linear_numpy_f64", "linear_xla"]
