@@ -117,6 +117,17 @@ def test_a_meta_first_input_raises_instead_of_a_meta_result(add):
     assert_names(e.value, simple_add, "a", "meta", "cpu")
 
 
+@pytest.mark.parametrize("op, arg", [(sample, "seeds"), (fused_moe, "w2")],
+                         ids=["sample-seeds", "fused_moe-w2"])
+def test_one_meta_input_of_a_shipped_op_is_named(op, arg):
+    tensors, attrs = CALLS[op]()
+    i = [t.name for t in op.inputs].index(arg)
+    tensors = (*tensors[:i], tensors[i].to("meta"), *tensors[i + 1:])
+    with pytest.raises(xk.OpInputError) as e:
+        torch_op(op)(*tensors, **attrs)
+    assert_names(e.value, op, arg, "meta", "cpu")
+
+
 def test_every_input_on_meta_runs_the_shape_rule(add):
     out = add(torch.ones(4, device="meta"), torch.ones(4, device="meta"))
     assert out.device.type == "meta" and out.shape == (4,)
