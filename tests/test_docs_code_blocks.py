@@ -186,6 +186,32 @@ def test_gpu_blocks_run_on_the_gpu(page):
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-6000:])
 
 
+def test_kernel_pages_show_torch_op_before_naming_its_operator():
+    """`torch.ops.xla_kernels.X` exists once `torch_op(X)` ran in the process (see the
+    next test): a kernel page that names the operator shows `torch_op(X)` first."""
+    problems = []
+    for page in sorted((ROOT / "docs" / "kernels").glob("*.md")):
+        text = page.read_text()
+        for m in re.finditer(r"torch\.ops\.xla_kernels\.(\w+)", text):
+            if not 0 <= text.find(f"torch_op({m.group(1)})") < m.start():
+                line = text.count("\n", 0, m.start()) + 1
+                problems.append(f"{_id(page)}:{line}: {m.group(0)} before torch_op({m.group(1)})")
+    assert not problems, problems
+
+
+def test_a_torch_operator_exists_once_torch_op_ran():
+    code = ("import torch\nimport xla_kernels.frontends.torch as xt\n"
+            "from xla_kernels.kernels.simple_add import simple_add\n"
+            "assert not hasattr(torch.ops.xla_kernels, 'simple_add')\n"
+            "xt.torch_op(simple_add)\n"
+            "print(torch.ops.xla_kernels.simple_add(torch.ones(2), torch.ones(2)).tolist())\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0 and done.stdout.strip() == "[2.0, 2.0]", done.stderr[-3000:]
+
+
 def test_a_failing_block_fails_the_page_and_names_its_line(tmp_path):
     page = tmp_path / "broken.md"
     page.write_text("# broken\n\n```python\nx = 1\n```\n\n```python\nassert x == 2, 'no'\n```\n")

@@ -297,6 +297,36 @@ def test_device_mismatch_is_the_library_error(add):
         add(torch.ones(3, device="cuda"), torch.ones(3))
 
 
+def test_a_cached_plan_does_not_skip_the_device_check(add):
+    a, b = torch.ones(3, device="cuda"), torch.ones(3, device="cuda")
+    assert add(a, b).tolist() == [2.0] * 3  # the CUDA kernel keeps a plan for this shape
+    with pytest.raises(xk.OpInputError, match="argument 'b': is on cpu, while 'a' is on cuda"):
+        add(a, b.cpu())
+    with pytest.raises(xk.OpInputError, match="argument 'b': is on meta, while 'a' is on cuda"):
+        add(a, b.to("meta"))
+    assert add(a, b).tolist() == [2.0] * 3
+
+
+def test_the_autograd_path_refuses_a_cpu_tensor_beside_a_cuda_one():
+    from xla_kernels.kernels.rms_norm import rms_norm
+
+    x = torch.ones(2, 8, device="cuda", requires_grad=True)
+    with pytest.raises(xk.OpInputError, match="argument 'weight': is on cpu, while 'x'"):
+        torch_op(rms_norm)(x, torch.ones(8))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_gpus_are_refused(add):
+    a, b = torch.ones(3, device="cuda:0"), torch.ones(3, device="cuda:1")
+    assert add(a, a).tolist() == [2.0] * 3 and add(b, b).device == b.device
+    with pytest.raises(xk.OpInputError,
+                       match="argument 'b': is on cuda:1, while 'a' is on cuda:0"):
+        add(a, b)
+    with pytest.raises(xk.OpInputError,
+                       match="argument 'b': is on cuda:0, while 'a' is on cuda:1"):
+        add(b, a)
+
+
 def test_native_calls_from_threads_on_their_own_streams(add):
     import threading
 

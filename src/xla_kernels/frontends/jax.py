@@ -33,7 +33,7 @@ from jax.interpreters import ad, batching, mlir
 from jax.interpreters.mlir import ir
 
 from xla_kernels import dtypes, platforms
-from xla_kernels.errors import GradientError, OpDeclarationError
+from xla_kernels.errors import GradientError, OpDeclarationError, OpInputError
 from xla_kernels.frontends import jax_partitioning as partitioning
 from xla_kernels.runtime.registry import ensure_registered
 
@@ -94,9 +94,34 @@ def call(op: Op, arrays: Sequence[Any], attrs: Mapping[str, Any]) -> Any:
     ``jax.vmap``): its backward op computes the gradients.
     """
     plan = op.bind(arrays, attrs)
+    _check_committed_devices(op, arrays)
     if op.vjp is not None:
         return differentiable(op)(FrozenAttrs(plan), *arrays)
     return plan.results(primitive(op).bind(*arrays, attrs=FrozenAttrs(plan), raw=False))
+
+
+def _check_committed_devices(op: Op, arrays: Sequence[Any]) -> None:
+    """OpInputError naming the argument when concrete arrays are committed to different
+    devices (JAX would refuse them too, naming them ``args[i]`` of a "jitted
+    computation"). Traced arrays are JAX's to check: under ``jit`` its error names them."""
+    first: tuple[int, Any] | None = None
+    for i, a in enumerate(arrays):
+        if isinstance(a, jax.core.Tracer) or not getattr(a, "committed", False):
+            continue
+        devices = a.sharding.device_set
+        if first is None:
+            first = (i, devices)
+        elif devices != first[1]:
+            names = [t.name for t in op.inputs]
+            raise OpInputError(
+                op.name, names[i], f"is committed to {_devices(devices)}, while "
+                f"'{names[first[0]]}' is committed to {_devices(first[1])}",
+                f"put every input on one device, e.g. jax.device_put({names[i]}, "
+                f"{names[first[0]]}.sharding)")
+
+
+def _devices(devices: Any) -> str:
+    return ", ".join(str(d) for d in sorted(devices, key=lambda d: d.id))
 
 
 def differentiable(op: Op) -> Any:

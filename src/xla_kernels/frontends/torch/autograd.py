@@ -17,6 +17,7 @@ import torch
 
 from xla_kernels.errors import GradientError, OpInputError
 from xla_kernels.frontends.torch import native
+from xla_kernels.frontends.torch.devices import check_devices
 from xla_kernels.frontends.torch.schema import attrs_for_torch, attrs_from_torch
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ def install_autograd(record: OpRecord, operator: TorchOperator,
 
     def differentiable(*tensors: torch.Tensor, **attrs: Any) -> Any:
         op = record.op
+        if tensors:  # before anything is recorded for backward
+            check_devices(op, tensors)
         if any(t.in_place for t in op.inputs):
             raise _in_place_gradient_error(op, tensors)
         if returns_nothing:  # nothing to differentiate

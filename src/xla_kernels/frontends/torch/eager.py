@@ -21,8 +21,9 @@ from xla_kernels import dtypes, env, platforms
 from xla_kernels.diagnostics import explain_kernel_error
 from xla_kernels.errors import OpInputError
 from xla_kernels.frontends.torch import native as torch_native
+from xla_kernels.frontends.torch.devices import check_devices
 from xla_kernels.frontends.torch.schema import attrs_from_torch
-from xla_kernels.op import CallPlan, Op
+from xla_kernels.op import CallPlan
 from xla_kernels.record import OpRecord
 from xla_kernels.runtime.eager import Buffer, DeviceAllocator, KernelError, call_handler
 
@@ -77,14 +78,13 @@ def install_eager(record: OpRecord, qualname: str) -> None:
 
 
 def _native_planner(record: OpRecord, platform: str) -> Any:
-    """What the native kernel calls on a new call shape: the same checks as :func:`_run`,
-    then the plan it keeps (handler, outputs, encoded attributes)."""
+    """What the native kernel calls on a new call shape, and on every call whose tensors
+    are not all on one device: the same checks as :func:`_run`, then the plan it keeps
+    (handler, outputs, encoded attributes)."""
     def planner(tensors: tuple[torch.Tensor, ...], kwargs: dict[str, Any]
                 ) -> torch_native.NativePlan:
-        device = tensors[0].device
-        if any(t.device != device for t in tensors):
-            _device_mismatch(record.op, tensors)
         op = record.op
+        check_devices(op, tensors, eager=True)
         plan = op.bind(tensors, attrs_from_torch(op, kwargs))
         return torch_native.NativePlan.create(
             handler=plan.kernel(platform).address,
@@ -141,11 +141,9 @@ def _plan(record: OpRecord, tensors: tuple[torch.Tensor, ...], kwargs: dict[str,
 def _run(record: OpRecord, platform: str, tensors: tuple[torch.Tensor, ...],
          kwargs: dict[str, Any]) -> Any:
     """The eager kernel: validate (once per call shape), allocate, call the handler."""
-    device = tensors[0].device if tensors else torch.device(kwargs.get("device") or "cpu")
-    for t in tensors:
-        if t.device != device:
-            _device_mismatch(record.op, tensors)
     op = record.op
+    device = (check_devices(op, tensors, eager=True) if tensors
+              else torch.device(kwargs.get("device") or "cpu"))
     for t, spec in zip(tensors, op.inputs, strict=True):
         if spec.in_place and not t.is_contiguous():
             raise OpInputError(op.name, spec.name, "is updated in place, but the tensor is "
@@ -180,16 +178,6 @@ def _run(record: OpRecord, platform: str, tensors: tuple[torch.Tensor, ...],
             raise
         raise explained from e
     return plan.plan.results(outs, with_updated=False)
-
-
-def _device_mismatch(op: Op, tensors: tuple[torch.Tensor, ...]) -> None:
-    device = tensors[0].device
-    for i, t in enumerate(tensors):
-        if t.device != device:
-            name = op.inputs[i].name if i < len(op.inputs) else None
-            raise OpInputError(op.name, name,
-                               f"is on {t.device}, while '{op.inputs[0].name}' is on {device}",
-                               "move every input to one device")
 
 
 _cuda_allocator: DeviceAllocator | None = None

@@ -10,12 +10,13 @@
 //
 //   1. reads the tensors (positional arguments) and attributes (keyword-only
 //      arguments) from the stack and makes the tensors contiguous;
-//   2. looks up a plan keyed by (input sizes, dtypes, device, attribute values);
-//      on a miss it takes the GIL and asks the Python planner, which validates
-//      the call with the library's own rules (its exceptions propagate
-//      unchanged) and returns the handler, the outputs and the attributes
-//      already encoded for the XLA FFI call frame (runtime/eager.py does that
-//      encoding, so it lives in one place);
+//   2. checks that every tensor is on one device (a call that mixes devices goes
+//      to the planner, which raises), then looks up a plan keyed by (device, input
+//      sizes, dtypes, attribute values); on a miss it takes the GIL and asks the
+//      Python planner, which validates the call with the library's own rules (its
+//      exceptions propagate unchanged) and returns the handler, the outputs and
+//      the attributes already encoded for the XLA FFI call frame (runtime/eager.py
+//      does that encoding, so it lives in one place);
 //   3. on a hit no Python runs: outputs come from at::empty on the inputs'
 //      device, the handler runs through xk_eager_call on torch's current stream
 //      (CUDA) with scratch memory from torch's caching allocator;
@@ -369,14 +370,25 @@ class Kernel final : public c10::OperatorKernel {
     thread_local std::string key;
     key.clear();
     bool cacheable = true;
+    // Every tensor must be on the first one's device (type and index): a kernel reads
+    // them all through pointers on that device. Checked on every call, cached plan or
+    // not; a call that mixes devices is never cached and goes to the planner, whose
+    // check raises the library's error naming the argument.
+    bool one_device = true;
+    c10::Device device(c10::DeviceType::CPU);
     for (size_t i = 0; i < nargs; ++i) {
       const c10::IValue& v = args[i];
       if (!arguments[i].kwarg_only() && v.isTensor()) {
         const at::Tensor& t = v.toTensor();
+        if (tensors.empty()) {
+          device = t.device();
+          Put<int8_t>(key, static_cast<int8_t>(device.type()));
+          Put<int8_t>(key, device.index());
+        } else if (t.device() != device) {
+          one_device = false;
+        }
         tensors.push_back(t.is_contiguous() ? t : t.contiguous());
         Put<int8_t>(key, static_cast<int8_t>(t.scalar_type()));
-        Put<int8_t>(key, static_cast<int8_t>(t.device().type()));
-        Put<int8_t>(key, t.device().index());
         Put<int64_t>(key, t.dim());
         for (int64_t d : t.sizes()) Put<int64_t>(key, d);
       } else {
@@ -384,7 +396,7 @@ class Kernel final : public c10::OperatorKernel {
       }
     }
     TORCH_CHECK(!tensors.empty(), op.schema().name(), ": takes no tensor input");
-    const c10::Device device = tensors[0].device();
+    cacheable = cacheable && one_device;
 
     std::shared_ptr<const Plan> plan;
     if (cacheable) {
@@ -403,6 +415,8 @@ class Kernel final : public c10::OperatorKernel {
         plans_.emplace(std::move(own_key), plan);
       }
     }
+    TORCH_CHECK(one_device, plan->op_name, ": the planner accepted inputs on more than one "
+                "device");
     TORCH_CHECK(plan->input_dtypes.size() == tensors.size(), plan->op_name,
                 ": the plan has ", plan->input_dtypes.size(), " inputs, the call ",
                 tensors.size());

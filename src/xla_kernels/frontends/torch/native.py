@@ -6,9 +6,10 @@ call in Python (argument parsing, the plan cache, packing the call). This module
 ``runtime/eager_ffi.cc``) and registers, per operator and dispatch key, a boxed C++
 kernel that does the whole call without Python once a call shape has been seen:
 
-* first call of a shape (input sizes, dtypes, device, attribute values): the kernel
-  takes the GIL and asks a Python *planner* for a :class:`NativePlan` (the library's
-  validation runs there, so errors are the library's own exceptions, unchanged);
+* first call of a shape (input sizes, dtypes, device, attribute values), and every call
+  whose tensors are not all on one device: the kernel takes the GIL and asks a Python
+  *planner* for a :class:`NativePlan` (the library's validation runs there, so errors are
+  the library's own exceptions, unchanged; such a call is never cached);
 * every later call: a C++ cache lookup, ``at::empty`` for the outputs, the handler on
   torch's current stream (CUDA) with scratch from torch's caching allocator.
 

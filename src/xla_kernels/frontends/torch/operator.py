@@ -21,6 +21,7 @@ import torch
 from xla_kernels import dtypes
 from xla_kernels.errors import RegistrationError
 from xla_kernels.frontends.torch.autograd import install_autograd, install_version_bump
+from xla_kernels.frontends.torch.devices import check_devices
 from xla_kernels.frontends.torch.eager import install_eager
 from xla_kernels.frontends.torch.schema import attrs_from_torch, qualified_name, schema
 from xla_kernels.op import Op
@@ -103,8 +104,12 @@ def _schema_guard(operator: TorchOperator, new: Op) -> str | None:
 
 
 def _fake(op: Op, tensors: tuple[torch.Tensor, ...], kwargs: dict[str, Any]) -> Any:
+    """The fake kernel, also torch's Meta kernel: a call with any ``meta`` input comes
+    here, so mixed devices are refused here too (the outputs would be put on the first
+    input's device and never computed)."""
+    device = (check_devices(op, tensors) if tensors
+              else torch.device(kwargs.get("device") or "cpu"))
     plan = op.bind(tensors, attrs_from_torch(op, kwargs, concretize=True))
-    device = tensors[0].device if tensors else torch.device(kwargs.get("device") or "cpu")
     outs = [torch.empty(s.shape, dtype=dtypes.to_torch(s.dtype), device=device)
             for s in plan.outputs]
     return plan.results(outs, with_updated=False)
