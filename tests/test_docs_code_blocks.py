@@ -252,5 +252,16 @@ def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
 
 
+def test_the_tutorials_complete_handlers_are_the_ones_it_runs():
+    """A ```cpp block of the tutorial that defines a handler without eliding its body is
+    the code its ops run, verbatim (so the page shows what was tested)."""
+    source = (ROOT / "examples" / "tutorial" / "tutorial_ops.cc").read_text()
+    shown = [b for b in blocks(ROOT / "docs" / "tutorial.md") if b.lang == "cpp"
+             and "XLA_FFI_DEFINE_HANDLER_SYMBOL" in b.code and "{ ... }" not in b.code]
+    assert shown, "the tutorial shows no complete handler"
+    for block in shown:
+        assert block.code.strip() in source, f"docs/tutorial.md:{block.line}"
+
+
 if __name__ == "__main__":
     run_page(Path(sys.argv[1]).resolve(), gpu="--gpu" in sys.argv[2:])
