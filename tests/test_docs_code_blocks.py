@@ -248,6 +248,15 @@ def test_only_the_latest_results_are_kept():
     assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == ["latest"]
 
 
+def test_the_readme_installs_from_a_clone_first():
+    """A newcomer has a clone, not a wheel: the first commands are `make demo`, and the wheel
+    comes from `make wheel` before it is installed."""
+    first, *rest = [b for b in blocks(ROOT / "README.md") if b.lang == "bash"]
+    assert first.code.lstrip().startswith("make demo") and "pip install" not in first.code
+    wheel = next(b.code for b in rest if ".whl" in b.code)
+    assert wheel.index("make wheel") < wheel.index("pip install dist/")
+
+
 def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
 
