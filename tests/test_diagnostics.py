@@ -70,6 +70,11 @@ def test_doctor_on_an_unknown_target_says_what_to_do(capsys):
     assert "import the module that declares 'no.such_op'" in capsys.readouterr().out
 
 
+def test_doctor_says_once_that_a_package_ships_no_prebuilt_libraries(capsys):
+    assert cli.main(["doctor"]) == 0
+    assert capsys.readouterr().out.count("ships no prebuilt libraries") <= 1
+
+
 def test_doctor_lists_the_runtimes(capsys):
     assert cli.main(["doctor"]) == 0
     out = capsys.readouterr().out

@@ -274,8 +274,28 @@ def test_only_the_latest_results_are_kept():
     assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == ["latest"]
 
 
+def test_the_readme_installs_from_a_clone_first():
+    """A newcomer has a clone, not a wheel: the first commands are `make demo`, and the wheel
+    comes from `make wheel` before it is installed."""
+    first, *rest = [b for b in blocks(ROOT / "README.md") if b.lang == "bash"]
+    assert first.code.lstrip().startswith("make demo") and "pip install" not in first.code
+    wheel = next(b.code for b in rest if ".whl" in b.code)
+    assert wheel.index("make wheel") < wheel.index("pip install dist/")
+
+
 def test_the_readme_is_short():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_the_tutorials_complete_handlers_are_the_ones_it_runs():
+    """A ```cpp block of the tutorial that defines a handler without eliding its body is
+    the code its ops run, verbatim (so the page shows what was tested)."""
+    source = (ROOT / "examples" / "tutorial" / "tutorial_ops.cc").read_text()
+    shown = [b for b in blocks(ROOT / "docs" / "tutorial.md") if b.lang == "cpp"
+             and "XLA_FFI_DEFINE_HANDLER_SYMBOL" in b.code and "{ ... }" not in b.code]
+    assert shown, "the tutorial shows no complete handler"
+    for block in shown:
+        assert block.code.strip() in source, f"docs/tutorial.md:{block.line}"
 
 
 if __name__ == "__main__":

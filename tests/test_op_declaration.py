@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -21,6 +24,22 @@ def test_kernel_sources_resolve_against_the_declaring_file():
     op = xk.Op("t.k", inputs=[xk.Tensor("x", ("f32",))], outputs=xk.like, kernels=CPU)
     assert op.kernels["cpu"].resolved_sources()[0] == __import__("pathlib").Path(
         __file__).parent / "nowhere.cc"
+
+
+def test_a_missing_source_of_an_op_declared_interactively_names_the_current_directory(
+        tmp_path):
+    code = ("import jax.numpy as jnp, xla_kernels as xk\n"
+            "op = xk.Op('repl.op', inputs=[xk.Tensor('x', ('f32',))], outputs=xk.like,\n"
+            "           kernels={'cpu': xk.Kernel(['nowhere.cc'], 'H')})\n"
+            "op(jnp.ones(2))\n")
+    proc = subprocess.run([sys.executable, "-"], input=code, text=True, capture_output=True,
+                          cwd=tmp_path, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode != 0
+    assert (f"looked for {tmp_path.resolve() / 'nowhere.cc'}; relative paths are taken from "
+            f"the current directory, {tmp_path.resolve()}, for an op declared in an "
+            "interactive session") in proc.stderr, proc.stderr
+    assert "None" not in proc.stderr.splitlines()[-1]
 
 
 @pytest.mark.parametrize("name", ["has space", "", "tab\there", "new\nline", None])

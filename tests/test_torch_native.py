@@ -38,7 +38,8 @@ loose_attention = xk.Op(
     "xk_tests.native_loose_attention",
     inputs=[xk.Tensor(n, dtypes=("f32", "i32")) for n in PA_ARGS],
     attrs=[xk.Attr("scale", float), xk.Attr("softcap", float, default=0.0),
-           xk.Attr("sliding_window", int, default=0), xk.Attr("layout", str, default="vllm")],
+           xk.Attr("sliding_window", int, default=0), xk.Attr("layout", str, default="vllm"),
+           xk.Attr("k_scale", float, default=1.0), xk.Attr("v_scale", float, default=1.0)],
     outputs=lambda query, *_, **__: (xk.like(query), xk.Spec((1,), "f32", workspace=True)),
     kernels={"cpu": paged_attention.kernels["cpu"]},
 )

@@ -1,6 +1,6 @@
 // The handlers of docs/tutorial.md, on the host: an op updating its input in place, an
-// elementwise product with its backward (a declared vjp), and a clipped copy whose
-// attributes are a float and an int list.
+// elementwise product with its backward (a declared vjp), a clipped copy whose attributes
+// are a float and an int list, and a row sum that reads its input's shape.
 #include <algorithm>
 #include <cstdint>
 
@@ -68,3 +68,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(TutClip, ClipImpl,
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("gain")
                                   .Attr<ffi::Span<const int64_t>>("bounds"));
+
+// y[r] = x[r, 0] + ... + x[r, cols - 1]: the handler reads the shape from its buffers (the
+// declaration's rank=2 and shape rule guarantee x is 2-D and y has one entry per row).
+static ffi::Error RowSumImpl(ffi::BufferR2<ffi::F32> x, ffi::ResultBufferR1<ffi::F32> y) {
+  const auto dims = x.dimensions();  // {rows, cols}
+  const int64_t rows = dims[0], cols = dims[1];
+  if (y->dimensions()[0] != rows)
+    return ffi::Error::InvalidArgument("tutorial.row_sum: y needs one entry per row of x");
+  for (int64_t r = 0; r < rows; ++r) {
+    float sum = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) sum += x.typed_data()[r * cols + c];
+    y->typed_data()[r] = sum;
+  }
+  return ffi::Error::Success();
+}
+XLA_FFI_DEFINE_HANDLER_SYMBOL(TutRowSum, RowSumImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::BufferR2<ffi::F32>>()
+                                  .Ret<ffi::BufferR1<ffi::F32>>());

@@ -5,8 +5,8 @@ they declare with :class:`xla_kernels.Op`, builds each distinct library once per
 (CUDA for every arch in ``cuda_archs``), and records it in ``PACKAGE/_prebuilt/index.json``
 (:mod:`xla_kernels.builder.prebuilt`). Ship that folder as package data: the declarations
 then find their libraries there at run time, and users need no compiler. For
-``xla_kernels`` itself, the eager FFI runtime and the torch dispatcher library (for the
-torch of the running Python) are prebuilt too.
+``xla_kernels`` itself, the eager FFI runtime, the JAX handler guard and the torch
+dispatcher library (for the torch of the running Python) are prebuilt too.
 
 Example:
     $ xla-kernels build --aot my_pkg --cuda-archs 80,90,100
@@ -28,7 +28,7 @@ from typing import Any
 from xla_kernels.builder import BuildSpec, find_nvcc, installed_ffi_include_dir, prebuilt
 from xla_kernels.errors import BuildError, CompilerNotFoundError
 from xla_kernels.op import declared_ops
-from xla_kernels.runtime import eager
+from xla_kernels.runtime import eager, guard
 from xla_kernels.runtime.library import kernel_spec
 
 #: The archs a wheel's CUDA libraries hold machine code for (arch-specific kernels get the
@@ -68,9 +68,9 @@ def package_specs(package: str, platforms: Sequence[str],
 
 
 def runtime_specs(with_torch: bool) -> list[BuildSpec]:
-    """The eager FFI runtime's spec and, when ``with_torch`` and torch imports, the torch
-    dispatcher library's (built against that torch)."""
-    specs = [eager.runtime_spec()]
+    """The eager FFI runtime's and the JAX handler guard's specs and, when ``with_torch``
+    and torch imports, the torch dispatcher library's (built against that torch)."""
+    specs = [eager.runtime_spec(), guard.guard_spec()]
     if with_torch:
         try:
             from xla_kernels.frontends.torch import native

@@ -19,6 +19,7 @@ import functools
 import importlib
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -272,7 +273,7 @@ def _resolution(spec: Any) -> str:
 def library_rows(ops: dict[str, Op]) -> list[tuple[str, str]]:
     """Per op and platform (and for the eager runtime and the torch dispatcher), the
     library a call would load, and why it is not a prebuilt one where it is not."""
-    from xla_kernels.runtime import eager
+    from xla_kernels.runtime import eager, guard
     from xla_kernels.runtime.library import kernel_spec
 
     rows = []
@@ -283,13 +284,31 @@ def library_rows(ops: dict[str, Op]) -> list[tuple[str, str]]:
             except XlaKernelsError as e:
                 rows.append((f"{name} [{platform}]", f"unresolved: {e}"))
     rows.append(("eager runtime", _resolution(eager.runtime_spec())))
+    rows.append(("JAX handler guard", _resolution(guard.guard_spec())))
     try:
         from xla_kernels.frontends.torch import native
     except ImportError:
         rows.append(("torch dispatcher", "torch is not installed"))
     else:
         rows.append(("torch dispatcher", _resolution(native.library_spec())))
-    return rows
+    return _once(rows)
+
+
+_NO_PREBUILT = re.compile(r"package (?P<package>\S+) ships no prebuilt libraries \([^)]*\)")
+
+
+def _once(rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``rows`` with a package's "ships no prebuilt libraries (...)" said once, first."""
+    said: dict[str, str] = {}
+    out = []
+    for name, text in rows:
+        match = _NO_PREBUILT.search(text)
+        if match is not None:
+            package = match.group("package")
+            said.setdefault(package, match.group(0))
+            text = text.replace(match.group(0), f"no prebuilt {package} library")
+        out.append((name, text))
+    return [("prebuilt libraries", reason) for reason in said.values()] + out
 
 
 def _print_registrations() -> None:

@@ -35,16 +35,21 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from xla_kernels.attr_types import (
-    FFI_ARRAY,
-    FFI_DICTIONARY,
-    FFI_SCALAR,
-    FFI_STRING,
-    EagerAttr,
-)
+from xla_kernels.attr_types import EagerAttr
 from xla_kernels.errors import RegistrationError
 from xla_kernels.op import declared_ops
-from xla_kernels.runtime.eager import AttrMismatchError, KernelError
+from xla_kernels.runtime.bindings import (
+    ATTR_KINDS,
+    DECODE_FAILURE,
+    FFI_CODES,
+    Passed,
+    attr_mismatch,
+    declared_passed,
+    expected_types,
+    explain_binding,
+    result_count,
+)
+from xla_kernels.runtime.eager import AttrMismatchError, BindingMismatchError, KernelError
 
 if TYPE_CHECKING:
     from xla_kernels.op import Op
@@ -119,108 +124,6 @@ def explained_errors(op: Op | None = None) -> Iterator[None]:
 
 # ------------------------------------------------------------------ attribute mismatches
 
-_DECODE = re.compile(r"Failed to decode all FFI handler operands \(bad operands at: "
-                     r"(?P<at>[\d, ]+)\)")
-_WRONG = re.compile(r"Wrong (?P<what>scalar data type|array data type|attribute type): "
-                    r"expected (?P<want>\w+) but got (?P<got>\w+?)(?=Wrong |\s|$)")
-# (the FFI joins its diagnostics without a separator: "...got S64Wrong scalar...")
-# XLA_FFI_DataType name -> (Python declaration, C++ type) of the scalar.
-_FFI_TYPES = {"PRED": ("bool", "bool"), "S8": ("np.int8", "int8_t"),
-              "S16": ("np.int16", "int16_t"), "S32": ("np.int32", "int32_t"),
-              "S64": ("int", "int64_t"), "U8": ("np.uint8", "uint8_t"),
-              "U16": ("np.uint16", "uint16_t"), "U32": ("np.uint32", "uint32_t"),
-              "U64": ("np.uint64", "uint64_t"), "F32": ("float", "float"),
-              "F64": ("np.float64", "double"), "C64": ("np.complex64", "std::complex<float>"),
-              "C128": ("np.complex128", "std::complex<double>")}
-_CODES = {1: "PRED", 2: "S8", 3: "S16", 4: "S32", 5: "S64", 6: "U8", 7: "U16", 8: "U32",
-          9: "U64", 11: "F32", 12: "F64", 15: "C64", 18: "C128"}
-_KINDS = {FFI_ARRAY: "array", FFI_DICTIONARY: "dictionary", FFI_SCALAR: "scalar",
-          FFI_STRING: "string"}
-_KIND_TYPES = {"scalar": ("a scalar type (int, float, bool, np.int32, ...)",
-                          "a scalar (int64_t, float, ...)"),
-               "array": ("list[...]", "ffi::Span<const T>"),
-               "string": ("str", "std::string_view"),
-               "dictionary": ("dict", "ffi::Dictionary")}
-
-
-class _Passed:
-    """One attribute as the call passes it: kind and dtype name, and how it was declared."""
-
-    def __init__(self, name: str, encoded: EagerAttr, declared: str, cpp: str):
-        self.name, self.declared, self.cpp = name, declared, cpp
-        self.kind = _KINDS.get(encoded.kind, str(encoded.kind))
-        self.dtype = _CODES.get(encoded.dtype)
-
-    def presents(self, what: str, got: str) -> bool:
-        """Whether XLA's "got" of a decoding diagnostic describes this attribute."""
-        if what == "attribute type":
-            return self.kind == got
-        return self.kind == what.split()[0] and self.dtype == got
-
-
-def _expected(what: str, want: str) -> tuple[str, str]:
-    """(Python declaration, C++ type) of what the handler's binding decodes."""
-    if what == "attribute type":
-        return _KIND_TYPES.get(want, (want, want))
-    py, cpp = _FFI_TYPES.get(want, (want, want))
-    if what == "array data type":
-        return f"list[{py}]", f"ffi::Span<const {cpp}>"
-    return py, cpp
-
-
-def _mismatch(message: str, op_name: str, passed: Sequence[_Passed],
-              first_attr: int | None) -> tuple[AttrMismatchError, int] | None:
-    """The attribute a decoding failure is about and how surely (2: every bad operand is
-    the attribute at its binding position; 1: every one has an attribute of its type; 0:
-    the first has), or None if ``passed`` does not explain it.
-
-    ``passed`` is in the handler's likely binding order (the declaration's); ``first_attr``
-    is the binding index of the first attribute (arguments + results): a bad operand ``N``
-    is then the attribute at ``N - first_attr`` in that order.
-    """
-    found = _DECODE.search(message)
-    wrongs = [w.group("what", "want", "got") for w in _WRONG.finditer(message)]
-    if found is None or not wrongs:
-        return None
-    indices = [int(i) for i in found.group("at").replace(" ", "").split(",") if i]
-    matches = [[p for p in passed if p.presents(what, got)] for what, _, got in wrongs]
-    if not matches[0]:
-        return None
-    sure = 1 if all(matches) else 0
-    pick = matches[0][0]
-    if first_attr is not None and len(indices) == len(wrongs):
-        at = [i - first_attr for i in indices]
-        if all(0 <= p < len(passed) and passed[p] in m for p, m in zip(at, matches,
-                                                                        strict=True)):
-            sure, pick = 2, passed[at[0]]
-    what, want, _ = wrongs[0]
-    want_py, want_cpp = _expected(what, want)
-    others = [m.name for m in matches[0] if m is not pick] if sure < 2 else []
-    maybe = f" (or one of {', '.join(repr(n) for n in others)}, of the same type)" if others \
-        else ""
-    more = f"; {len(wrongs) - 1} more attribute(s) mismatch too" if len(wrongs) > 1 else ""
-    problem = (f"{op_name}: argument '{pick.name}'{maybe}: declared {pick.declared} (C++ "
-               f"{pick.cpp}), but the kernel's handler binds {want_cpp}, so XLA's typed FFI "
-               f"cannot decode it{more}")
-    fix = (f"declare xk.Attr('{pick.name}', {want_py}) to match the handler, or bind "
-           f".Attr<{pick.cpp}>(\"{pick.name}\") in the handler")
-    head = found.group(0)
-    said = " ".join(w.group(0) for w in _WRONG.finditer(message))
-    text = f"{problem}. Fix: {fix}. (XLA said: {head} {said})"
-    return AttrMismatchError(op_name, pick.name, f"{pick.declared} ({pick.cpp})", want_cpp,
-                             text, message), sure
-
-
-def _declared_passed(op: Op) -> list[_Passed]:
-    """The op's declared attributes in declaration order, as a call passes them."""
-    out = []
-    for a in op.attrs:
-        codec = a.codec
-        sample = codec.eager(codec.coerce(codec.probe(), op=op.name, name=a.name))
-        out.append(_Passed(a.name, sample, codec.python_name, codec.cpp_type))
-    return out
-
-
 def explain_decode(message: str, op: Op | None = None) -> AttrMismatchError | None:
     """An :class:`AttrMismatchError` for XLA's decoding failure ``message`` (from a JAX
     call), or None if it is not one or no op's attributes explain it.
@@ -232,19 +135,19 @@ def explain_decode(message: str, op: Op | None = None) -> AttrMismatchError | No
         >>> explain_decode("something else") is None
         True
     """
-    if _DECODE.search(message) is None:
+    if DECODE_FAILURE.search(message) is None:
         return None
     candidates = [op] if op is not None else [
         o for o in declared_ops().values() if o.record.jax_registrations]
     found: list[tuple[AttrMismatchError, int]] = []
     for o in candidates:
         try:
-            passed = _declared_passed(o)
+            passed = declared_passed(o)
         except Exception:  # a codec whose probe does not coerce: skip the op
             continue
         # Arguments, then results (one unless output_names says), then attributes.
-        first = len(o.inputs) + (len(o.output_names) if o.output_names is not None else 1)
-        result = _mismatch(message, o.name, passed, first)
+        first = len(o.inputs) + result_count(o)
+        result = attr_mismatch(message, o.name, passed, first)
         if result is not None:
             found.append(result)
     best = max((sure for _, sure in found), default=0)
@@ -264,7 +167,9 @@ def explain_decode(message: str, op: Op | None = None) -> AttrMismatchError | No
 
 def explain_kernel_error(error: KernelError, op: Op | None = None) -> KernelError:
     """The eager runtime's ``error`` explained: an :class:`AttrMismatchError` when XLA's
-    typed FFI could not decode an attribute as the op declares it, else ``error`` itself.
+    typed FFI could not decode an attribute as the op declares it, a
+    :class:`~xla_kernels.runtime.eager.BindingMismatchError` when the handler binds other
+    counts, buffer dtypes or attribute names than the declaration passes, else ``error``.
 
     The call's attributes and encodings (kept on the error by the eager runtime) locate
     the attribute; without them the declaration of ``op`` (default: the op named by the
@@ -275,16 +180,26 @@ def explain_kernel_error(error: KernelError, op: Op | None = None) -> KernelErro
         >>> explain_kernel_error(e) is e
         True
     """
-    if isinstance(error, AttrMismatchError) or _DECODE.search(error.handler_message) is None:
+    if isinstance(error, (AttrMismatchError, BindingMismatchError)):
         return error
+    declared = op if op is not None else declared_ops().get(error.op)
+    if DECODE_FAILURE.search(error.handler_message) is None:
+        return _binding_error(error, declared)
     if error.call_attrs is not None and error.call_encoded is not None:
         mismatch = explain_eager_decode(error.handler_message, error.op, error.call_attrs,
                                         error.call_encoded, first_attr=error.first_attr)
     else:
-        declared = op if op is not None else declared_ops().get(error.op)
         mismatch = None if declared is None else explain_decode(error.handler_message,
                                                                 declared)
-    return error if mismatch is None else mismatch
+    return _binding_error(error, declared) if mismatch is None else mismatch
+
+
+def _binding_error(error: KernelError, op: Op | None) -> KernelError:
+    """``error`` as a BindingMismatchError when it is one (JAX's words), else itself."""
+    text = explain_binding(error.handler_message, op)
+    if text is None or op is None:
+        return error
+    return BindingMismatchError(op.name, text, error.handler_message, error.code)
 
 
 def explain_eager_decode(message: str, op_name: str, attrs: Mapping[str, Any],
@@ -311,11 +226,11 @@ def explain_eager_decode(message: str, op_name: str, attrs: Mapping[str, Any],
         if codec is not None:
             declared, cpp = codec.python_name, codec.cpp_type
         else:
-            kind = _KINDS.get(e.kind, "")
-            declared, cpp = _expected(f"{kind} data type" if kind in ("scalar", "array")
+            kind = ATTR_KINDS.get(e.kind, "")
+            declared, cpp = expected_types(f"{kind} data type" if kind in ("scalar", "array")
                                       else "attribute type",
-                                      _CODES.get(e.dtype, "") if kind in ("scalar", "array")
+                                      FFI_CODES.get(e.dtype, "") if kind in ("scalar", "array")
                                       else kind)
-        passed.append(_Passed(name, e, declared, cpp))
-    result = _mismatch(message, op_name, passed, first_attr)
+        passed.append(Passed(name, e, declared, cpp))
+    result = attr_mismatch(message, op_name, passed, first_attr)
     return None if result is None else result[0]

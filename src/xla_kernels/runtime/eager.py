@@ -50,6 +50,7 @@ from xla_kernels.errors import OpInputError, OpTypeError, RegistrationError, Xla
 
 __all__ = [
     "AttrMismatchError",
+    "BindingMismatchError",
     "Buffer",
     "DeviceAllocator",
     "HandlerMetadata",
@@ -140,6 +141,30 @@ class AttrMismatchError(KernelError, TypeError):
                  xla_message: str, code: int = 3):
         super().__init__(op, xla_message, code)
         self.attr, self.declared, self.expected = attr, declared, expected
+        self.xla_message = xla_message
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class BindingMismatchError(KernelError, TypeError):
+    """The handler binds other arguments, results or attributes than the declaration passes
+    (a count, a buffer dtype or rank, an attribute name or type).
+
+    :mod:`xla_kernels.runtime.bindings` words it; JAX calls fail with the same words.
+
+    Attributes:
+        xla_message: the FFI's own message.
+
+    Example:
+        >>> e = BindingMismatchError("my_op", "my_op: its handler ...", "Wrong number ...")
+        >>> isinstance(e, TypeError), str(e)
+        (True, 'my_op: its handler ...')
+    """
+
+    def __init__(self, op: str, message: str, xla_message: str, code: int = 3):
+        super().__init__(op, xla_message, code)
         self.xla_message = xla_message
         self.args = (message,)
 

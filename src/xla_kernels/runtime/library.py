@@ -247,11 +247,14 @@ def _sources(op: Op, kernel: Kernel, platform: str) -> tuple[list[Path], dict[st
     for declared, path in zip(kernel.sources, sources, strict=True):
         if not path.is_file():
             what = "legacy source" if kernel.legacy_function else "source"
+            where = (f"the folder of the file that declares the op, {kernel.base_dir}"
+                     if kernel.base_dir is not None else "the current directory, "
+                     f"{Path.cwd()}, for an op declared in an interactive session")
             raise BuildError(
                 f"{op.name}: the {platform} kernel's {what} {declared!r} does not exist "
-                f"(looked for {path}; relative paths are taken from the folder of the file "
-                f"that declares the op, {kernel.base_dir}). Fix: correct the path in "
-                "Kernel(...)/Kernel.legacy(...), or pass an absolute path.")
+                f"(looked for {path.absolute()}; relative paths are taken from {where}). "
+                "Fix: correct the path in Kernel(...)/Kernel.legacy(...), or pass an "
+                "absolute path.")
     if kernel.legacy_function is None:
         return sources, {}
     adapter, defines = _legacy_adapter(kernel, sources[0], platform)

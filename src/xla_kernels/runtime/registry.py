@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from xla_kernels import platforms
 from xla_kernels.errors import RegistrationError
 from xla_kernels.record import records
 from xla_kernels.runtime.ffi_types import ensure_types
+from xla_kernels.runtime.guard import guarded
 from xla_kernels.runtime.library import kernel_of
 
 if TYPE_CHECKING:
@@ -60,9 +62,14 @@ def ensure_registered(op: Op, platform: str, runtime: str = "jax") -> Registrati
         import jax
 
         ensure_types(kernel, platform)
-        target: Any = jax.ffi.pycapsule(kernel.function)
+        # The execute handler behind its guard, which names the op when the handler's
+        # binding disagrees with the declaration (runtime/guard.py).
+        execute = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+            guarded(op, platform, kernel))
+        target: Any = jax.ffi.pycapsule(execute)
         if set(kernel.stages) - {"execute"}:  # one handler per stage
             target = {stage: jax.ffi.pycapsule(fn) for stage, fn in kernel.stages.items()}
+            target["execute"] = jax.ffi.pycapsule(execute)
         try:
             jax.ffi.register_ffi_target(
                 op.target, target,
