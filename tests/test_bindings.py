@@ -59,7 +59,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_plain_jax_names_the_op_the_item_and_both_sides(case):
     op, attrs, dtype, said = CASES[case]
-    x = jnp.ones(4, dtype)
+    x = jax.device_put(jnp.ones(4, dtype), jax.devices("cpu")[0])  # the ops run on the CPU
     with pytest.raises(jax.errors.JaxRuntimeError) as e:
         jax.block_until_ready(jax.jit(lambda x: op(x, **attrs))(x))
     for text in said:
@@ -81,5 +81,6 @@ def test_torch_eager_names_the_op_the_item_and_both_sides(case):
 
 
 def test_an_agreeing_handler_runs_behind_the_guard():
-    np.testing.assert_array_equal(jax.jit(agrees)(jnp.arange(4.0)), np.arange(4.0))
+    x = jax.device_put(jnp.arange(4.0), jax.devices("cpu")[0])
+    np.testing.assert_array_equal(jax.jit(agrees)(x), np.arange(4.0))
 

@@ -142,6 +142,8 @@ def test_the_autograd_path_refuses_mixed_devices():
 
 
 def test_the_fake_kernel_refuses_two_gpus(add):
+    if torch.cuda.device_count() == 1:  # torch checks a fake cuda:1 against the real GPUs
+        pytest.skip("one visible GPU: cuda:1 does not exist (runs with none or two)")
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
         ok = add(fake(mode, "cuda:1", 4), fake(mode, "cuda:1", 4))
         assert ok.device == torch.device("cuda:1")

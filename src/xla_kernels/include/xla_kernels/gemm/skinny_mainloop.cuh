@@ -114,11 +114,13 @@ struct SkinnyMainloop {
     x_src = static_cast<const uint8_t*>(p.x) + t0 * p.k * 2;
   }
 
-  // Where 16-byte unit j of stage row r lies: odd rows swap their two 64-byte halves of
-  // each 128 bytes, so that the 8 lanes of an LDS.128 phase (rows g, g + 1; quads 0..3)
-  // hit 8 distinct bank groups.
+  // Where 16-byte unit j of stage row r lies. The 8 lanes of an LDS.128 phase read units
+  // q = 0..3 of rows g and g + 1: 64-byte rows lie in 128 contiguous bytes already; longer
+  // rows swap the two 64-byte halves of each 128 bytes in odd rows, so that the 8 lanes hit
+  // 8 distinct bank groups.
   __device__ __forceinline__ static int WOffset(int r, int j) {
-    return r * S::kWRowBytes + ((j ^ (4 * (r & 1))) << 4);
+    constexpr int kSwap = S::kWRowBytes >= 128 ? 4 : 0;
+    return r * S::kWRowBytes + ((j ^ (kSwap * (r & 1))) << 4);
   }
 
   // The CTA's copies of chunk c into a stage: the weight rows (zeros past the last row or
