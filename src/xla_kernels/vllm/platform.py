@@ -99,6 +99,11 @@ def _platform_class():
 
             sub_block_size(vllm_config.cache_config.block_size)
             cls.speculative = vllm_config.speculative_config is not None
+            if getattr(vllm_config, "watermark_config", None) is not None:
+                raise ValueError("xla_kernels.vllm: watermark_config (and so SamplingParams "
+                                 "watermarking) is not supported on this backend: only vLLM's "
+                                 "CUDA model runner applies watermarks, tpu-inference's runner "
+                                 "would ignore it. Fix: run without a watermark_config")
 
         speculative = False
         """Whether the engine this process configured runs speculative decoding (set by
