@@ -17,7 +17,6 @@ CHAT = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     import vllm
-
     from xla_kernels.vllm import models, reference
 
     checkpoint = models.smollm2(tmp_path_factory.mktemp("smollm2") / "model")
@@ -242,7 +241,6 @@ def test_unsupported_parameter_is_refused_by_name(engine, name, value):
     ("bad_words", ["x"]), ("min_tokens", 3)])
 def test_with_speculative_decoding_processed_parameters_are_refused(name, value):
     from vllm import SamplingParams
-
     from xla_kernels.vllm.sampling import refusal
 
     params = SamplingParams(**{name: value})

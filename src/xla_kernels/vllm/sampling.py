@@ -184,8 +184,8 @@ def step_metadata(runner: Any, upstream_md: Any, padded_num_reqs: int,
     params = [getattr(r, "sampling_params", None) for r in rows]
 
     def column(read, default, dtype):
-        return np.array([default if p is None else read(p, r) for p, r in zip(params, rows)],
-                        dtype)
+        return np.array([default if p is None else read(p, r)
+                         for p, r in zip(params, rows, strict=True)], dtype)
 
     temperature = column(lambda p, r: p.temperature if p.temperature >= SAMPLING_EPS else 0.0,
                          0.0, np.float32)
@@ -199,10 +199,11 @@ def step_metadata(runner: Any, upstream_md: Any, padded_num_reqs: int,
     presence = column(lambda p, r: p.presence_penalty, 0.0, np.float32)
     frequency = column(lambda p, r: p.frequency_penalty, 0.0, np.float32)
     history = [p is not None and needs_history(p) for p in params]
-    outputs = [list(r.output_token_ids) if h else [] for r, h in zip(rows, history)]
+    outputs = [list(r.output_token_ids) if h else [] for r, h in zip(rows, history, strict=True)]
     prompts = [list(r.prompt_token_ids) if p is not None and _set(p, "repetition_penalty")
-               else [] for p, r in zip(params, rows)]
-    banned = [banned_next_tokens(p, o) if h else [] for p, o, h in zip(params, outputs, history)]
+               else [] for p, r in zip(params, rows, strict=True)]
+    banned = [banned_next_tokens(p, o) if h else []
+              for p, o, h in zip(params, outputs, history, strict=True)]
     biases = [sorted((p.logit_bias or {}).items()) if p is not None else [] for p in params]
     allowed = [list(p.allowed_token_ids or ()) if p is not None else [] for p in params]
     bias_ids = _ids([[int(t) for t, _ in b] for b in biases], vocab)
