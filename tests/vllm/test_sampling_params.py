@@ -238,7 +238,7 @@ def test_unsupported_parameter_is_refused_by_name(engine, name, value):
 @pytest.mark.parametrize("name, value", [
     ("seed", 1), ("min_p", 0.1), ("repetition_penalty", 1.2), ("presence_penalty", 0.5),
     ("frequency_penalty", 0.5), ("logit_bias", {3: 1.0}), ("allowed_token_ids", [3, 4]),
-    ("bad_words", ["x"]), ("min_tokens", 3)])
+    ("bad_words", ["x"]), ("min_tokens", 3), ("logprobs", 1)])
 def test_with_speculative_decoding_processed_parameters_are_refused(name, value):
     from vllm import SamplingParams
     from xla_kernels.vllm.sampling import refusal
@@ -248,3 +248,16 @@ def test_with_speculative_decoding_processed_parameters_are_refused(name, value)
     message = refusal(params, speculative=True)
     assert f"SamplingParams {name} is not supported on this backend" in message
     assert "speculative decoding" in message
+
+
+def test_platform_refuses_at_request_time_naming_the_parameter(monkeypatch):
+    """vLLM's input processor calls the platform's validate_request for every request: a
+    seed is taken (tpu-inference's platform refuses it), and refused with speculative
+    decoding configured."""
+    from vllm import SamplingParams
+    from xla_kernels.vllm.platform import XlaKernelsPlatform
+
+    XlaKernelsPlatform.validate_request({}, SamplingParams(seed=3, temperature=1.0))
+    monkeypatch.setattr(XlaKernelsPlatform, "speculative", True)
+    with pytest.raises(ValueError, match="SamplingParams seed is not supported on this backend"):
+        XlaKernelsPlatform.validate_request({}, SamplingParams(seed=3, temperature=1.0))

@@ -55,6 +55,15 @@ REFUSED_ALWAYS = {
 """Parameters no request may set on this backend, and why."""
 
 
+SPECULATIVE_REFUSED = {
+    "logprobs": "tpu-inference's speculative logprobs hand a rejected draft's placeholder "
+                "token id (-1) to vLLM's detokenizer (OverflowError: number too small to "
+                "fit in target type)",
+}
+"""Parameters refused only with speculative decoding (beyond :data:`PROCESSED_PARAMS`, which
+tpu-inference's rejection sampler ignores), and why."""
+
+
 def _set(params: Any, name: str) -> bool:
     """Whether ``params.name`` differs from what a plain request has."""
     value = getattr(params, name)
@@ -64,6 +73,8 @@ def _set(params: Any, name: str) -> bool:
         return abs(value) > SAMPLING_EPS
     if name == "min_tokens":
         return value > 0
+    if name == "logprobs":
+        return value is not None
     return bool(value) if name != "seed" else value is not None
 
 
@@ -74,12 +85,15 @@ def refusal(params: Any, *, speculative: bool) -> str | None:
     (tpu-inference's) takes temperature, top-k and top-p only."""
     names = [name for name in REFUSED_ALWAYS if getattr(params, name, None) is not None]
     if speculative:
-        names += [name for name in PROCESSED_PARAMS if _set(params, name)]
+        names += [name for name in (*PROCESSED_PARAMS, *SPECULATIVE_REFUSED)
+                  if _set(params, name)]
     if not names:
         return None
-    why = "; ".join(REFUSED_ALWAYS.get(name, "with speculative decoding, tpu-inference's "
-                                               "rejection sampler ignores it")
-                    for name in names)
+    reasons = {**REFUSED_ALWAYS, **{n: f"with speculative decoding, {why}"
+                                    for n, why in SPECULATIVE_REFUSED.items()}}
+    why = "; ".join(dict.fromkeys(
+        reasons.get(name, "with speculative decoding, tpu-inference's rejection sampler "
+                          "ignores it") for name in names))
     fix = ("leave them unset" if not speculative or any(n in REFUSED_ALWAYS for n in names)
            else "leave them unset, or run without speculative decoding")
     return (f"xla_kernels.vllm: SamplingParams {', '.join(names)} "
