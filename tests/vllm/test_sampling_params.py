@@ -5,6 +5,8 @@ rule as vLLM on CUDA applies it, and the refusals' messages."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -20,8 +22,11 @@ def engine(tmp_path_factory):
     from xla_kernels.vllm import models, reference
 
     checkpoint = models.smollm2(tmp_path_factory.mktemp("smollm2") / "model")
+    # CPU: a fraction of XLA_KERNELS_VLLM_DEVICE_MEMORY_GB (4); GPU (JAX_PLATFORMS set
+    # empty, scripts/gpu_vllm.sh sampling): the check's 0.5.
+    memory = 0.6 if os.environ.get("JAX_PLATFORMS") == "cpu" else 0.5
     llm = vllm.LLM(model=str(checkpoint.path), dtype="float32", max_model_len=512,
-                   max_num_seqs=4, max_num_batched_tokens=512, gpu_memory_utilization=0.6,
+                   max_num_seqs=4, max_num_batched_tokens=512, gpu_memory_utilization=memory,
                    seed=0)
     yield llm, reference.load(checkpoint.path), llm.get_tokenizer()
     del llm
