@@ -53,7 +53,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xla_kernels.bench import budgeted_seconds, copy_bandwidth_gbs, device_description
+from xla_kernels.bench import (
+    barrier_chain,
+    budgeted_seconds,
+    copy_bandwidth_gbs,
+    device_description,
+)
 from xla_kernels.kernels.fp8_linear import fp8_linear, fp8_linear_xla
 
 SHAPES = {  # name: (out, in)
@@ -106,22 +111,9 @@ def weight_sets(out: int, k: int, block: tuple[int, int]) -> list[tuple[Any, Any
     return [(jnp.copy(q), jnp.copy(s)) if i else (q, s) for i in range(copies)]
 
 
-def chain(fn: Any, n_sets: int) -> Any:
-    """One jitted program of CHAIN calls of ``fn(x, q, s)``: call i on x copy i and weight set
-    i % n_sets, each result returned (nothing to drop). Each call's operands pass through an
-    optimization barrier of their own, so that calls sharing a weight set cannot be computed
-    together: without it the XLA peers' chains ran faster per call than one call does
-    (docs/kernels/fp8_linear.md)."""
-    def program(xs: list[Any], sets: list[tuple[Any, Any]]) -> tuple:
-        return tuple(fn(*jax.lax.optimization_barrier((xs[i], *sets[i % n_sets])))
-                     for i in range(CHAIN))
-
-    return jax.jit(program)
-
-
 def jax_seconds(program: Any, xs: list[Any], sets: list[tuple[Any, Any]], budget: float
                 ) -> float:
-    """Median seconds per op call of a :func:`chain` program."""
+    """Median seconds per op call of a :func:`~xla_kernels.bench.barrier_chain` program."""
     return budgeted_seconds(program, (xs, sets), budget, calls=CHAIN)
 
 
@@ -228,7 +220,7 @@ def measure(shape: str, scales: str, tokens: int, sets: list[tuple[Any, Any]],
                 outs[peer] = call(0).float().cpu().numpy()
                 seconds = torch_seconds(call, torch, budget)
             else:
-                program = chain(op_of(peer, block), len(sets))
+                program = barrier_chain(op_of(peer, block), len(sets), CHAIN)
                 outs[peer] = np.asarray(program(xs, sets)[0], np.float32)
                 seconds = jax_seconds(program, xs, sets, budget)
             row[f"{peer}_us"] = 1e6 * seconds

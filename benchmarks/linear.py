@@ -41,7 +41,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from xla_kernels.bench import budgeted_seconds, copy_bandwidth_gbs, device_description
+from xla_kernels.bench import (
+    barrier_chain,
+    budgeted_seconds,
+    copy_bandwidth_gbs,
+    device_description,
+)
 from xla_kernels.kernels.fp8_linear import fp8_linear, fp8_linear_xla
 from xla_kernels.kernels.linear import linear, linear_xla
 
@@ -80,16 +85,6 @@ def weight_sets(out: int, k: int, fmt: str) -> list[tuple[Any, Any]]:
     return [(jnp.copy(w), jnp.copy(s)) if i else (w, s) for i in range(copies)]
 
 
-def chain(fn: Any, n_sets: int) -> Any:
-    """One jitted program of CHAIN calls ``fn(x, w, s)`` on x copy i and weight set
-    i % n_sets, each behind an optimization barrier of its own."""
-    def program(xs: list[Any], sets: list[tuple[Any, Any]]) -> tuple:
-        return tuple(fn(*jax.lax.optimization_barrier((xs[i], *sets[i % n_sets])))
-                     for i in range(CHAIN))
-
-    return jax.jit(program)
-
-
 def measure(shape: str, tokens: int, sets: dict[str, list], peers: tuple[str, ...],
             budget: float, copy_gbs: float) -> dict[str, Any]:
     """One row: every peer at one shape and token count."""
@@ -102,7 +97,7 @@ def measure(shape: str, tokens: int, sets: dict[str, list], peers: tuple[str, ..
         fmt, fn = PEERS[peer]
         weight_bytes = out * k * (2 if fmt == "bf16" else 1) + (0 if fmt == "bf16" else 4 * out)
         floor = weight_bytes / (copy_gbs * 1e9)
-        program = chain(fn, len(sets[fmt]))
+        program = barrier_chain(fn, len(sets[fmt]), CHAIN)
         outs[peer] = np.asarray(program(xs, sets[fmt])[0], np.float32)
         seconds = budgeted_seconds(program, (xs, sets[fmt]), budget, calls=CHAIN)
         row[f"{peer}_us"] = 1e6 * seconds

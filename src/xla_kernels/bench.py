@@ -53,6 +53,28 @@ def pipelined_seconds(fn: Callable[..., Any], *args: Any, calls: int = 50, repea
     return statistics.median(times)
 
 
+def barrier_chain(fn: Callable[..., Any], n_sets: int, calls: int) -> Any:
+    """One jitted program of ``calls`` calls ``fn(x, *weights)``: call i on ``xs[i]`` and
+    weight set ``i % n_sets``, every result returned (nothing to drop). Each call's operands
+    pass through an optimization barrier of their own, so that calls sharing a weight set
+    cannot be computed together (without it XLA's own dots ran faster per call in a chain than
+    one call does). The program takes ``(xs, sets)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> program = barrier_chain(lambda x, w: x * w, n_sets=1, calls=2)
+        >>> [float(y[0]) for y in program([jnp.ones(1), 2 * jnp.ones(1)], [(jnp.ones(1),)])]
+        [1.0, 2.0]
+    """
+    import jax
+
+    def program(xs: list[Any], sets: list[tuple[Any, ...]]) -> tuple:
+        return tuple(fn(*jax.lax.optimization_barrier((xs[i], *sets[i % n_sets])))
+                     for i in range(calls))
+
+    return jax.jit(program)
+
+
 def budgeted_seconds(fn: Callable[..., Any], args: tuple, budget: float, *, calls: int = 1,
                      warmup: int = 1) -> float:
     """Median seconds per op call of the jitted ``fn`` (one program making ``calls`` op

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from xla_kernels.attrs import Attr
 from xla_kernels.kernels.fp8_weights import block_scale_shape, dequantize, fp8_quantize
+from xla_kernels.kernels.linear import check_weight_shape
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
 from .reference import SCHEMES, fp8_linear_numpy_f64, fp8_linear_xla, quantize_activations
@@ -75,16 +76,9 @@ def workspace_elements(tokens: int, k: int, out: int, dtype: str, activation_sch
 def _output_rule(x: Spec, weight: Spec, weight_scale: Spec, *, block_shape: tuple[int, int],
                  activation_scheme: str) -> list[Spec]:
     """Validate a call; returns [y [tokens, out] in x's dtype, the f32 workspace]."""
+    check_weight_shape(x, weight)
     tokens, k = x.shape
-    out, wk = weight.shape
-    if wk != k or k < 1:
-        raise Invalid("weight", f"expected shape (out, {k}) for x of shape {x.shape} (in = "
-                      f"{k} >= 1), got {weight.shape}",
-                      "pass the weight as [out, in], in being x's last dimension (transpose "
-                      "an [in, out] weight)")
-    if out < 1:
-        raise Invalid("weight", f"expected at least one output row, got shape {weight.shape}",
-                      "pass a weight [out, in] with out >= 1")
+    out = weight.shape[0]
     bn, bk = (int(b) for b in block_shape)
     if not ((bn == 0 and bk == 0) or (bn >= 1 and bk >= 1)):
         raise Invalid("block_shape", f"expected (0, 0) (per-channel scales) or two sizes >= 1, "

@@ -31,13 +31,11 @@ from .reference import linear_numpy_f64, linear_xla
 DTYPES = ("bf16", "f16", "f32")
 
 
-def _output_rule(x: Spec, weight: Spec) -> Spec:
-    """Validate a call; returns y [tokens, out] in x's dtype."""
-    tokens, k = x.shape
+def check_weight_shape(x: Spec, weight: Spec) -> None:
+    """The checks every linear layer's shape rule makes: ``weight`` [out, in] with ``in``
+    x's last dimension (>= 1) and at least one row (fp8_linear's too)."""
+    k = x.shape[-1]
     out, wk = weight.shape
-    if weight.dtype != x.dtype:
-        raise Invalid("weight", f"dtype {weight.dtype} differs from x's {x.dtype}",
-                      f"pass the weight in x's dtype ({x.dtype}), e.g. weight.astype(x.dtype)")
     if wk != k or k < 1:
         raise Invalid("weight", f"expected shape (out, {k}) for x of shape {x.shape} (in = "
                       f"{k} >= 1), got {weight.shape}",
@@ -46,7 +44,15 @@ def _output_rule(x: Spec, weight: Spec) -> Spec:
     if out < 1:
         raise Invalid("weight", f"expected at least one output row, got shape {weight.shape}",
                       "pass a weight [out, in] with out >= 1")
-    return Spec((tokens, out), x.dtype)
+
+
+def _output_rule(x: Spec, weight: Spec) -> Spec:
+    """Validate a call; returns y [tokens, out] in x's dtype."""
+    if weight.dtype != x.dtype:
+        raise Invalid("weight", f"dtype {weight.dtype} differs from x's {x.dtype}",
+                      f"pass the weight in x's dtype ({x.dtype}), e.g. weight.astype(x.dtype)")
+    check_weight_shape(x, weight)
+    return Spec((x.shape[0], weight.shape[0]), x.dtype)
 
 
 def _sharding_rule(plan: CallPlan) -> tuple[str, dict]:
@@ -66,4 +72,4 @@ linear = Op(
     doc=__doc__ or "",
 )
 
-__all__ = ["DTYPES", "linear", "linear_numpy_f64", "linear_xla"]
+__all__ = ["DTYPES", "check_weight_shape", "linear", "linear_numpy_f64", "linear_xla"]
