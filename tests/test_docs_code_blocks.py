@@ -236,44 +236,6 @@ def test_command_check_can_fail(tmp_path):
     assert len(problems) == 3, problems
 
 
-def _expand(pattern: str) -> list[str]:
-    """``a_{x,y}.md`` -> ``a_x.md``, ``a_y.md`` (one brace group at a time)."""
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if not m:
-        return [pattern]
-    return [p for alt in m.group(1).split(",")
-            for p in _expand(pattern[:m.start()] + alt + pattern[m.end():])]
-
-
-def result_paths(text: str) -> list[str]:
-    """The files under benchmarks/results/ a page names (``latest/<card>/...`` included).
-
-    >>> result_paths("see `latest/h200/a_{b,c}.md` and benchmarks/results/latest/h100/x.json.")
-    ['benchmarks/results/latest/h200/a_b.md', 'benchmarks/results/latest/h200/a_c.md', \
-'benchmarks/results/latest/h100/x.json']
-    """
-    found = []
-    for m in re.finditer(r"(?:benchmarks/results/)?latest/(?:h100x2|h200x2|h100|h200)/"
-                         r"[\w.{},*-]*[\w}*]", text):
-        path = m.group(0)
-        path = path if path.startswith("benchmarks/") else "benchmarks/results/" + path
-        found += _expand(path)
-    return found
-
-
-def test_the_results_the_docs_name_exist():
-    missing = []
-    for page in PAGES:
-        for path in result_paths(page.read_text()):
-            if not (list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
-                missing.append(f"{_id(page)}: {path}")
-    assert not missing, missing
-
-
-def test_only_the_latest_results_are_kept():
-    assert sorted(p.name for p in (ROOT / "benchmarks" / "results").iterdir()) == ["latest"]
-
-
 def test_the_readme_installs_from_a_clone_first():
     """A newcomer has a clone, not a wheel: the first commands are `make demo`, and the wheel
     comes from `make wheel` before it is installed."""
