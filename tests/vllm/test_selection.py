@@ -110,3 +110,87 @@ def test_detect_turns_on_async_dispatch_unless_told(monkeypatch):
     monkeypatch.delenv(platform.ASYNC_DISPATCH)
     assert platform.detect() is None
     assert platform.ASYNC_DISPATCH not in os.environ
+
+
+def _hide_our_entry_points(monkeypatch):
+    """What a process sees when xla_kernels is importable but not installed."""
+    import importlib.metadata as metadata
+
+    real = metadata.entry_points
+
+    def without_ours(**selection):
+        return metadata.EntryPoints(e for e in real(**selection)
+                                    if not e.value.startswith("xla_kernels."))
+
+    monkeypatch.setattr(metadata, "entry_points", without_ours)
+
+
+def test_plugin_problem_is_none_when_installed():
+    assert platform.plugin_installed() and platform.plugin_problem() is None
+
+
+def test_plugin_problem_names_the_cause_and_both_fixes(monkeypatch):
+    _hide_our_entry_points(monkeypatch)
+    problem = platform.plugin_problem()
+    assert problem is not None
+    assert "no installed distribution declares its vllm.platform_plugins entry point" in problem
+    assert "vllm._C_stable_libtorch" in problem
+    assert "Fix: install the package (pip install" in problem
+    assert "xla_kernels.vllm.activate()" in problem
+
+
+def test_doctor_says_whether_vllm_finds_our_platform(monkeypatch):
+    from xla_kernels import cli
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.delenv(platform.ENV, raising=False)
+    assert "xla-kernels' platform plugin installed, selected where JAX has no TPU" in cli._vllm()
+    _hide_our_entry_points(monkeypatch)
+    assert "vLLM will not find xla-kernels' platform" in cli._vllm()
+
+
+def test_detect_warns_when_a_tpu_setting_hides_an_nvidia_gpu(monkeypatch, caplog):
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    monkeypatch.delenv(platform.ENV, raising=False)
+    monkeypatch.setattr(platform.glob, "glob",
+                        lambda pattern: ["/dev/nvidia0"] if "nvidia" in pattern else [])
+    with caplog.at_level("WARNING", logger=platform.__name__):
+        assert platform.detect() is None
+    assert "Fix: set XLA_KERNELS_VLLM=1" in caplog.text
+
+
+_ACTIVATE = """
+import importlib.metadata as metadata
+real = metadata.entry_points
+metadata.entry_points = lambda **s: metadata.EntryPoints(
+    e for e in real(**s) if not e.value.startswith("xla_kernels."))
+import xla_kernels.vllm as xv
+from xla_kernels.vllm import platform
+assert platform.plugin_problem() is not None
+if {activate}:
+    xv.activate()
+    xv.activate()  # a second call is harmless
+from vllm.platforms import current_platform
+print(type(current_platform).__name__, platform._registered)
+if not {activate}:
+    try:
+        xv.activate()
+    except RuntimeError as e:
+        print(e)
+"""
+
+
+@pytest.mark.parametrize("activate", [True, False])
+def test_activate_selects_our_platform_without_the_entry_points(activate):
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ACTIVATE.format(activate=activate)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    if activate:
+        assert lines[-1] == "XlaKernelsPlatform True"
+    else:  # vLLM picked its own platform; activate() then refuses, naming it and the fix
+        assert not lines[0].startswith("XlaKernelsPlatform")
+        assert "vLLM already selected" in lines[-1] and "Fix: call activate()" in lines[-1]

@@ -16,6 +16,6 @@ imports this package; it is the only part that imports vllm.
 
 from __future__ import annotations
 
-from .platform import register
+from .platform import activate, register
 
-__all__ = ["register"]
+__all__ = ["activate", "register"]

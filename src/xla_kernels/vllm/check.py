@@ -143,7 +143,14 @@ def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
     if logit_tolerance is None:
         logit_tolerance = LOGIT_TOLERANCE[kv_cache_dtype]
     configure(platform, model_impl, tensor_parallel_size)
+    from . import platform as vllm_platform
     from . import reference
+
+    problem = vllm_platform.plugin_problem()
+    if problem:  # the engine runs in this process: select our platform by hand
+        print(f"xla_kernels.vllm.check: {problem.split(': ', 1)[0]}; "
+              "this check calls xla_kernels.vllm.activate()", file=sys.stderr)
+        vllm_platform.activate()
 
     dtype = dtype or DEFAULT_DTYPE[weights != "checkpoint"]
     with tempfile.TemporaryDirectory(prefix=f"xk-vllm-{model}-") as tmp:

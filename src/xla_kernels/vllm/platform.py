@@ -12,7 +12,9 @@ backend runs xla-kernels' ops), and a page size that our ops cannot split is ref
 from __future__ import annotations
 
 import glob
+import logging
 import os
+from pathlib import Path
 
 from xla_kernels import env
 
@@ -42,6 +44,38 @@ ASYNC_DISPATCH = "PJRT_GPU_ENABLE_ASYNC_DISPATCH"
 launched), read once when JAX creates its GPU client."""
 
 
+PLUGIN_GROUP = "vllm.platform_plugins"
+PLUGIN_TARGET = f"{__name__}:detect"
+"""The entry point (in xla-kernels' installed metadata) through which vLLM finds us."""
+
+_log = logging.getLogger(__name__)
+
+
+def plugin_installed() -> bool:
+    """Whether an installed distribution declares our ``vllm.platform_plugins`` entry
+    point, the only way vLLM finds this platform (a package that is importable, e.g. from
+    ``PYTHONPATH``, but not installed has no entry points)."""
+    from importlib.metadata import entry_points
+
+    return any(e.value == PLUGIN_TARGET for e in entry_points(group=PLUGIN_GROUP))
+
+
+def plugin_problem() -> str | None:
+    """None when vLLM will find this platform; else what is wrong and the fix."""
+    if plugin_installed():
+        return None
+    package = Path(__file__).resolve().parents[1]
+    source = package.parent
+    install = (f"pip install --no-deps --no-build-isolation -e {source.parent}"
+               if (source.parent / "pyproject.toml").is_file() else "pip install xla-kernels")
+    return ("vLLM will not find xla-kernels' platform: xla_kernels is imported from "
+            f"{package}, but no installed distribution declares its {PLUGIN_GROUP} entry "
+            "point, so vLLM picks one of its own platforms (on an NVIDIA GPU it then fails "
+            "with \"No module named 'vllm._C_stable_libtorch'\"). Fix: install the package "
+            f"({install}); or, for vllm.LLM in this process, call "
+            "xla_kernels.vllm.activate() before creating it")
+
+
 def detect() -> str | None:
     """``vllm.platform_plugins`` entry point: our platform's qualified name, or None.
 
@@ -57,6 +91,10 @@ def detect() -> str | None:
       platform before anything creates JAX's GPU client, which reads it; a spawned engine
       inherits it. The CPU client does not read it."""
     if not active():
+        if not env.get(ENV) and glob.glob("/dev/nvidia[0-9]*"):
+            _log.warning("xla-kernels: TPU device files are present (or JAX_PLATFORMS names "
+                         "tpu), so vLLM runs its TPU platform, not xla-kernels' on this "
+                         "machine's NVIDIA GPU. Fix: set %s=1 to select xla-kernels'", ENV)
         return None
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault(ASYNC_DISPATCH, "1")
@@ -64,6 +102,29 @@ def detect() -> str | None:
 
 
 _registered = False
+
+
+def activate() -> None:
+    """Selects :class:`XlaKernelsPlatform` in this process and applies the patches: what
+    vLLM's plugin loading does when xla-kernels is installed, for a process that imports it
+    without installing it (``PYTHONPATH``). Call it before creating ``vllm.LLM`` (the
+    engine must run in this process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the default this
+    platform sets); ``vllm serve`` and spawned engines need the package installed."""
+    import vllm.platforms as platforms
+
+    qualname = detect()
+    if qualname is None:
+        raise RuntimeError(f"xla_kernels.vllm.activate(): not on a TPU host or with {ENV}=0 "
+                           f"({ENV}={env.get(ENV)!r}, TPU present: {tpu_present()}). Fix: "
+                           f"unset {ENV} (or set it to 1) to run xla-kernels' platform")
+    current = platforms._current_platform
+    if current is not None and type(current).__name__ != "XlaKernelsPlatform":
+        raise RuntimeError(f"xla_kernels.vllm.activate(): vLLM already selected "
+                           f"{type(current).__name__} in this process. Fix: call activate() "
+                           "before anything creates a vLLM engine or config")
+    if current is None:
+        platforms._current_platform = __getattr__("XlaKernelsPlatform")()
+    register()
 
 
 def register() -> None:
