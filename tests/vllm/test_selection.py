@@ -194,3 +194,23 @@ def test_activate_selects_our_platform_without_the_entry_points(activate):
     else:  # vLLM picked its own platform; activate() then refuses, naming it and the fix
         assert not lines[0].startswith("XlaKernelsPlatform")
         assert "vLLM already selected" in lines[-1] and "Fix: call activate()" in lines[-1]
+
+
+def test_every_program_is_cached_unless_the_user_set_the_thresholds(monkeypatch):
+    import jax
+
+    names = list(platform.CACHE_THRESHOLDS)
+    before = {n: getattr(jax.config, n) for n in names}
+    try:
+        for n in names:
+            monkeypatch.delenv(n.upper(), raising=False)
+        jax.config.update(names[0], 1.0)
+        platform.cache_every_program()
+        assert {n: getattr(jax.config, n) for n in names} == platform.CACHE_THRESHOLDS
+        jax.config.update(names[0], 1.0)
+        monkeypatch.setenv(names[0].upper(), "1.0")
+        platform.cache_every_program()
+        assert getattr(jax.config, names[0]) == 1.0
+    finally:
+        for n, v in before.items():
+            jax.config.update(n, v)

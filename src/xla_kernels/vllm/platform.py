@@ -101,6 +101,25 @@ def detect() -> str | None:
     return f"{__name__}.XlaKernelsPlatform"
 
 
+CACHE_THRESHOLDS = {"jax_persistent_cache_min_compile_time_secs": 0.0,
+                    "jax_persistent_cache_min_entry_size_bytes": -1}
+"""JAX's persistent-cache thresholds this platform lowers (JAX's defaults: programs that
+compile in under 1 s are not written). tpu-inference turns the cache on
+(``VLLM_XLA_CACHE_PATH``, default ``~/.cache/vllm/xla_cache``) and precompiles ~40 programs
+for even a tiny model, most under a second: with every program cached, a second start of
+the tiny Llama on an H200 took 18.6 s against 26.2 s with the defaults (first start
+43.9 s; docs/vllm.md, start-up)."""
+
+
+def cache_every_program() -> None:
+    """Lowers :data:`CACHE_THRESHOLDS` unless the user set them (``JAX_*`` variables)."""
+    import jax
+
+    for name, value in CACHE_THRESHOLDS.items():
+        if name.upper() not in os.environ:
+            jax.config.update(name, value)
+
+
 _registered = False
 
 
@@ -155,6 +174,7 @@ def _platform_class():
         @classmethod
         def check_and_update_config(cls, vllm_config) -> None:
             register()
+            cache_every_program()
             super().check_and_update_config(vllm_config)
             from .attention import sub_block_size
 
