@@ -231,6 +231,9 @@ def doctor(target: str | None, try_register: bool, imports: Sequence[str] = ()) 
         rows.append((key, f"{entry['path']} ({entry['version']})" if entry.get("found")
                      else f"missing: {entry.get('error')}"))
     rows += [("CUDA archs", _cuda_archs(report["cuda_archs"])), ("cache", report["cache_dir"])]
+    from xla_kernels.builder import cutlass
+
+    rows.append(("CUTLASS", cutlass.describe()))
     _print_table("compilers:", rows)
     if imported:
         _print_table("imported:", [(spec, module.__name__) for spec, module in imported])

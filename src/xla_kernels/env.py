@@ -56,6 +56,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "the XLA FFI headers builds compile against (default: the installed jaxlib's, "
              "jax.ffi.include_dir()), e.g. an older jaxlib's for libraries that serve newer "
              "ones"),
+    Variable("XLA_KERNELS_CUTLASS_DIR", None,
+             "a folder with CUTLASS's headers (include/cute, include/cutlass) for the kernels "
+             "that build on them (linear's Hopper path); default: the nvidia-cutlass "
+             "package's, else built without (xla_kernels.builder.cutlass)"),
     Variable("XLA_KERNELS_QUIET", None,
              "set (not 0/false/no): no 'building ...' messages on stderr"),
     Variable("CPATH", None, "include folders for the compilers", reader="compiler"),

@@ -1,7 +1,8 @@
-"""linear's CUDA kernels against the float64 reference: the skinny GEMM at each tile of its
-token table (16, 32, 64) and past it (several token tiles), Llama-3-8B decode shapes split
-over a cluster, partial chunks and rows; the CUDA-core kernel (f32, rows that are not whole
-16 bytes); agreement with the CPU kernel; torch eager on CUDA; the sanitizer cases."""
+"""linear's CUDA kernels against the float64 reference: the Hopper path (bf16 on compute
+capability 9.0: each of its three tiles, and calls it declines), the skinny GEMM at each tile
+of its token table (16, 32, 64) and past it (several token tiles), Llama-3-8B decode shapes
+split over a cluster, partial chunks and rows; the CUDA-core kernel (f32, rows that are not
+whole 16 bytes); agreement with the CPU kernel; torch eager on CUDA; the sanitizer cases."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ SHAPES = {
     "32-token tile": (29, 512, 200),
     "64-token tile": (64, 1024, 384),
     "three token tiles": (150, 256, 136),
+    "Hopper path's large tile": (1024, 4096, 1024),
+    "out not a multiple of 8": (9, 256, 100),
     "rows not whole 16 bytes": (5, 29, 13),
 }
 
@@ -90,3 +93,17 @@ def test_torch_eager_on_cuda_writes_every_output(rng, monkeypatch):
 
 def test_sanitizer_cases_run():
     sanitize_cases()
+
+
+def test_the_hopper_path_is_built_where_cutlass_is_found():
+    from xla_kernels.builder import cutlass
+    from xla_kernels.kernels.linear import beats_xla_dot, hopper_path_built
+
+    if not cutlass.include_dirs():
+        pytest.skip("CUTLASS's headers not found (XLA_KERNELS_CUTLASS_DIR, nvidia-cutlass)")
+    device = jax.devices("gpu")[0]
+    assert hopper_path_built()
+    if device.compute_capability == "9.0":
+        assert beats_xla_dot(64, jax.numpy.bfloat16, device)
+        assert not beats_xla_dot(65, jax.numpy.bfloat16, device)
+        assert not beats_xla_dot(1, np.float16, device)

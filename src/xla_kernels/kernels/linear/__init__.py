@@ -6,12 +6,14 @@
   ``nn.Linear`` layout); ``y`` [tokens, out] in x's dtype: products and sums in f32,
   rounded once.
 
-Kernels: CPU (``linear_cpu.cc``, a reference) and CUDA (``linear.cu``): for bf16 / f16 the
-skinny GEMM of ``xla_kernels/gemm/`` (the weight streamed once through shared memory,
-mma.sync, K split over a thread-block cluster on sm_90+; built for decode, where reading
-the weight is the cost), for f32 or rows that are not whole 16 bytes a CUDA-core kernel.
-Past 16 tokens XLA's dot (:func:`linear_xla`, cuBLAS) is faster at the shapes measured:
-docs/design/gemm.md has the table. :func:`linear_numpy_f64` is the float64 reference.
+Kernels: CPU (``linear_cpu.cc``, a reference) and CUDA (``linear.cu``): for bf16 on
+compute capability 9.0 CUTLASS's sm90 GEMM (TMA, wgmma, ping-pong warp groups, persistent
+tiles; ``linear_sm90.cu``, built where CUTLASS's headers are found:
+:mod:`xla_kernels.builder.cutlass`); else for bf16 / f16 the skinny GEMM of
+``xla_kernels/gemm/`` (the weight streamed once through shared memory, mma.sync, K split
+over a thread-block cluster on sm_90+), for f32 or rows that are not whole 16 bytes a
+CUDA-core kernel. docs/design/gemm.md has the measurements against XLA's dot
+(:func:`linear_xla`, cuBLAS). :func:`linear_numpy_f64` is the float64 reference.
 
 Sharding: tokens and out split freely (no communication); in stays whole (XLA gathers a
 weight split along it).
@@ -24,6 +26,10 @@ Example:
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
+from xla_kernels.builder import cutlass
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
 from .reference import linear_numpy_f64, linear_xla
@@ -68,8 +74,43 @@ linear = Op(
     output_names=("y",),
     sharding_rule=_sharding_rule,
     kernels={"cpu": Kernel(["linear_cpu.cc"], handler="XkLinearCpu"),
-             "cuda": Kernel(["linear.cu"], handler="XkLinearCuda")},
+             "cuda": Kernel(["linear.cu", "linear_sm90.cu"], handler="XkLinearCuda",
+                            include_dirs=cutlass.include_dirs(), arch_specific=True,
+                            flags=("-DNDEBUG",))},
     doc=__doc__ or "",
 )
 
-__all__ = ["DTYPES", "check_weight_shape", "linear", "linear_numpy_f64", "linear_xla"]
+
+
+MAX_TOKENS_OVER_XLA_DOT = 64
+"""Up to this many tokens the Hopper path beat XLA's bf16 dot (cuBLAS) at all four
+Llama-3-8B projections on an H200; at 128 XLA's dot was faster on the widest
+(docs/design/gemm.md)."""
+
+
+@functools.cache
+def hopper_path_built() -> bool:
+    """Whether this process's CUDA ``linear`` library was built with its Hopper path (with
+    CUTLASS's headers): registers the op for CUDA and asks the library."""
+    import ctypes
+
+    from xla_kernels.runtime.registry import ensure_registered
+
+    library = ctypes.CDLL(str(ensure_registered(linear, "cuda").library))
+    return bool(library.XkLinearHasSm90())
+
+
+def beats_xla_dot(tokens: int, dtype: Any, device: Any) -> bool:
+    """Whether ``linear`` is the faster way to run a [tokens, in] x [out, in]^T product of
+    ``dtype`` on ``device`` (a JAX device), by the measurements above: bf16 on a compute
+    capability 9.0 GPU, at most :data:`MAX_TOKENS_OVER_XLA_DOT` tokens, the Hopper path
+    built. A table fixed at trace time, so a traced model picks per projection shape."""
+    import numpy as np
+
+    return (np.dtype(dtype).name == "bfloat16" and tokens <= MAX_TOKENS_OVER_XLA_DOT
+            and device.platform == "gpu"
+            and getattr(device, "compute_capability", None) == "9.0" and hopper_path_built())
+
+
+__all__ = ["DTYPES", "MAX_TOKENS_OVER_XLA_DOT", "beats_xla_dot", "check_weight_shape",
+           "hopper_path_built", "linear", "linear_numpy_f64", "linear_xla"]

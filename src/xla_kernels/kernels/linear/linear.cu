@@ -1,5 +1,7 @@
 // linear on NVIDIA GPUs (design and measurements in docs/design/gemm.md). Handler
 // XkLinearCuda, command-buffer compatible, one launch:
+// * bf16 on compute capability 9.0, where the library was built with CUTLASS: the Hopper
+//   GEMM (linear_sm90.cu);
 // * bf16 / f16 with 16-byte rows: the skinny GEMM (xla_kernels/gemm/skinny_kernel.cuh);
 // * f32, or rows that are not whole 16 bytes: CUDA cores, one warp per output element.
 #include <cuda_bf16.h>
@@ -10,6 +12,7 @@
 #include <string>
 
 #include "linear_ffi.h"
+#include "linear_sm90.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_kernels/gemm/skinny_kernel.cuh"
 
@@ -73,8 +76,11 @@ ffi::Error LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weig
   p.k = s.in;
   p.n = s.out;
   p.bn = 1;
-  cudaError_t status;
-  if (s.dtype != ffi::DataType::F32 && gemm::SkinnySupports(p, /*fp8=*/false)) {
+  cudaError_t status = cudaSuccess;
+  const Sm90Linear hopper{p.x, p.w, p.y, s.tokens, s.in, s.out, s.dtype == ffi::DataType::BF16};
+  if (LaunchSm90(stream, hopper, &status)) {
+    // launched (or failed to) on the Hopper path
+  } else if (s.dtype != ffi::DataType::F32 && gemm::SkinnySupports(p, /*fp8=*/false)) {
     status = s.dtype == ffi::DataType::BF16
                  ? gemm::LaunchSkinny<__nv_bfloat16, __nv_bfloat16>(stream, p, false)
                  : gemm::LaunchSkinny<__half, __half>(stream, p, false);
