@@ -104,6 +104,7 @@ def test_the_hopper_path_is_built_where_cutlass_is_found():
     device = jax.devices("gpu")[0]
     assert hopper_path_built()
     if device.compute_capability == "9.0":
-        assert beats_xla_dot(64, jax.numpy.bfloat16, device)
-        assert not beats_xla_dot(65, jax.numpy.bfloat16, device)
-        assert not beats_xla_dot(1, np.float16, device)
+        assert beats_xla_dot(64, 6144, jax.numpy.bfloat16, device)
+        assert not beats_xla_dot(65, 6144, jax.numpy.bfloat16, device)
+        assert not beats_xla_dot(16, 28672, jax.numpy.bfloat16, device)
+        assert not beats_xla_dot(1, 6144, np.float16, device)

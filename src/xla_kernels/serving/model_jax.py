@@ -84,7 +84,7 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
             w = weights[name + ".weight"]
             rows = math.prod(x.shape[:-1])
             if (ops == "xla-kernels" and mesh is None
-                    and beats_xla_dot(rows, w.dtype, jax.devices()[0])):
+                    and beats_xla_dot(rows, w.shape[0], w.dtype, jax.devices()[0])):
                 y = linear_op(x.reshape(rows, x.shape[-1]), w)
                 return y.reshape(*x.shape[:-1], w.shape[0])
             return x @ w.T
