@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,9 +61,7 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
             attention: AttentionFn, ops: str = "plain-xla", mesh: Any = None,
             moe: str = "auto") -> Any:
     """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]. ``ops``: how
-    fp8 projections are computed (:mod:`~xla_kernels.serving.quantize`), whether bf16 ones
-    may run the library's ``linear`` where it beats XLA's dot (one device; see
-    :func:`~xla_kernels.kernels.linear.beats_xla_dot`), and a
+    fp8 projections are computed (:mod:`~xla_kernels.serving.quantize`), and a
     mixture-of-experts model's experts unless ``moe`` says otherwise: ``"xla-kernels"`` (the
     library's ops) or ``"plain-xla"``. ``moe``: the experts' implementation (one of
     :data:`~xla_kernels.serving.config.MOE_IMPLEMENTATIONS`; ``"auto"``: ``ops``; see
@@ -72,8 +69,6 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
     split over (None: one device), which row-parallel fp8 projections sum over."""
     import jax
 
-    from xla_kernels.kernels.linear import beats_xla_dot
-    from xla_kernels.kernels.linear import linear as linear_op
     from xla_kernels.kernels.rms_norm import rms_norm
 
     scheme = ACTIVATION_SCHEMES.get(config.weights)
@@ -81,13 +76,7 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
 
     def linear(x: Any, name: str) -> Any:      # torch layout: weight [out, in]
         if scheme is None:
-            w = weights[name + ".weight"]
-            rows = math.prod(x.shape[:-1])
-            if (ops == "xla-kernels" and mesh is None
-                    and beats_xla_dot(rows, w.shape[0], w.dtype, jax.devices()[0])):
-                y = linear_op(x.reshape(rows, x.shape[-1]), w)
-                return y.reshape(*x.shape[:-1], w.shape[0])
-            return x @ w.T
+            return x @ weights[name + ".weight"].T
         row_parallel = name.rsplit(".", 1)[-1] in ROW_PARALLEL
         return fp8_project(x, weights[name + ".weight"], weights[name + ".weight_scale"],
                            scheme=scheme, kernel=ops == "xla-kernels",

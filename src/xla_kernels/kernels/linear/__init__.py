@@ -27,7 +27,6 @@ Example:
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 from xla_kernels.builder import cutlass
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
@@ -81,17 +80,6 @@ linear = Op(
 )
 
 
-
-MAX_TOKENS_OVER_XLA_DOT = 64
-"""Up to this many tokens the Hopper path beat XLA's bf16 dot (cuBLAS) on the narrower
-Llama-3-8B projections on an H200 (docs/design/gemm.md); at 128 and more the two were even
-or XLA's dot ahead."""
-
-MAX_OUT_OVER_XLA_DOT = 8192
-"""Wider projections (gate_up, 28672 rows) ran faster through XLA's dot at 16-128 tokens,
-at 94-100% of the copy bandwidth (docs/design/gemm.md): they keep it."""
-
-
 @functools.cache
 def hopper_path_built() -> bool:
     """Whether this process's CUDA ``linear`` library was built with its Hopper path (with
@@ -104,19 +92,5 @@ def hopper_path_built() -> bool:
     return bool(library.XkLinearHasSm90())
 
 
-def beats_xla_dot(tokens: int, out: int, dtype: Any, device: Any) -> bool:
-    """Whether ``linear`` is the faster way to run a [tokens, in] x [out, in]^T product of
-    ``dtype`` on ``device`` (a JAX device), by the measurements above: bf16 on a compute
-    capability 9.0 GPU, at most :data:`MAX_TOKENS_OVER_XLA_DOT` tokens and
-    :data:`MAX_OUT_OVER_XLA_DOT` rows, the Hopper path built. A table fixed at trace time,
-    so a traced model picks per projection shape."""
-    import numpy as np
-
-    return (np.dtype(dtype).name == "bfloat16" and tokens <= MAX_TOKENS_OVER_XLA_DOT
-            and out <= MAX_OUT_OVER_XLA_DOT and device.platform == "gpu"
-            and getattr(device, "compute_capability", None) == "9.0" and hopper_path_built())
-
-
-__all__ = ["DTYPES", "MAX_OUT_OVER_XLA_DOT", "MAX_TOKENS_OVER_XLA_DOT", "beats_xla_dot",
-           "check_weight_shape", "hopper_path_built", "linear", "linear_numpy_f64",
+__all__ = ["DTYPES", "check_weight_shape", "hopper_path_built", "linear", "linear_numpy_f64",
            "linear_xla"]
