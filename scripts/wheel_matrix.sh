@@ -14,6 +14,7 @@
 #   SEED      a venv whose torch, where it is the Python and torch version wanted, is
 #             hard-linked into the new venv instead of downloaded (default .venv)
 #   PRUNE_ENVS  non-empty: remove the matrix venvs once tested (CI's disk)
+#   JOBS      pytest-xdist workers for each point's tests (default auto: one per core)
 #
 # The default points, and why these (each point's tests take 1 to 1.5 min here, a torch venv
 # 1 to 5 min; every point shares one wheel, so a point tests a torch dispatcher, a jaxlib and
@@ -44,6 +45,7 @@ POINTS=${POINTS:-"
 "}
 WORK=${WORK:-build/matrix}
 SEED=${SEED:-.venv}
+JOBS=${JOBS:-auto}
 step=${1:?usage: wheel_matrix.sh venvs|test}
 mapfile -t points < <(grep -vE '^\s*(#|$)' <<<"$POINTS")
 
@@ -97,7 +99,7 @@ if [ "$step" = venvs ]; then
       "${pip[@]}" --no-deps "$req"
     done
     "${pip[@]}" "torch==$torch_version" "jax==$jax_version" "jaxlib==$jax_version" \
-      pytest hypothesis "torchax>=0.0.13" filelock flatbuffers
+      pytest pytest-xdist hypothesis "torchax>=0.0.13" filelock flatbuffers
     echo "$venv: Python $python_version, torch $("$venv/bin/python" -c \
       'import torch; print(torch.__version__)'), $(du -sm "$venv" | cut -f1) MB (hard links" \
       "counted), $(( $(date +%s) - start )) s"
@@ -127,7 +129,7 @@ for point in "${points[@]}"; do
   # PATH holds only python: no g++, c++, nvcc; CXX and XLA_KERNELS_NVCC unset.
   env -u CXX -u XLA_KERNELS_NVCC -u PYTHONPATH PATH="$(cd "$bare_bin" && pwd)" \
     XLA_KERNELS_CACHE_DIR="$cache" XLA_KERNELS_BUILD=never \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider $tests -k "$deselect"
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider -n "$JOBS" $tests -k "$deselect"
   # Torch eager calls must have run on the prebuilt torch dispatcher, not on its fallback, and
   # the versions must be the point's.
   env -u CXX -u XLA_KERNELS_NVCC -u PYTHONPATH PATH="$(cd "$bare_bin" && pwd)" \

@@ -31,6 +31,7 @@ def build_for_sm90(name, cache_dir):
                                  arch_specific=kernel.arch_specific)
 
 
+@pytest.mark.slow
 @requires_nvcc
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_cuda_kernel_compiles_for_sm90_and_is_graph_safe(name, tmp_path):

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from xla_kernels.bench import load_script
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "decode_ab.py"
@@ -49,6 +51,7 @@ def test_summary_ratios_medians_and_fp8_speedups():
     assert "build B: 32x2048 1.915x" in text
 
 
+@pytest.mark.slow
 def test_a_failed_round_gives_exit_1_and_an_empty_summary(tmp_path):
     """On this CPU-only machine decode_trace.py fails (no GPU): each round is logged, the
     exit code is 1, and the summary is still written."""

@@ -210,6 +210,7 @@ def opcheck_and_compile_checks() -> None:
     torch.testing.assert_close(compiled(*args), op(*args).sin())
 
 
+@pytest.mark.slow
 def test_torch_opcheck_and_compile():
     from test_torch_frontend import in_fresh_python
 
@@ -302,6 +303,7 @@ def test_sharding_on_a_two_device_cpu_mesh():
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
+@pytest.mark.slow
 @requires_nvcc
 @pytest.mark.parametrize("arch,arch_specific", [("80", False), ("90", True)],
                          ids=["sm_80", "sm_90a"])

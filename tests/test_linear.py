@@ -137,6 +137,7 @@ def test_sharding_on_a_two_device_cpu_mesh():
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
+@pytest.mark.slow
 @requires_nvcc
 @pytest.mark.parametrize("arch", ["80", "90"], ids=["sm_80", "sm_90"])
 def test_cuda_kernel_compiles(arch, tmp_path):

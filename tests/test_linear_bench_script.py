@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "linear.py"
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_the_table_and_agrees_with_xla(tmp_path):
     src = str(Path(__file__).resolve().parents[1] / "src")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--shapes", "tiny", "--tokens", "1",

@@ -311,6 +311,7 @@ def opcheck_and_compile_checks() -> None:
     torch.testing.assert_close(compiled(*args), op(*args, top_k=2).sin())
 
 
+@pytest.mark.slow
 def test_torch_opcheck_and_compile():
     from test_torch_frontend import in_fresh_python
 
@@ -382,6 +383,7 @@ def test_tokens_shard_across_devices():
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
 
 
+@pytest.mark.slow
 @requires_nvcc
 @pytest.mark.parametrize("op", [fused_moe, fused_moe_fp8], ids=["bf16", "fp8"])
 def test_cuda_kernel_compiles_for_sm80(op, tmp_path):

@@ -383,6 +383,7 @@ def test_kernel_error_messages(rng):
         assert f"argument '{arg}'" in msg and words in msg and "Fix:" in msg, (name, msg)
 
 
+@pytest.mark.slow
 @requires_nvcc
 def test_cuda_kernel_compiles_for_sm80(tmp_path):
     """test_cuda_sources.py builds every shipped op for sm_90; this op also targets A100."""

@@ -234,6 +234,7 @@ def opcheck_and_compile_checks() -> None:
     assert torch.equal(compiled(*args), op(*args) + 1)
 
 
+@pytest.mark.slow
 def test_the_torch_operator_passes_opcheck_and_compiles():
     from test_torch_frontend import in_fresh_python
 

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).parents[1]
 
 
+@pytest.mark.slow
 def test_the_smoke_run_writes_json_and_markdown(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), CUDA_VISIBLE_DEVICES="")
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "sampling.py"), "--out",

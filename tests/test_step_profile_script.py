@@ -110,6 +110,7 @@ def test_gpu_style_hlo_labels_through_calls_and_finds_silu_apart(module):
     assert summary["silu_fused_in"] == {"kLoop (no dot)": 1}
 
 
+@pytest.mark.slow
 def test_tiny_on_the_cpu_writes_the_hlo_counts(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--preset", "tiny", "--batch", "4",
                            "--context", "64", "--calls", "2", "--out", str(tmp_path)],

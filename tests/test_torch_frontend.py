@@ -404,6 +404,7 @@ def in_fresh_python(check: str, module: str = "test_torch_frontend") -> None:
     assert proc.returncode == 0 and "CHECKS PASSED" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph_aot_eager():
     in_fresh_python("compile_aot_eager_checks")
 

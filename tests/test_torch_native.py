@@ -217,6 +217,7 @@ def run_python(code: str, **env: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph_in_a_fresh_process():
     # A fresh interpreter: see test_torch_frontend.py (torchax and torch.compile).
     out = run_python(

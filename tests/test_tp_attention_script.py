@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "tp_attention.py"
 
 
+@pytest.mark.slow
 def test_smoke_run_splits_both_ops_without_collectives(tmp_path):
     src = str(Path(__file__).resolve().parents[1] / "src")
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--budget", "0.05",

@@ -210,6 +210,7 @@ def compile_residual_checks() -> None:
     torch.testing.assert_close(x.grad, torch.tensor(2 * X * X))
 
 
+@pytest.mark.slow
 def test_torch_compile_residual_output():
     from test_torch_frontend import in_fresh_python
 
