@@ -55,10 +55,10 @@ CASES = [
     (["--token-budget", "100000"], "--token-budget 100000: a step never has more than 216 rows "
                                    "here (4 sequences of up to 54 tokens). Fix: pass "
                                    "--token-budget 216 or less."),
-    (["--block-size", "0"], "--block-size 0: the kernels take 16, 32 or 64 tokens per block. "
-                            "Fix: pass --block-size 16, 32 or 64."),
-    (["--block-size", "8"], "--block-size 8: the kernels take 16, 32 or 64 tokens per block. "
-                            "Fix: pass --block-size 16, 32 or 64."),
+    (["--block-size", "0"], "--block-size 0: the kernels take 16, 32, 64, 128 or 256 tokens "
+                            "per block. Fix: pass --block-size 16, 32, 64, 128 or 256."),
+    (["--block-size", "8"], "--block-size 8: the kernels take 16, 32, 64, 128 or 256 tokens "
+                            "per block. Fix: pass --block-size 16, 32, 64, 128 or 256."),
     (["--num-blocks", "0"], "--num-blocks 0: must be 1 or more. Fix: pass --num-blocks 1 or "
                             "more."),
     (["--num-blocks", "2"], "--num-blocks 2: the longest request (54 tokens) needs 4 blocks of "

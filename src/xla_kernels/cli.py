@@ -489,7 +489,8 @@ def _serve_bench_parser(sub: Any) -> None:
                      help="skip the decode-step replay (device time, attention share)")
     srv.add_argument("--max-num-seqs", help="most sequences per step")
     srv.add_argument("--token-budget", help="most query rows per step")
-    srv.add_argument("--block-size", help="tokens per cache block: 16, 32 or 64")
+    srv.add_argument("--block-size", help="tokens per cache block: 16, 32, 64, 128 or 256 "
+                     "(the attention kernels' block sizes)")
     srv.add_argument("--num-blocks",
                      help="cache blocks per layer (default: all admitted requests fit)")
     srv.add_argument("--shuffle-blocks", action="store_true",

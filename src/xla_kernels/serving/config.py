@@ -200,7 +200,7 @@ class Workload:
 class EngineConfig:
     """The engine's static limits, which fix the jitted step's shapes.
 
-    * ``block_size``: tokens per cache block (the kernels take 16, 32 or 64).
+    * ``block_size``: tokens per cache block (one of ``kernels.paged_cache.BLOCK_SIZES``).
     * ``num_blocks``: blocks in each layer's cache (the pool the allocator hands out).
     * ``max_num_seqs``: sequences in one step (rows of ``block_tables``).
     * ``max_model_len``: the longest prompt + output; fixes the block table's width.

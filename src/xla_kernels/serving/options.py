@@ -28,6 +28,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from xla_kernels.kernels.paged_cache import BLOCK_SIZES as PAGED_BLOCK_SIZES
 from xla_kernels.serving.config import (
     MOE_IMPLEMENTATIONS,
     PRESETS,
@@ -47,8 +48,10 @@ MAX_REQUESTS = 100_000
 """Requests one run takes: the presets send 8 or 64; every prompt is held in memory, and a
 run of more would take hours even on the tiny preset."""
 
-BLOCK_SIZES = (16, 32, 64)
-"""Tokens per cache block that the kernels take."""
+BLOCK_SIZES = PAGED_BLOCK_SIZES
+"""Tokens per cache block that the kernels take (``kernels.paged_cache.BLOCK_SIZES``, from
+the attention kernels' limits header)."""
+BLOCK_SIZES_TEXT = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
 
 @dataclasses.dataclass
 class BenchOptions:
@@ -190,8 +193,9 @@ def _check_ranges(options: BenchOptions) -> None:
         raise ServingConfigError(f"--seed {options.seed}: must be {MAX_SEED} or less (a 32-bit "
                                  f"seed). Fix: pass --seed 0 to {MAX_SEED}.")
     if options.block_size is not None and options.block_size not in BLOCK_SIZES:
-        raise ServingConfigError(f"--block-size {options.block_size}: the kernels take 16, 32 "
-                                 "or 64 tokens per block. Fix: pass --block-size 16, 32 or 64.")
+        raise ServingConfigError(f"--block-size {options.block_size}: the kernels take "
+                                 f"{BLOCK_SIZES_TEXT} tokens per block. Fix: pass --block-size "
+                                 f"{BLOCK_SIZES_TEXT}.")
 
 
 def _check_moe(options: BenchOptions, model: ModelConfig) -> None:
