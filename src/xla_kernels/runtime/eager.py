@@ -40,7 +40,7 @@ import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -523,6 +523,29 @@ def _buffer_code(buf: Any, op: str, what: str) -> int:
     return code
 
 
+class _Device(NamedTuple):
+    """Where a call runs: what XkDevice carries, and the platform name that keys states."""
+
+    platform: str
+    kind: int  # platforms' eager_kind
+    ordinal: int
+    stream: int
+    allocator: DeviceAllocator | None
+
+
+class _Packed(NamedTuple):
+    """A call block ready for the runtime: the block (kept alive here), its address, where
+    its error message goes, the encoded attributes and the buffer count (for messages), and
+    whether it was packed within another call (which still holds the thread's scratch)."""
+
+    block: ctypes.Array[ctypes.c_char]
+    base: int
+    err_off: int
+    encoded: list[EagerAttr]
+    nbuffers: int
+    nested: bool
+
+
 def call_handler(
     handler: int | Any,
     *,
@@ -534,8 +557,6 @@ def call_handler(
     op_name: str = "<handler>",
     platform: str = "cpu",
     allocator: DeviceAllocator | None = None,
-    _stage: int = 3,
-    _state: int = 0,
 ) -> None:
     """Call a typed XLA FFI handler on the calling thread, as XLA would at stage EXECUTE.
 
@@ -573,7 +594,19 @@ def call_handler(
         >>> call_handler(fn, args=[Buffer.from_array(x)], rets=[Buffer.from_array(out)],
         ...              attrs={"scale": np.float32(2)}, op_name="scale")  # doctest: +SKIP
     """
-    lib = _lib or _load()
+    address, device = _resolve(handler, op_name, platform, stream, device_ordinal, allocator)
+    state = 0
+    if _stateful and address in _stateful:
+        state = _state_for(address, args, rets, attrs, device, op_name)
+    _call_stage(address, args, rets, attrs, device, op_name, _EXECUTE, state)
+
+
+def _resolve(handler: int | Any, op_name: str, platform: str, stream: int,
+             device_ordinal: int, allocator: DeviceAllocator | None) -> tuple[int, _Device]:
+    """The handler's address (verified against the runtime's FFI API once) and the device
+    the call runs on; OpInputError for an unknown platform or a CPU call with a stream."""
+    if _lib is None:
+        _load()
     address = handler if type(handler) is int and handler > 0 else _address(handler, op_name)
     if address not in _verified:
         _verify(address, op_name)
@@ -583,13 +616,19 @@ def call_handler(
                            "use 'cpu' or 'cuda'")
     if kind == 0 and stream:
         raise OpInputError(op_name, "stream", "a CPU call takes no stream", "pass stream=0")
-    state = _state
-    if _stateful and _stage == _EXECUTE and address in _stateful:
-        state = _state_for(address, args, rets, attrs, stream, device_ordinal, op_name,
-                           platform, allocator)
+    return address, _Device(platform, kind, device_ordinal, stream, allocator)
 
-    nargs = len(args)
-    buffers = (*args, *rets)
+
+def _call_stage(address: int, args: Sequence[Buffer], rets: Sequence[Buffer],
+                attrs: Mapping[str, Any], device: _Device, op_name: str, stage: int,
+                state: int) -> None:
+    """Pack the call and run ``stage`` of the handler at ``address`` with ``state``."""
+    packed = _pack(address, args, rets, attrs, device, op_name)
+    _run(packed, stage, state, device.allocator, op_name, attrs)
+
+
+def _buffer_codes(buffers: Sequence[Buffer], nargs: int, op_name: str) -> tuple[list[int], int]:
+    """Each buffer's XLA_FFI_DataType, and the number of dimensions of them all."""
     codes = []
     ndims = 0
     for i, b in enumerate(buffers):
@@ -597,39 +636,57 @@ def call_handler(
         codes.append(code or _buffer_code(
             b, op_name, f"args[{i}]" if i < nargs else f"rets[{i - nargs}]"))
         ndims += len(b.shape)
-    names = [_name(k, op_name) for k in attrs]
-    encoded = [_encode_attr(k, v, op_name) for k, v in attrs.items()]
-    layout = _layout(len(buffers), ndims, tuple(e.inline_format for e in encoded))
+    return codes, ndims
 
-    # The pool: each name, then each payload, 8-byte aligned.
+
+def _pool(names: Sequence[tuple[bytes, int]], encoded: Sequence[EagerAttr]) -> bytes:
+    """The pool: each name, then each payload, 8-byte aligned."""
     pool_parts: list[bytes] = []
     for (padded, _), e in zip(names, encoded, strict=True):
         pool_parts.append(padded)
         if e.payload:
             pool_parts += (e.payload, bytes(-len(e.payload) % 8))
-    pool = b"".join(pool_parts)
-    pool_off = layout.size
-    err_off = pool_off + len(pool)
-    size = err_off + _ERR_LEN
+    return b"".join(pool_parts)
 
+
+def _block(size: int) -> tuple[ctypes.Array[ctypes.c_char], memoryview, bool]:
+    """A call block of at least ``size`` bytes: this thread's scratch block unless a call is
+    already using it (a stage run from within a call), and whether it is such a nested one."""
     scratch = _scratch
     nested = scratch.busy
     block, view = scratch.block, scratch.view
-    if nested or block is None or len(block) < size:
+    if nested or block is None or view is None or len(block) < size:
         block = ctypes.create_string_buffer(max(size, 4096))
         view = memoryview(block).cast("B")
         if not nested:
             scratch.block, scratch.view = block, view
+    return block, view, nested
+
+
+def _pack(address: int, args: Sequence[Buffer], rets: Sequence[Buffer],
+          attrs: Mapping[str, Any], device: _Device, op_name: str) -> _Packed:
+    """Lay the call out in one block as the C structs of eager_ffi.h (see above)."""
+    nargs = len(args)
+    buffers = (*args, *rets)
+    codes, ndims = _buffer_codes(buffers, nargs, op_name)
+    names = [_name(k, op_name) for k in attrs]
+    encoded = [_encode_attr(k, v, op_name) for k, v in attrs.items()]
+    layout = _layout(len(buffers), ndims, tuple(e.inline_format for e in encoded))
+    pool = _pool(names, encoded)
+    pool_off = layout.size
+    err_off = pool_off + len(pool)
+    block, view, nested = _block(err_off + _ERR_LEN)
     base = ctypes.addressof(block)
 
     device_at = base + _CALL_SIZE
     buffers_at = device_at + _DEVICE_SIZE
     attrs_at = buffers_at + _BUFFER_SIZE * len(buffers)
     dims_at = attrs_at + _ATTR_SIZE * len(encoded)
+    allocator = device.allocator
     values: list[Any] = [
         address, device_at, buffers_at, nargs, buffers_at + _BUFFER_SIZE * nargs, len(rets),
         attrs_at, len(encoded), base + err_off, _ERR_LEN,
-        kind, device_ordinal, stream,
+        device.kind, device.ordinal, device.stream,
         allocator.alloc_address if allocator else 0, allocator.free_address if allocator else 0,
         0,
     ]
@@ -659,20 +716,26 @@ def call_handler(
                           "ptr, shape entries, stream and device_ordinal must be ints") from None
     if pool:
         view[pool_off:err_off] = pool
+    return _Packed(block, base, err_off, encoded, len(buffers), nested)
 
+
+def _run(packed: _Packed, stage: int, state: int, allocator: DeviceAllocator | None,
+         op_name: str, attrs: Mapping[str, Any]) -> None:
+    """Run a packed call; a KernelError with the handler's message if it fails."""
+    lib = _lib or _load()
     if allocator is not None:
         allocator._take_error()  # forget what an earlier call left behind
-    scratch.busy = True
+    _scratch.busy = True
     try:
-        rc = (lib.xk_eager_call_stage(base, _stage, state) if state or _stage != _EXECUTE
-              else lib.xk_eager_call_packed(base))
+        rc = (lib.xk_eager_call_stage(packed.base, stage, state) if state or stage != _EXECUTE
+              else lib.xk_eager_call_packed(packed.base))
     finally:
-        scratch.busy = nested
+        _scratch.busy = packed.nested
     if rc:
-        message = ctypes.string_at(base + err_off).decode("utf-8", "replace")
+        message = ctypes.string_at(packed.base + packed.err_off).decode("utf-8", "replace")
         cause = allocator._take_error() if allocator is not None else None
-        raise kernel_error(op_name, message, rc, attrs=attrs, encoded=encoded,
-                           first_attr=len(buffers)) from cause
+        raise kernel_error(op_name, message, rc, attrs=attrs, encoded=packed.encoded,
+                           first_attr=packed.nbuffers) from cause
 
 
 # ------------------------------------------------------------------------ stages and state
@@ -758,11 +821,10 @@ def _state_key(attrs: Mapping[str, Any], op: str) -> tuple[Any, ...]:
 
 
 def _state_for(execute: int, args: Sequence[Buffer], rets: Sequence[Buffer],
-               attrs: Mapping[str, Any], stream: int, device_ordinal: int, op_name: str,
-               platform: str, allocator: DeviceAllocator | None) -> int:
+               attrs: Mapping[str, Any], device: _Device, op_name: str) -> int:
     """The state of this call's handler and attributes, made by its stages if new."""
     stages = _stateful[execute]
-    key = (platform, device_ordinal, _state_key(attrs, op_name))
+    key = (device.platform, device.ordinal, _state_key(attrs, op_name))
     state = stages.states.get(key)
     if state:
         return state
@@ -785,10 +847,9 @@ def _state_for(execute: int, args: Sequence[Buffer], rets: Sequence[Buffer],
                     continue
                 buffers = ((), ()) if name == "instantiate" else (args, rets)
                 try:
-                    call_handler(handler, args=buffers[0], rets=buffers[1], attrs=attrs,
-                                 stream=stream, device_ordinal=device_ordinal,
-                                 op_name=op_name, platform=platform, allocator=allocator,
-                                 _stage=code, _state=state)
+                    address, _ = _resolve(handler, op_name, device.platform, device.stream,
+                                          device.ordinal, device.allocator)
+                    _call_stage(address, *buffers, attrs, device, op_name, code, state)
                 except KernelError as e:
                     raise KernelError(op_name, f"{name} stage: {e.handler_message}",
                                       e.code) from e.__cause__
