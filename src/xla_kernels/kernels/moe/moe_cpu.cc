@@ -3,10 +3,10 @@
 // then each token's weighted expert outputs summed in f32 and rounded once.
 // Handlers XkFusedMoeCpu and XkFusedMoeFp8Cpu, and their expert-parallel forms
 // XkFusedMoeEpCpu and XkFusedMoeFp8EpCpu (routing over every expert's logit, only the local
-// experts computed); the workspaces are the CUDA kernels' (unused).
+// experts computed), bound and decoded by moe_ffi.h; the workspaces are the CUDA kernels'
+// (unused).
 #include <cmath>
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
 #include "moe_ffi.h"
@@ -155,141 +155,15 @@ void Run(const Shape& s, const void* hidden, const void* logits, const void* w13
   }
 }
 
-ffi::Error FusedMoeCpu(ffi::AnyBuffer hidden, ffi::AnyBuffer logits, ffi::AnyBuffer w13,
-                       ffi::AnyBuffer w2, ffi::Result<ffi::AnyBuffer> out,
-                       ffi::Result<ffi::AnyBuffer> ws_i32, ffi::Result<ffi::AnyBuffer> ws_f32,
-                       ffi::Result<ffi::AnyBuffer> ws_act, int64_t top_k, bool renormalize,
-                       std::string_view activation) {
-  Shape s{};
-  ffi::Error err = Decode(kOp, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act, top_k,
-                          renormalize, activation, &s);
-  if (err.failure()) return err;
-  Run(s, hidden.untyped_data(), logits.untyped_data(), w13.untyped_data(), w2.untyped_data(),
-      nullptr, nullptr, 0, out->untyped_data());
+ffi::Error Compute(const Call& c) {
+  Run(c.s, c.hidden, c.logits, c.w13, c.w2, c.w13_scale, c.w2_scale,
+      c.expert_offset != nullptr ? *c.expert_offset : 0, c.out);
   return ffi::Error::Success();
 }
 
-ffi::Error FusedMoeFp8Cpu(ffi::AnyBuffer hidden, ffi::AnyBuffer logits, ffi::AnyBuffer w13,
-                          ffi::AnyBuffer w2, ffi::AnyBuffer w13_scale, ffi::AnyBuffer w2_scale,
-                          ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws_i32,
-                          ffi::Result<ffi::AnyBuffer> ws_f32,
-                          ffi::Result<ffi::AnyBuffer> ws_act, int64_t top_k, bool renormalize,
-                          std::string_view activation, ffi::Span<const int64_t> block_shape) {
-  Shape s{};
-  ffi::Error err = Decode(kOpFp8, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
-                          top_k, renormalize, activation, &s);
-  if (err.failure()) return err;
-  err = DecodeScales(kOpFp8, w13_scale, w2_scale, block_shape, &s);
-  if (err.failure()) return err;
-  Run(s, hidden.untyped_data(), logits.untyped_data(), w13.untyped_data(), w2.untyped_data(),
-      static_cast<const float*>(w13_scale.untyped_data()),
-      static_cast<const float*>(w2_scale.untyped_data()), 0, out->untyped_data());
-  return ffi::Error::Success();
-}
-
-int64_t OffsetValue(const ffi::AnyBuffer& offset) {
-  return *static_cast<const int32_t*>(offset.untyped_data());
-}
-
-ffi::Error FusedMoeEpCpu(ffi::AnyBuffer hidden, ffi::AnyBuffer logits, ffi::AnyBuffer w13,
-                         ffi::AnyBuffer w2, ffi::AnyBuffer expert_offset,
-                         ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> ws_i32,
-                         ffi::Result<ffi::AnyBuffer> ws_f32,
-                         ffi::Result<ffi::AnyBuffer> ws_act, int64_t top_k, bool renormalize,
-                         std::string_view activation) {
-  Shape s{};
-  ffi::Error err = Decode(kOpEp, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
-                          top_k, renormalize, activation, &s);
-  if (err.failure()) return err;
-  err = DecodeOffset(kOpEp, expert_offset);
-  if (err.failure()) return err;
-  Run(s, hidden.untyped_data(), logits.untyped_data(), w13.untyped_data(), w2.untyped_data(),
-      nullptr, nullptr, OffsetValue(expert_offset), out->untyped_data());
-  return ffi::Error::Success();
-}
-
-ffi::Error FusedMoeFp8EpCpu(ffi::AnyBuffer hidden, ffi::AnyBuffer logits, ffi::AnyBuffer w13,
-                            ffi::AnyBuffer w2, ffi::AnyBuffer w13_scale, ffi::AnyBuffer w2_scale,
-                            ffi::AnyBuffer expert_offset, ffi::Result<ffi::AnyBuffer> out,
-                            ffi::Result<ffi::AnyBuffer> ws_i32,
-                            ffi::Result<ffi::AnyBuffer> ws_f32,
-                            ffi::Result<ffi::AnyBuffer> ws_act, int64_t top_k, bool renormalize,
-                            std::string_view activation, ffi::Span<const int64_t> block_shape) {
-  Shape s{};
-  ffi::Error err = Decode(kOpFp8Ep, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act,
-                          top_k, renormalize, activation, &s);
-  if (err.failure()) return err;
-  err = DecodeScales(kOpFp8Ep, w13_scale, w2_scale, block_shape, &s);
-  if (err.failure()) return err;
-  err = DecodeOffset(kOpFp8Ep, expert_offset);
-  if (err.failure()) return err;
-  Run(s, hidden.untyped_data(), logits.untyped_data(), w13.untyped_data(), w2.untyped_data(),
-      static_cast<const float*>(w13_scale.untyped_data()),
-      static_cast<const float*>(w2_scale.untyped_data()), OffsetValue(expert_offset),
-      out->untyped_data());
-  return ffi::Error::Success();
-}
+using CpuHandlers = Handlers<Compute>;
 
 }  // namespace
 }  // namespace xla_kernels::moe
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeCpu, xla_kernels::moe::FusedMoeCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("top_k")
-                                  .Attr<bool>("renormalize")
-                                  .Attr<std::string_view>("activation"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeFp8Cpu, xla_kernels::moe::FusedMoeFp8Cpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("top_k")
-                                  .Attr<bool>("renormalize")
-                                  .Attr<std::string_view>("activation")
-                                  .Attr<ffi::Span<const int64_t>>("block_shape"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeEpCpu, xla_kernels::moe::FusedMoeEpCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("top_k")
-                                  .Attr<bool>("renormalize")
-                                  .Attr<std::string_view>("activation"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeFp8EpCpu, xla_kernels::moe::FusedMoeFp8EpCpu,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("top_k")
-                                  .Attr<bool>("renormalize")
-                                  .Attr<std::string_view>("activation")
-                                  .Attr<ffi::Span<const int64_t>>("block_shape"));
+XK_MOE_DEFINE_HANDLERS(Cpu, xla_kernels::moe::CpuHandlers, ffi::Ffi::Bind());

@@ -1,11 +1,13 @@
-// Decoding and validating fused_moe's buffers and attributes, shared by the CPU handlers
-// (moe_cpu.cc) and the CUDA handlers (moe.cu), worded as the Python shape rule words them.
-// Plain C++ (no CUDA).
+// fused_moe's XLA FFI binding, shared by the CPU handlers (moe_cpu.cc) and the CUDA handlers
+// (moe.cu): each op's operands, results and attributes, declared once (Bind*), decoded and
+// validated once (Handlers, in the words of the Python shape rule), then handed as a Call to
+// the platform's body. Plain C++ (no CUDA).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "moe_limits.h"
 #include "xla/ffi/api/ffi.h"
@@ -176,4 +178,175 @@ inline ffi::Error DecodeOffset(const char* op, const ffi::AnyBuffer& offset) {
   return ffi::Error::Success();
 }
 
+// A validated call, as a platform's body computes it: the shape and the buffers' addresses.
+struct Call {
+  Shape s;
+  const char* op;  // for the body's own messages
+  const void* hidden;
+  const void* logits;
+  const void* w13;
+  const void* w2;
+  const float* w13_scale;  // the fp8 ops' scales, else null
+  const float* w2_scale;
+  // The expert-parallel ops' int32 scalar, where XLA placed it (host memory for the CPU
+  // handlers, device memory for CUDA's), else null: local expert 0 is global expert 0.
+  const int32_t* expert_offset;
+  void* out;
+  void* ws_i32;  // the workspaces (the CUDA kernels'; the CPU body leaves them alone)
+  void* ws_f32;
+  void* ws_act;
+};
+
+using Operand = ffi::AnyBuffer;
+using Output = ffi::Result<ffi::AnyBuffer>;
+
+// The Bind* functions take the binding by reference: a Binding moves only through its own
+// methods (its converting constructor is private).
+
+// The results and attributes every op binds after its operands.
+template <typename Binding>
+auto BindResultsAndAttrs(Binding&& binding) {
+  return std::move(binding).template Ret<ffi::AnyBuffer>()  // out
+      .template Ret<ffi::AnyBuffer>()                       // ws_i32
+      .template Ret<ffi::AnyBuffer>()                       // ws_f32
+      .template Ret<ffi::AnyBuffer>()                       // ws_act
+      .template Attr<int64_t>("top_k")
+      .template Attr<bool>("renormalize")
+      .template Attr<std::string_view>("activation");
+}
+
+// The operands every op starts with.
+template <typename Binding>
+auto BindInputs(Binding&& binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()  // hidden
+      .template Arg<ffi::AnyBuffer>()                       // router_logits
+      .template Arg<ffi::AnyBuffer>()                       // w13
+      .template Arg<ffi::AnyBuffer>();                      // w2
+}
+
+// Each op's operands, results and attributes, in order; the CUDA handlers pass a binding
+// that already holds their stream.
+template <typename Binding>
+auto BindFusedMoe(Binding&& binding) {
+  return BindResultsAndAttrs(BindInputs(std::move(binding)));
+}
+
+template <typename Binding>
+auto BindFusedMoeFp8(Binding&& binding) {
+  return BindResultsAndAttrs(BindInputs(std::move(binding))
+                                 .template Arg<ffi::AnyBuffer>()   // w13_scale
+                                 .template Arg<ffi::AnyBuffer>())  // w2_scale
+      .template Attr<ffi::Span<const int64_t>>("block_shape");
+}
+
+template <typename Binding>
+auto BindFusedMoeEp(Binding&& binding) {
+  return BindResultsAndAttrs(BindInputs(std::move(binding))
+                                 .template Arg<ffi::AnyBuffer>());  // expert_offset
+}
+
+template <typename Binding>
+auto BindFusedMoeFp8Ep(Binding&& binding) {
+  return BindResultsAndAttrs(BindInputs(std::move(binding))
+                                 .template Arg<ffi::AnyBuffer>()   // w13_scale
+                                 .template Arg<ffi::AnyBuffer>()   // w2_scale
+                                 .template Arg<ffi::AnyBuffer>())  // expert_offset
+      .template Attr<ffi::Span<const int64_t>>("block_shape");
+}
+
+// The four ops' handlers (each bound by its Bind* above) for a platform whose
+// `kCompute(ctx..., call)` computes a validated Call; `Ctx` is what the platform's binding
+// passes before the operands (CUDA: its stream; the CPU: nothing).
+template <auto kCompute, typename... Ctx>
+struct Handlers {
+  static ffi::Error FusedMoe(Ctx... ctx, Operand hidden, Operand logits, Operand w13,
+                             Operand w2, Output out, Output ws_i32, Output ws_f32,
+                             Output ws_act, int64_t top_k, bool renormalize,
+                             std::string_view activation) {
+    return Handle(ctx..., kOp, hidden, logits, w13, w2, nullptr, nullptr, nullptr, out, ws_i32,
+                  ws_f32, ws_act, top_k, renormalize, activation, {});
+  }
+
+  static ffi::Error FusedMoeFp8(Ctx... ctx, Operand hidden, Operand logits, Operand w13,
+                                Operand w2, Operand w13_scale, Operand w2_scale, Output out,
+                                Output ws_i32, Output ws_f32, Output ws_act, int64_t top_k,
+                                bool renormalize, std::string_view activation,
+                                ffi::Span<const int64_t> block_shape) {
+    return Handle(ctx..., kOpFp8, hidden, logits, w13, w2, &w13_scale, &w2_scale, nullptr, out,
+                  ws_i32, ws_f32, ws_act, top_k, renormalize, activation, block_shape);
+  }
+
+  static ffi::Error FusedMoeEp(Ctx... ctx, Operand hidden, Operand logits, Operand w13,
+                               Operand w2, Operand expert_offset, Output out, Output ws_i32,
+                               Output ws_f32, Output ws_act, int64_t top_k, bool renormalize,
+                               std::string_view activation) {
+    return Handle(ctx..., kOpEp, hidden, logits, w13, w2, nullptr, nullptr, &expert_offset, out,
+                  ws_i32, ws_f32, ws_act, top_k, renormalize, activation, {});
+  }
+
+  static ffi::Error FusedMoeFp8Ep(Ctx... ctx, Operand hidden, Operand logits, Operand w13,
+                                  Operand w2, Operand w13_scale, Operand w2_scale,
+                                  Operand expert_offset, Output out, Output ws_i32,
+                                  Output ws_f32, Output ws_act, int64_t top_k, bool renormalize,
+                                  std::string_view activation,
+                                  ffi::Span<const int64_t> block_shape) {
+    return Handle(ctx..., kOpFp8Ep, hidden, logits, w13, w2, &w13_scale, &w2_scale,
+                  &expert_offset, out, ws_i32, ws_f32, ws_act, top_k, renormalize, activation,
+                  block_shape);
+  }
+
+ private:
+  // Every op's decoding: the common operands (Decode), the fp8 ops' scales (DecodeScales,
+  // where w13_scale is given), the expert-parallel ops' offset (DecodeOffset, where given).
+  static ffi::Error Handle(Ctx... ctx, const char* op, const Operand& hidden,
+                           const Operand& logits, const Operand& w13, const Operand& w2,
+                           const Operand* w13_scale, const Operand* w2_scale,
+                           const Operand* expert_offset, Output& out, Output& ws_i32,
+                           Output& ws_f32, Output& ws_act, int64_t top_k, bool renormalize,
+                           std::string_view activation, ffi::Span<const int64_t> block_shape) {
+    Call c{};
+    c.op = op;
+    ffi::Error err = Decode(op, hidden, logits, w13, w2, *out, *ws_i32, *ws_f32, *ws_act, top_k,
+                            renormalize, activation, &c.s);
+    if (err.failure()) return err;
+    c.hidden = hidden.untyped_data();
+    c.logits = logits.untyped_data();
+    c.w13 = w13.untyped_data();
+    c.w2 = w2.untyped_data();
+    c.out = out->untyped_data();
+    c.ws_i32 = ws_i32->untyped_data();
+    c.ws_f32 = ws_f32->untyped_data();
+    c.ws_act = ws_act->untyped_data();
+    if (w13_scale != nullptr) {
+      err = DecodeScales(op, *w13_scale, *w2_scale, block_shape, &c.s);
+      if (err.failure()) return err;
+      c.w13_scale = static_cast<const float*>(w13_scale->untyped_data());
+      c.w2_scale = static_cast<const float*>(w2_scale->untyped_data());
+    }
+    if (expert_offset != nullptr) {
+      err = DecodeOffset(op, *expert_offset);
+      if (err.failure()) return err;
+      c.expert_offset = static_cast<const int32_t*>(expert_offset->untyped_data());
+    }
+    return kCompute(ctx..., c);
+  }
+};
+
 }  // namespace xla_kernels::moe
+
+// Defines the four ops' handler symbols XkFusedMoe<P>, XkFusedMoeFp8<P>, XkFusedMoeEp<P> and
+// XkFusedMoeFp8Ep<P> (P: the platform, Cpu or Cuda): the functions of HANDLERS (a Handlers)
+// under the bindings Bind*(BINDING) (BINDING: ffi::Ffi::Bind() and the platform's context),
+// with the handler traits that follow, if any.
+#define XK_MOE_DEFINE_HANDLERS(P, HANDLERS, BINDING, ...)                                  \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoe##P, HANDLERS::FusedMoe,                         \
+                                ::xla_kernels::moe::BindFusedMoe(BINDING), ##__VA_ARGS__); \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeFp8##P, HANDLERS::FusedMoeFp8,                   \
+                                ::xla_kernels::moe::BindFusedMoeFp8(BINDING),              \
+                                ##__VA_ARGS__);                                            \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeEp##P, HANDLERS::FusedMoeEp,                     \
+                                ::xla_kernels::moe::BindFusedMoeEp(BINDING),               \
+                                ##__VA_ARGS__);                                            \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(XkFusedMoeFp8Ep##P, HANDLERS::FusedMoeFp8Ep,               \
+                                ::xla_kernels::moe::BindFusedMoeFp8Ep(BINDING),            \
+                                ##__VA_ARGS__)
