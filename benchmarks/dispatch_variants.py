@@ -38,7 +38,7 @@ from typing import Any
 
 # Variant name -> environment of its serve-bench run (scripts/gpu/tp.sh runs them all).
 # "base" is serve-bench as it comes: with --async-scheduling --frontend jax on a GPU (this
-# script's default) that includes the PjRt client's async dispatch (cli.async_dispatch_env);
+# script's default) that includes the PjRt client's async dispatch (serving.cli.async_dispatch_env);
 # "sync_dispatch" turns it off. (An "async_dispatch" variant, which set the variable to 1,
 # ran the same configuration as "base" and is gone.)
 VARIANTS = {

@@ -59,6 +59,7 @@ from typing import Any
 from decode_trace import record  # benchmarks/ is the script's folder, first on sys.path
 from vllm_throughput import busy_us
 
+from xla_kernels.serving.backend import resolve_backend, resolve_frontend
 from xla_kernels.serving.bench import _decode_batch, _replay_ms, make_runner
 from xla_kernels.serving.config import (
     ATTENTIONS,
@@ -131,7 +132,8 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
     check_memory(model, engine, 1, device)
     with jax.default_device(device):
         weights = init_weights(model, args.seed)
-        runner = make_runner(args.frontend, model, weights, engine, args.attention)
+        runner = make_runner(resolve_frontend(args.frontend), model, weights, engine,
+                             resolve_backend(model, args.attention))
     batch = _decode_batch(engine, args.batch, args.context)
     return {"model": model, "engine": engine, "weights": weights, "runner": runner,
             "batch": batch, "prepared": runner.prepare(batch), "device": device}

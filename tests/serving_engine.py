@@ -1,7 +1,7 @@
 """Running the paged engine in the serving tests: a small workload and engine shared by the
-tiny-model tests, fresh copies of the requests (an engine consumes them), one run on a
-shuffled or ordered block allocator, the dense reference's tokens to compare with, and a
-script run on two fake CPU devices (tensor parallel)."""
+tiny-model tests, a runner made from option words, fresh copies of the requests (an engine
+consumes them), one run on a shuffled or ordered block allocator, the dense reference's
+tokens to compare with, and a script run on two fake CPU devices (tensor parallel)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ SMALL_WORKLOAD = Workload(requests=5, prompt_len=24, new_tokens=8, prompt_spread
                           output_spread=0.7, arrival_every=2)
 SMALL_ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,
                             token_budget=32)
+
+
+def make_runner(frontend: str, config, weights, engine: EngineConfig,
+                attention: str = "xla-kernels", tp: int = 1, *, moe: str = "auto"):
+    """The runner serve-bench makes for these option words, resolved as it resolves them
+    (:func:`~xla_kernels.serving.backend.resolve_backend`)."""
+    from xla_kernels.serving import bench
+    from xla_kernels.serving.backend import resolve_backend, resolve_frontend
+
+    return bench.make_runner(resolve_frontend(frontend), config, weights, engine,
+                             resolve_backend(config, attention, moe), tp)
 
 
 def fresh(requests: list[Request]) -> list[Request]:

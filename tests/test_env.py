@@ -19,7 +19,7 @@ OTHER_USES = {
     "env.py": "the reader",
     "bench.py": "environment(): sets variables for a block and restores them",
     "serving/bench.py": "records the runtime's settings (XLA_FLAGS, ...) in result files",
-    "cli.py": "serve-bench sets PJRT_GPU_ENABLE_ASYNC_DISPATCH for JAX unless already set",
+    "serving/cli.py": "serve-bench sets PJRT_GPU_ENABLE_ASYNC_DISPATCH for JAX unless already set",
     "vllm/check.py": "sets vLLM's and JAX's variables before importing them",
     "vllm/platform.py": "sets vLLM's VLLM_ENABLE_V1_MULTIPROCESSING",
 }

@@ -10,6 +10,7 @@ import re
 import jax
 import pytest
 
+from xla_kernels.serving.attention import Attention
 from xla_kernels.serving.bench import BenchOptions, _decode_batch, attention_replay, serve_bench
 from xla_kernels.serving.config import EngineConfig, preset
 
@@ -35,7 +36,8 @@ def test_the_attention_replay_updates_the_caches_in_place(attention):
     engine = EngineConfig(block_size=16, num_blocks=40, max_num_seqs=4, max_model_len=48,
                           token_budget=32)
     with jax.default_device(jax.devices("cpu")[0]):
-        jitted, args = attention_replay(config, engine, attention, _decode_batch(engine, 4, 40))
+        jitted, args = attention_replay(config, engine, Attention(attention),
+                                        _decode_batch(engine, 4, 40))
         hlo = jitted.lower(*args).compile().as_text()
     cache_elements = 40 * 16 * config.num_kv_heads * config.head_dim
     copies = [line for line in hlo.splitlines()

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serving_engine import fresh, run_engine
+from serving_engine import fresh, make_runner, run_engine
 from xla_kernels import cli
 from xla_kernels.serving.batch import empty_batch
-from xla_kernels.serving.bench import make_requests, make_runner
+from xla_kernels.serving.bench import make_requests
 from xla_kernels.serving.blocks import BlockAllocator
 from xla_kernels.serving.config import EngineConfig, ServingConfigError, Workload, preset
 from xla_kernels.serving.engine import Engine, Request

@@ -20,6 +20,7 @@ from serving_engine import (
     SMALL_ENGINE,
     SMALL_WORKLOAD,
     fresh,
+    make_runner,
     reference_tokens,
     run_engine,
     run_on_two_cpu_devices,
@@ -27,8 +28,9 @@ from serving_engine import (
 from xla_kernels import cli
 from xla_kernels.kernels.fp8_weights import fp8_quantize
 from xla_kernels.serving.attention import dense_attention
+from xla_kernels.serving.backend import resolve_backend
 from xla_kernels.serving.batch import empty_batch
-from xla_kernels.serving.bench import make_requests, make_runner
+from xla_kernels.serving.bench import make_requests
 from xla_kernels.serving.config import (
     ServingConfigError,
     preset,
@@ -180,7 +182,7 @@ def test_fp8_logits_are_near_the_unquantized_models(fmt, gain, cpu):
         return dense_attention(q, k, v, positions, positions)
 
     def logits(config, w):
-        hidden = decoder(w, config, tokens, positions, attention, ops="xla-kernels")
+        hidden = decoder(w, config, tokens, positions, attention, resolve_backend(config))
         return np.asarray((hidden @ w["lm_head.weight"].T).astype(jnp.float32), np.float64)
 
     want, got = logits(model, weights), logits(model.with_weights(fmt), fp8)
@@ -194,11 +196,12 @@ def test_fp8_logits_are_near_the_unquantized_models(fmt, gain, cpu):
 TP_SCRIPT = textwrap.dedent("""
     import re
     from xla_kernels.serving.batch import empty_batch
-    from xla_kernels.serving.bench import make_requests, make_runner
+    from xla_kernels.serving.bench import make_requests
     from xla_kernels.serving.config import preset
     from xla_kernels.serving.engine import Engine
     from xla_kernels.serving.weights import init_weights
-    from serving_engine import SMALL_ENGINE, SMALL_WORKLOAD, fresh, reference_tokens
+    from serving_engine import (SMALL_ENGINE, SMALL_WORKLOAD, fresh, make_runner,
+                                reference_tokens)
 
     TINY = preset("tiny").with_weights("fp8")
     WEIGHTS = init_weights(TINY, seed=0)

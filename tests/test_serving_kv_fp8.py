@@ -24,6 +24,7 @@ from serving_engine import (
     SMALL_ENGINE,
     SMALL_WORKLOAD,
     fresh,
+    make_runner,
     reference_tokens,
     run_engine,
     run_on_two_cpu_devices,
@@ -33,7 +34,7 @@ from xla_kernels.kernels.kv_cache import quantize_fp8_xla, reshape_and_cache
 from xla_kernels.kernels.paged_cache import quantize_fp8
 from xla_kernels.serving.attention import as_cached, attention_queries
 from xla_kernels.serving.batch import empty_batch
-from xla_kernels.serving.bench import kv_cache_bytes, make_requests, make_runner
+from xla_kernels.serving.bench import kv_cache_bytes, make_requests
 from xla_kernels.serving.config import ServingConfigError, preset
 from xla_kernels.serving.engine import Engine
 from xla_kernels.serving.weights import init_weights
@@ -136,11 +137,12 @@ def test_the_ops_read_and_write_the_e4m3_caches_with_bf16_queries(frontend, cpu,
 # Tensor parallel: two fake CPU devices (a fresh process) ---------------------------------
 
 TP_SCRIPT = textwrap.dedent("""
-    from xla_kernels.serving.bench import make_requests, make_runner
+    from xla_kernels.serving.bench import make_requests
     from xla_kernels.serving.config import preset
     from xla_kernels.serving.engine import Engine
     from xla_kernels.serving.weights import init_weights
-    from serving_engine import SMALL_ENGINE, SMALL_WORKLOAD, fresh, reference_tokens
+    from serving_engine import (SMALL_ENGINE, SMALL_WORKLOAD, fresh, make_runner,
+                                reference_tokens)
 
     requests = make_requests(SMALL_WORKLOAD, 512, seed=2)
     for weights in ("model", "fp8"):

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from serving_engine import SMALL_ENGINE, SMALL_WORKLOAD, run_engine
+from serving_engine import SMALL_ENGINE, SMALL_WORKLOAD, make_runner, run_engine
 from xla_kernels import cli
 from xla_kernels.serving.batch import empty_batch
-from xla_kernels.serving.bench import make_runner
 from xla_kernels.serving.config import ServingConfigError, preset
 from xla_kernels.serving.reference import first_divergence
 from xla_kernels.serving.tp import check_tp
@@ -49,7 +48,7 @@ MOE_RUNS = [("xla-kernels", "auto", "xla-kernels"), ("plain-xla", "auto", "plain
 def test_paged_moe_engine_matches_dense_reference(frontend, attention, moe, experts, cpu,
                                                   weights, requests, reference):
     runner = make_runner(frontend, MODEL, weights, SMALL_ENGINE, attention, moe=moe)
-    assert runner.moe == experts
+    assert runner.backend.experts.value == experts
     assert first_divergence(run(runner, requests), reference) is None
 
 

@@ -21,11 +21,11 @@ PRELUDE = textwrap.dedent("""
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
     from xla_kernels.serving.batch import empty_batch
-    from xla_kernels.serving.bench import make_requests, make_runner
+    from xla_kernels.serving.bench import make_requests
     from xla_kernels.serving.config import EngineConfig, Workload, preset
     from xla_kernels.serving.engine import Engine
     from xla_kernels.serving.weights import init_weights
-    from serving_engine import fresh, reference_tokens
+    from serving_engine import fresh, make_runner, reference_tokens
 
     TINY = preset("tiny")
     ENGINE = EngineConfig(block_size=16, num_blocks=24, max_num_seqs=3, max_model_len=64,

@@ -1,9 +1,12 @@
-"""The attention implementations the engine switches between, as JAX functions.
+"""The attention implementations the engine switches between (:class:`Attention`), as JAX
+functions.
 
-* ``"xla-kernels"``: the library's custom calls, ``reshape_and_cache`` (writes the new
-  tokens' K/V in place) then ``ragged_paged_attention``.
-* ``"plain-xla"``: their plain-XLA fallbacks, ``reshape_and_cache_xla`` (a scatter, in place
-  under donation) and ``ragged_paged_attention_xla`` (gather + masked einsum).
+* ``Attention.KERNELS`` (``--attention xla-kernels``): the library's custom calls,
+  ``reshape_and_cache`` (writes the new tokens' K/V in place) then
+  ``ragged_paged_attention``.
+* ``Attention.PLAIN_XLA`` (``plain-xla``): their plain-XLA fallbacks,
+  ``reshape_and_cache_xla`` (a scatter, in place under donation) and
+  ``ragged_paged_attention_xla`` (gather + masked einsum).
 * :func:`dense_attention`: causal attention over contiguous, unpaged K/V: the reference.
 
 Both paged implementations take the caches in vLLM layout [num_blocks, block_size,
@@ -32,12 +35,13 @@ Example:
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import numpy as np
 
 from xla_kernels.serving.batch import StepBatch
-from xla_kernels.serving.config import ATTENTIONS, FP8_CACHE_DTYPE, check_choice
+from xla_kernels.serving.config import FP8_CACHE_DTYPE
 
 KV_SCALE = 1.0
 """The per-tensor k_scale and v_scale of an fp8 cache (see the module doc)."""
@@ -68,38 +72,45 @@ def as_cached(rows: Any, cache_dtype: Any) -> Any:
     return (quantize_fp8_xla(rows, KV_SCALE).astype("float32") * KV_SCALE).astype(rows.dtype)
 
 
-def write_kv(attention: str, key: Any, value: Any, key_cache: Any, value_cache: Any,
-             slot_mapping: Any) -> tuple[Any, Any]:
-    """Write the rows of ``key``/``value`` [tokens, kv_heads, dim] to their slots; returns the
-    updated caches (aliased to the operands: in place under donation)."""
-    if check_choice("--attention", attention, ATTENTIONS) == "xla-kernels":
-        from xla_kernels.kernels.kv_cache import reshape_and_cache
+class Attention(enum.Enum):
+    """Which implementation writes the new K/V to the paged caches and attends over them
+    (``--attention``; the values are the option's words)."""
 
-        return reshape_and_cache(key, value, key_cache, value_cache, slot_mapping,
-                                 k_scale=KV_SCALE, v_scale=KV_SCALE)
-    from xla_kernels.kernels.kv_cache import reshape_and_cache_xla
+    KERNELS = "xla-kernels"
+    """The library's custom calls: ``reshape_and_cache``, ``ragged_paged_attention``."""
+    PLAIN_XLA = "plain-xla"
+    """Their plain-XLA fallbacks: ``reshape_and_cache_xla``, ``ragged_paged_attention_xla``."""
 
-    return reshape_and_cache_xla(key, value, key_cache, value_cache, slot_mapping,
-                                 k_scale=KV_SCALE, v_scale=KV_SCALE)
+    @property
+    def kernel(self) -> bool:
+        """Whether the library's custom calls run (from torch: its torch operators)."""
+        return self is Attention.KERNELS
 
+    def write_kv(self, key: Any, value: Any, key_cache: Any, value_cache: Any,
+                 slot_mapping: Any) -> tuple[Any, Any]:
+        """Write the rows of ``key``/``value`` [tokens, kv_heads, dim] to their slots;
+        returns the updated caches (aliased to the operands: in place under donation)."""
+        from xla_kernels.kernels.kv_cache import reshape_and_cache, reshape_and_cache_xla
 
-def paged_attention(attention: str, queries: Any, key_cache: Any, value_cache: Any,
-                    batch: StepBatch, *, scale: float) -> Any:
-    """Ragged paged attention of ``queries`` [tokens, q_heads, dim] over the caches, which
-    already hold the batch's new tokens; the output in the queries' dtype (an fp8 cache:
-    see :func:`attention_queries`)."""
-    from xla_kernels.kernels.ragged_paged_attention import (
-        ragged_paged_attention,
-        ragged_paged_attention_xla,
-    )
+        fn = reshape_and_cache if self.kernel else reshape_and_cache_xla
+        return fn(key, value, key_cache, value_cache, slot_mapping, k_scale=KV_SCALE,
+                  v_scale=KV_SCALE)
 
-    fn = (ragged_paged_attention
-          if check_choice("--attention", attention, ATTENTIONS) == "xla-kernels"
-          else ragged_paged_attention_xla)
-    out = fn(attention_queries(queries, key_cache.dtype), key_cache, value_cache,
-             batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs, scale=scale,
-             k_scale=KV_SCALE, v_scale=KV_SCALE)
-    return out.astype(queries.dtype)
+    def attend(self, queries: Any, key_cache: Any, value_cache: Any, batch: StepBatch, *,
+               scale: float) -> Any:
+        """Ragged paged attention of ``queries`` [tokens, q_heads, dim] over the caches,
+        which already hold the batch's new tokens; the output in the queries' dtype (an fp8
+        cache: see :func:`attention_queries`)."""
+        from xla_kernels.kernels.ragged_paged_attention import (
+            ragged_paged_attention,
+            ragged_paged_attention_xla,
+        )
+
+        fn = ragged_paged_attention if self.kernel else ragged_paged_attention_xla
+        out = fn(attention_queries(queries, key_cache.dtype), key_cache, value_cache,
+                 batch.kv_lens, batch.block_tables, batch.cu_q_lens, batch.num_seqs,
+                 scale=scale, k_scale=KV_SCALE, v_scale=KV_SCALE)
+        return out.astype(queries.dtype)
 
 
 def dense_attention(queries: Any, keys: Any, values: Any, q_positions: Any,
@@ -128,5 +139,5 @@ def dense_attention(queries: Any, keys: Any, values: Any, q_positions: Any,
     return out.reshape(b, t, hq, d).astype(queries.dtype)
 
 
-__all__ = ["KV_SCALE", "as_cached", "attention_queries", "dense_attention", "is_fp8",
-           "paged_attention", "write_kv"]
+__all__ = ["KV_SCALE", "Attention", "as_cached", "attention_queries", "dense_attention",
+           "is_fp8"]

@@ -2,8 +2,11 @@
 
 What one run does, in order:
 
-1. Makes the model (seeded random weights) and the runner for ``frontend``, ``attention``
-   and (a mixture-of-experts model's) ``moe`` on ``platform``'s first JAX device.
+1. **Resolves** the options (:func:`resolve`): checks every one and turns them into a
+   :class:`Plan`, whose :class:`~xla_kernels.serving.backend.Backend` says what computes
+   each role of the step (``attention``, a mixture-of-experts model's ``moe``, the
+   ``weights``' projections, the sampling); then (:func:`run`) makes the model (seeded
+   random weights) and the runner for ``frontend`` on ``platform``'s first JAX device.
 2. **Compiles** every bucket with an empty batch (``compile_s``), so no step of the timed
    run compiles.
 3. **Runs** the workload through the engine, a progress bar on stderr, recording every
@@ -28,6 +31,7 @@ What one run does, in order:
    engine in float32 on the same weights upcast exactly (matmuls at "highest" precision),
    against the float32 reference; the timed run's first divergence from the reference in
    the model's own dtype is reported too (``model_dtype_divergence``).
+6. **Reports** (:func:`report`): the run's ``config`` (options resolved), the JSON, the plot.
 
 Example:
     >>> result = serve_bench(BenchOptions(preset="tiny", platform="cpu", requests=2,
@@ -49,16 +53,13 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from xla_kernels.serving.attention import Attention
+from xla_kernels.serving.backend import Backend, Frontend, resolve_backend, resolve_frontend
 from xla_kernels.serving.batch import StepBatch, empty_batch
 from xla_kernels.serving.blocks import BlockAllocator
 from xla_kernels.serving.config import (
-    ATTENTIONS,
     DTYPES,
-    FRONTENDS,
-    KV_CACHE_DTYPES,
-    MOE_IMPLEMENTATIONS,
     PLATFORMS,
-    WEIGHT_FORMATS,
     EngineConfig,
     ModelConfig,
     ServingConfigError,
@@ -67,7 +68,6 @@ from xla_kernels.serving.config import (
     preset_entry,
 )
 from xla_kernels.serving.engine import Engine, Request, StepRecord
-from xla_kernels.serving.moe import moe_implementation
 from xla_kernels.serving.options import (
     BenchOptions,
     check_memory,
@@ -76,7 +76,6 @@ from xla_kernels.serving.options import (
     workload_of,
 )
 from xla_kernels.serving.quantize import weight_bytes
-from xla_kernels.serving.sampling import Sampling
 from xla_kernels.serving.tp import check_tp
 
 
@@ -123,23 +122,18 @@ def _devices(platform: str | None) -> list[Any]:
             f"--platform cpu, or install JAX for your GPU (pip install 'jax[cuda13]').") from e
 
 
-def make_runner(frontend: str, config: ModelConfig, weights: dict[str, Any],
-                engine: EngineConfig, attention: str, tp: int = 1,
-                devices: list[Any] | None = None, sampling: Sampling | None = None,
-                moe: str = "auto") -> Any:
-    """The runner of ``frontend`` ("jax" or "torchax"), over ``tp`` of ``devices``, picking
-    tokens as ``sampling`` says (default greedy), a mixture-of-experts model's experts
-    computed as ``moe`` says (one of :data:`MOE_IMPLEMENTATIONS`; ``auto``: as
-    ``attention``)."""
-    check_choice("--attention", attention, ATTENTIONS)
-    check_choice("--moe", moe, MOE_IMPLEMENTATIONS)
-    if check_choice("--frontend", frontend, FRONTENDS) == "jax":
+def make_runner(frontend: Frontend, config: ModelConfig, weights: dict[str, Any],
+                engine: EngineConfig, backend: Backend, tp: int = 1,
+                devices: list[Any] | None = None) -> Any:
+    """The runner of ``frontend`` over ``tp`` of ``devices``, every role of its step
+    computed as ``backend`` (:func:`~xla_kernels.serving.backend.resolve_backend`) says."""
+    if frontend is Frontend.JAX:
         from xla_kernels.serving.model_jax import JaxRunner
 
-        return JaxRunner(config, weights, engine, attention, tp, devices, sampling, moe)
+        return JaxRunner(config, weights, engine, backend, tp, devices)
     from xla_kernels.serving.model_torch import TorchaxRunner
 
-    return TorchaxRunner(config, weights, engine, attention, tp, devices, sampling, moe)
+    return TorchaxRunner(config, weights, engine, backend, tp, devices)
 
 
 class Progress:
@@ -219,7 +213,7 @@ def _dispatch_ms(runner: Any, prepared: StepBatch, calls: int) -> float:
     return statistics.median(times)
 
 
-def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
+def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: Attention,
                   batch: StepBatch, calls: int, mesh: Any = None) -> float:
     """Median ms of :func:`attention_replay`'s program, its caches donated back each call."""
     jitted, (q, kv, caches, device_batch) = attention_replay(config, engine, attention, batch,
@@ -233,7 +227,7 @@ def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: str,
     return _replay_ms(call, calls)
 
 
-def attention_replay(config: ModelConfig, engine: EngineConfig, attention: str,
+def attention_replay(config: ModelConfig, engine: EngineConfig, attention: Attention,
                      batch: StepBatch, mesh: Any = None) -> tuple[Any, tuple[Any, ...]]:
     """The step's attention alone, as a jitted program and its arguments (queries, new K/V,
     the caches, which it donates, and the batch on the device): ``num_layers`` cache writes
@@ -259,7 +253,6 @@ def attention_replay(config: ModelConfig, engine: EngineConfig, attention: str,
     def put(x: Any, *spec: str | None) -> Any:
         return x if mesh is None else jax.device_put(x, NamedSharding(mesh, P(*spec)))
 
-    from xla_kernels.serving.attention import paged_attention, write_kv
     from xla_kernels.serving.config import cache_shape
 
     rows = batch.token_ids.shape[0]
@@ -275,8 +268,8 @@ def attention_replay(config: ModelConfig, engine: EngineConfig, attention: str,
 
     def layers(q: Any, kv: Any, caches: tuple[Any, Any], batch: StepBatch) -> Any:
         for _ in range(config.num_layers):
-            caches = write_kv(attention, kv, kv, *caches, batch.slot_mapping)
-            q = paged_attention(attention, q, *caches, batch, scale=config.head_dim ** -0.5)
+            caches = attention.write_kv(kv, kv, *caches, batch.slot_mapping)
+            q = attention.attend(q, *caches, batch, scale=config.head_dim ** -0.5)
             # The next write waits for this attention. Each kv head takes the first q head
             # of its group, which tensor parallelism keeps on the same device.
             kv = q.reshape(rows, config.num_kv_heads, -1, config.head_dim)[:, :, 0]
@@ -295,104 +288,151 @@ def _reference_check(config: ModelConfig, weights: dict[str, Any],
     return divergence_report(outputs, [r.id for r in requests], ref)
 
 
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One serve-bench run resolved from its options (:func:`resolve`): every option
+    checked, every word turned into what it names; nothing below this asks again."""
+
+    options: BenchOptions
+    frontend: Frontend
+    model: ModelConfig
+    backend: Backend
+    check_dtype: str
+    devices: list[Any]
+    workload: Workload
+    requests: list[Request]
+    engine: EngineConfig
+
+    @property
+    def device(self) -> Any:
+        return self.devices[0]
+
+
 def serve_bench(options: BenchOptions) -> dict[str, Any]:
     """Run the benchmark (see the module doc); returns the result dictionary (also written
     to ``options.json_path``)."""
-    import jax
+    plan = resolve(options)
+    return report(plan, run(plan))
 
+
+def resolve(options: BenchOptions) -> Plan:
+    """Check ``options`` and resolve them into a :class:`Plan` (step 1 of the module doc,
+    before any weight is made); a bad one is a :class:`ServingConfigError` naming it."""
     entry = preset_entry(options.preset)
-    check_choice("--frontend", options.frontend, FRONTENDS)
-    check_choice("--attention", options.attention, ATTENTIONS)
+    frontend = resolve_frontend(options.frontend)
     model = entry.model.with_dtype(options.dtype) if options.dtype else entry.model
-    model = model.with_weights(check_choice("--weights", options.weights, WEIGHT_FORMATS))
-    model = model.with_kv_cache(check_choice("--kv-cache-dtype", options.kv_cache_dtype,
-                                             KV_CACHE_DTYPES))
+    model = model.with_weights(options.weights).with_kv_cache(options.kv_cache_dtype)
     check_dtype = check_choice("--check-dtype", options.check_dtype or "float32", DTYPES)
+    backend = resolve_backend(model, options.attention, options.moe, sampling_of(options))
     check_options(options, entry)
-    # The experts' implementation (None: a dense model, which has none).
-    moe = moe_implementation(options.attention, options.moe) if model.num_experts else None
     devices = _devices(options.platform)
-    device = devices[0]
     check_tp(model, options.tp, devices)
     workload = workload_of(options, entry)
     requests = make_requests(workload, model.vocab_size, options.seed)
-    engine_config = _engine_config(options, entry, requests)
-    check_memory(model, engine_config, options.tp, device)
+    engine = _engine_config(options, entry, requests)
+    check_memory(model, engine, options.tp, devices[0])
+    return Plan(options, frontend, model, backend, check_dtype, devices, workload, requests,
+                engine)
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    """Compile, run, break down and check ``plan`` (steps 2 to 5 of the module doc); the
+    result without its ``config``."""
+    import jax
 
     from xla_kernels.serving.weights import cast_weights, init_weights
 
-    with jax.default_device(device):
+    options, model = plan.options, plan.model
+    with jax.default_device(plan.device):
         weights = init_weights(model, options.seed)
-        read = weight_bytes(weights, model, options.tp)
-        runner = make_runner(options.frontend, model, weights, engine_config,
-                             options.attention, options.tp, devices, sampling_of(options),
-                             options.moe)
-        start = time.perf_counter()
-        for bucket in engine_config.buckets():
-            batch = empty_batch(bucket, engine_config.max_num_seqs,
-                                engine_config.max_blocks_per_seq)
-            tokens = runner.launch(runner.prepare(batch))
-            if options.async_scheduling:     # compiles the bucket's token feed too
-                tokens = runner.launch(runner.feed(runner.prepare(batch), [], [], tokens))
-            runner.fetch(tokens)
-        compile_s = time.perf_counter() - start
-        compiled = runner.compiled_buckets()
-
-        allocator = BlockAllocator(engine_config.num_blocks,
-                                   shuffle_seed=options.seed if options.shuffle_blocks else None)
-        engine = Engine(runner, engine_config, allocator,
-                        async_scheduling=options.async_scheduling)
-        progress = Progress(len(requests), enabled=options.progress)
-        start = time.perf_counter()
-        outputs = engine.run(_fresh(requests), on_step=progress.update)
-        wall_s = time.perf_counter() - start
-        if runner.compiled_buckets() != compiled:
-            raise AssertionError("a bucket compiled during the timed run")
-
-        result = _metrics(engine, outputs, wall_s)
-        result.update(compile_s=round(compile_s, 3), compiled_programs=compiled, weights=read,
-                      kv_cache=kv_cache_bytes(model, options.tp, engine.records))
-
+        runner = make_runner(plan.frontend, model, weights, plan.engine, plan.backend,
+                             options.tp, plan.devices)
+        engine, outputs, result = _timed_run(plan, runner)
+        result["weights"] = weight_bytes(weights, model, options.tp)
+        result["kv_cache"] = kv_cache_bytes(model, options.tp, engine.records)
         if options.breakdown:
-            result["breakdown"] = _breakdown(runner, engine, model, engine_config,
-                                             options.attention, options.profile_dir)
+            result["breakdown"] = _breakdown(runner, engine, model, plan.engine,
+                                             plan.backend.attention, options.profile_dir)
         del runner, engine                       # frees the caches before the check
 
-        check: dict[str, Any] = {"dtype": check_dtype, "ran": options.reference}
+        check: dict[str, Any] = {"dtype": plan.check_dtype, "ran": options.reference}
         result["matches_reference"] = None
         if options.reference:
-            if check_dtype == model.dtype:
-                divergence = _reference_check(model, weights, requests, outputs)
+            if plan.check_dtype == model.dtype:
+                divergence = _reference_check(model, weights, plan.requests, outputs)
             else:
-                check["model_dtype_divergence"] = _reference_check(model, weights, requests,
-                                                                   outputs)
-                exact = model.with_dtype(check_dtype)
-                exact_weights = cast_weights(weights, check_dtype)
+                check["model_dtype_divergence"] = _reference_check(model, weights,
+                                                                   plan.requests, outputs)
+                exact_weights = cast_weights(weights, plan.check_dtype)
                 del weights
-                with jax.default_matmul_precision("highest"):
-                    exact_runner = make_runner(options.frontend, exact, exact_weights,
-                                               engine_config, options.attention, options.tp,
-                                               devices, moe=options.moe)
-                    exact_out = Engine(exact_runner, engine_config,
-                                       async_scheduling=options.async_scheduling
-                                       ).run(_fresh(requests))
-                    del exact_runner
-                    divergence = _reference_check(exact, exact_weights, requests, exact_out)
+                divergence = _exact_check(plan, exact_weights)
             check["first_divergence"] = divergence
             result["matches_reference"] = divergence is None
         result["reference_check"] = check
+    return result
 
+
+def _timed_run(plan: Plan, runner: Any) -> tuple[Engine, dict[int, list[int]], dict[str, Any]]:
+    """Compile every bucket, then run the workload through the engine, timed: (the engine,
+    its outputs, the result's timings)."""
+    options, engine_config = plan.options, plan.engine
+    start = time.perf_counter()
+    for bucket in engine_config.buckets():
+        batch = empty_batch(bucket, engine_config.max_num_seqs, engine_config.max_blocks_per_seq)
+        tokens = runner.launch(runner.prepare(batch))
+        if options.async_scheduling:     # compiles the bucket's token feed too
+            tokens = runner.launch(runner.feed(runner.prepare(batch), [], [], tokens))
+        runner.fetch(tokens)
+    compile_s = time.perf_counter() - start
+    compiled = runner.compiled_buckets()
+
+    allocator = BlockAllocator(engine_config.num_blocks,
+                               shuffle_seed=options.seed if options.shuffle_blocks else None)
+    engine = Engine(runner, engine_config, allocator, async_scheduling=options.async_scheduling)
+    progress = Progress(len(plan.requests), enabled=options.progress)
+    start = time.perf_counter()
+    outputs = engine.run(_fresh(plan.requests), on_step=progress.update)
+    wall_s = time.perf_counter() - start
+    if runner.compiled_buckets() != compiled:
+        raise AssertionError("a bucket compiled during the timed run")
+    result = _metrics(engine, outputs, wall_s)
+    result.update(compile_s=round(compile_s, 3), compiled_programs=compiled)
+    return engine, outputs, result
+
+
+def _exact_check(plan: Plan, exact_weights: dict[str, Any]) -> dict[str, Any] | None:
+    """The reference check in ``plan.check_dtype``: a second, untimed engine on the weights
+    upcast exactly (matmuls at "highest" precision) against the reference in that dtype."""
+    import jax
+
+    exact = plan.model.with_dtype(plan.check_dtype)
+    with jax.default_matmul_precision("highest"):
+        exact_runner = make_runner(plan.frontend, exact, exact_weights, plan.engine,
+                                   plan.backend, plan.options.tp, plan.devices)
+        exact_out = Engine(exact_runner, plan.engine,
+                           async_scheduling=plan.options.async_scheduling
+                           ).run(_fresh(plan.requests))
+        del exact_runner
+        return _reference_check(exact, exact_weights, plan.requests, exact_out)
+
+
+def report(plan: Plan, result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with the run's ``config`` (and ``plot``), written to ``--json``."""
+    import jax
+
+    options, model, engine_config, device = plan.options, plan.model, plan.engine, plan.device
+    moe = plan.backend.experts.value if plan.backend.experts else None
     result["config"] = {
-        "preset": options.preset, "frontend": options.frontend,
-        "attention": options.attention, "moe": moe, "platform": device.platform,
+        "preset": options.preset, "frontend": plan.frontend.value,
+        "attention": plan.backend.attention.value, "moe": moe, "platform": device.platform,
         "tp": options.tp,
         "async_scheduling": options.async_scheduling,
-        "sampling": dataclasses.asdict(sampling_of(options)),
+        "sampling": dataclasses.asdict(plan.backend.sampling),
         "device": device.device_kind, "dtype": model.dtype, "weights": model.weights,
         "kv_cache_dtype": model.kv_cache,
         "seed": options.seed,
         "model": dataclasses.asdict(model), "params": model.num_params(),
-        "workload": dataclasses.asdict(workload),
+        "workload": dataclasses.asdict(plan.workload),
         "engine": {**dataclasses.asdict(engine_config), "buckets": engine_config.buckets(),
                    "shuffle_blocks": options.shuffle_blocks},
         "jax": jax.__version__,
@@ -409,7 +449,8 @@ def serve_bench(options: BenchOptions) -> dict[str, Any]:
         from xla_kernels.serving.plot import write_step_plot
 
         write_step_plot(result["steps"], plot,
-                        title=f"{options.preset} {options.frontend} {options.attention}"
+                        title=f"{options.preset} {plan.frontend.value} "
+                              f"{plan.backend.attention.value}"
                               + (f" MoE {moe}" if moe else "")
                               + f" on {device.device_kind}")
         result["plot"] = plot
@@ -504,7 +545,7 @@ def _metrics(engine: Engine, outputs: dict[int, list[int]], wall_s: float) -> di
 
 
 def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: EngineConfig,
-               attention: str, profile_dir: str | None) -> dict[str, Any] | None:
+               attention: Attention, profile_dir: str | None) -> dict[str, Any] | None:
     """Replay the largest decode step: device-bound step time and the attention's share."""
     decode = [r for r in engine.records if r.kind == "decode"]
     if not decode:
@@ -566,5 +607,6 @@ def _decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
     return batch
 
 
-__all__ = ["BenchOptions", "Progress", "attention_replay", "kv_cache_bytes", "make_requests",
-           "make_runner", "runtime_env", "serve_bench"]
+__all__ = ["BenchOptions", "Plan", "Progress", "attention_replay", "kv_cache_bytes",
+           "make_requests", "make_runner", "report", "resolve", "run", "runtime_env",
+           "serve_bench"]

@@ -2,17 +2,20 @@
 
 :func:`decoder` is the model once (RMSNorm through the library's ``rms_norm`` op, rotary
 embeddings, GQA attention, SwiGLU MLP or a mixture of experts); the attention is a function
-passed in, so the paged engine (:func:`paged_step`) and the dense reference
-(:mod:`xla_kernels.serving.reference`) share every other line. :class:`JaxRunner` holds the
-weights and the per-layer KV caches and runs one jitted step per bucket with the caches
-donated: each step's ``reshape_and_cache`` updates them in place, nothing is copied.
+passed in, the projections and experts are its
+:class:`~xla_kernels.serving.backend.Backend`'s, so the paged engine (:func:`paged_step`)
+and the dense reference (:mod:`xla_kernels.serving.reference`) share every other line.
+:class:`JaxRunner` holds the weights and the per-layer KV caches and runs one jitted step
+per bucket with the caches donated: each step's ``reshape_and_cache`` updates them in
+place, nothing is copied.
 
 Example:
     >>> from xla_kernels.serving.config import EngineConfig, preset
     >>> from xla_kernels.serving.batch import empty_batch
     >>> from xla_kernels.serving.weights import init_weights
+    >>> from xla_kernels.serving.backend import resolve_backend
     >>> cfg, eng = preset("tiny"), EngineConfig(num_blocks=8, max_num_seqs=2)
-    >>> runner = JaxRunner(cfg, init_weights(cfg), eng, "plain-xla")
+    >>> runner = JaxRunner(cfg, init_weights(cfg), eng, resolve_backend(cfg, "plain-xla"))
     >>> runner.step(empty_batch(16, 2, eng.max_blocks_per_seq)).shape   # doctest: +SKIP
     (2,)
 """
@@ -25,13 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from xla_kernels.serving.attention import paged_attention, write_kv
+from xla_kernels.serving.backend import Backend
 from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig, cache_shape
-from xla_kernels.serving.moe import moe as experts_layer
-from xla_kernels.serving.moe import moe_implementation
-from xla_kernels.serving.quantize import ACTIVATION_SCHEMES, fp8_project
-from xla_kernels.serving.sampling import Sampling, sample_jax
+from xla_kernels.serving.moe import moe
+from xla_kernels.serving.sampling import sample_jax
 from xla_kernels.serving.tp import ROW_PARALLEL, place, zero_caches
 
 Weights = dict[str, Any]
@@ -58,29 +59,21 @@ def rotary(x: Any, positions: Any, theta: float) -> Any:
 
 
 def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: Any,
-            attention: AttentionFn, ops: str = "plain-xla", mesh: Any = None,
-            moe: str = "auto") -> Any:
-    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]. ``ops``: how
-    fp8 projections are computed (:mod:`~xla_kernels.serving.quantize`), and a
-    mixture-of-experts model's experts unless ``moe`` says otherwise: ``"xla-kernels"`` (the
-    library's ops) or ``"plain-xla"``. ``moe``: the experts' implementation (one of
-    :data:`~xla_kernels.serving.config.MOE_IMPLEMENTATIONS`; ``"auto"``: ``ops``; see
-    :mod:`~xla_kernels.serving.moe`). ``mesh``: the tensor-parallel mesh the weights are
-    split over (None: one device), which row-parallel fp8 projections sum over."""
+            attention: AttentionFn, backend: Backend, mesh: Any = None) -> Any:
+    """The final hidden states [..., T, hidden] of ``token_ids`` [..., T]; ``backend``'s
+    projection and experts compute the projections and a mixture-of-experts model's
+    experts. ``mesh``: the tensor-parallel mesh the weights are split over (None: one
+    device), which row-parallel fp8 projections sum over."""
     import jax
 
     from xla_kernels.kernels.rms_norm import rms_norm
 
-    scheme = ACTIVATION_SCHEMES.get(config.weights)
-    experts = moe_implementation(ops, moe)
+    project = backend.projection
 
     def linear(x: Any, name: str) -> Any:      # torch layout: weight [out, in]
-        if scheme is None:
-            return x @ weights[name + ".weight"].T
         row_parallel = name.rsplit(".", 1)[-1] in ROW_PARALLEL
-        return fp8_project(x, weights[name + ".weight"], weights[name + ".weight_scale"],
-                           scheme=scheme, kernel=ops == "xla-kernels",
-                           mesh=mesh if row_parallel else None)
+        return project(x, weights[name + ".weight"], weights.get(name + ".weight_scale"),
+                       mesh=mesh if row_parallel else None)
 
     lead = token_ids.shape
     hq, hkv, d = config.num_q_heads, config.num_kv_heads, config.head_dim
@@ -97,7 +90,7 @@ def decoder(weights: Weights, config: ModelConfig, token_ids: Any, positions: An
         x = x + linear(out, p + "self_attn.o_proj")
         h = rms_norm(x, weights[p + "post_attention_layernorm.weight"], eps=config.rms_eps)
         if config.num_experts:
-            x = x + experts_layer(experts, config, h, weights[p + "mlp.gate.weight"],
+            x = x + moe(backend.experts, config, h, weights[p + "mlp.gate.weight"],
                         weights[p + "mlp.experts.w13_weight"],
                         weights[p + "mlp.experts.w2_weight"])
             continue
@@ -115,52 +108,50 @@ def greedy(weights: Weights, hidden: Any) -> Any:
 
 
 def paged_step(weights: Weights, caches: Caches, batch: StepBatch, *, config: ModelConfig,
-               attention: str, sampling: Sampling | None = None, mesh: Any = None,
-               moe: str = "auto") -> tuple[Any, Caches]:
+               backend: Backend, mesh: Any = None) -> tuple[Any, Caches]:
     """One engine step: every layer writes the batch's K/V to its paged cache, then attends
-    with ragged paged attention; returns (next token of each sequence slot [max_num_seqs],
-    greedy or drawn as ``sampling`` says; the updated caches). ``mesh``: the
-    tensor-parallel mesh, ``moe``: the experts' implementation (see :func:`decoder`)."""
+    with ragged paged attention, as ``backend`` says; returns (next token of each sequence
+    slot [max_num_seqs], greedy or drawn as ``backend.sampling`` says; the updated caches).
+    ``mesh``: the tensor-parallel mesh (see :func:`decoder`)."""
     updated = list(caches)
     scale = config.head_dim ** -0.5
+    attention = backend.attention
 
     def attend(layer: int, q: Any, k: Any, v: Any) -> Any:
-        key_cache, value_cache = write_kv(attention, k, v, *updated[layer], batch.slot_mapping)
+        key_cache, value_cache = attention.write_kv(k, v, *updated[layer], batch.slot_mapping)
         updated[layer] = (key_cache, value_cache)
-        return paged_attention(attention, q, key_cache, value_cache, batch, scale=scale)
+        return attention.attend(q, key_cache, value_cache, batch, scale=scale)
 
-    hidden = decoder(weights, config, batch.token_ids, batch.positions, attend,
-                     ops=attention, mesh=mesh, moe=moe)[batch.logits_indices]
-    if sampling is None or sampling.greedy:
+    hidden = decoder(weights, config, batch.token_ids, batch.positions, attend, backend,
+                     mesh)[batch.logits_indices]
+    if backend.sampling.greedy:
         return greedy(weights, hidden), tuple(updated)
-    return sample_jax(hidden @ weights["lm_head.weight"].T, sampling, batch), tuple(updated)
+    return (sample_jax(hidden @ weights["lm_head.weight"].T, backend.sampling, batch),
+            tuple(updated))
 
 
 class JaxRunner:
     """Runs :func:`paged_step` for the engine: ``step(batch)`` returns the sampled tokens
     [max_num_seqs] as NumPy (the one host sync per step) and keeps the updated caches.
 
-    ``tp > 1`` splits the step over the first ``tp`` of ``devices`` (default: JAX's), kv
-    heads sharded (see :mod:`xla_kernels.serving.tp`); ``self.mesh`` is then its mesh.
-    ``sampling`` (default greedy) says how tokens are picked; ``moe`` how a
-    mixture-of-experts model computes its experts (``self.moe``: the implementation it
-    resolves to, see :func:`~xla_kernels.serving.moe.moe_implementation`)."""
+    ``backend`` (:func:`~xla_kernels.serving.backend.resolve_backend`) says what computes
+    each role of the step. ``tp > 1`` splits the step over the first ``tp`` of ``devices``
+    (default: JAX's), kv heads sharded (see :mod:`xla_kernels.serving.tp`); ``self.mesh``
+    is then its mesh."""
 
     frontend = "jax"
 
     def __init__(self, config: ModelConfig, weights: Weights, engine: EngineConfig,
-                 attention: str, tp: int = 1, devices: Sequence[Any] | None = None,
-                 sampling: Sampling | None = None, moe: str = "auto"):
+                 backend: Backend, tp: int = 1, devices: Sequence[Any] | None = None):
         import jax
 
-        self.moe = moe_implementation(attention, moe)
+        backend.check(config)
         placement = place(config, engine, weights, tp, devices)
-        self.config, self.weights, self.attention = config, placement.weights, attention
+        self.config, self.weights, self.backend = config, placement.weights, backend
         self.caches, self.mesh, self.tp = placement.caches, placement.mesh, tp
         self._batch_sharding = placement.batch_sharding
-        self.jitted = jax.jit(functools.partial(paged_step, config=config, attention=attention,
-                                                sampling=sampling, mesh=placement.mesh,
-                                                moe=self.moe),
+        self.jitted = jax.jit(functools.partial(paged_step, config=config, backend=backend,
+                                                mesh=placement.mesh),
                               donate_argnums=(1,), **placement.jit_kwargs)
 
     def prepare(self, batch: StepBatch) -> StepBatch:

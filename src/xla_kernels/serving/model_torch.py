@@ -25,8 +25,10 @@ Example:
     >>> from xla_kernels.serving.config import EngineConfig, preset
     >>> from xla_kernels.serving.batch import empty_batch
     >>> from xla_kernels.serving.weights import init_weights
+    >>> from xla_kernels.serving.backend import resolve_backend
     >>> cfg, eng = preset("tiny"), EngineConfig(num_blocks=8, max_num_seqs=2)
-    >>> runner = TorchaxRunner(cfg, init_weights(cfg), eng, "xla-kernels")  # doctest: +SKIP
+    >>> runner = TorchaxRunner(cfg, init_weights(cfg), eng,
+    ...                        resolve_backend(cfg))                       # doctest: +SKIP
     >>> runner.step(empty_batch(16, 2, eng.max_blocks_per_seq)).shape         # doctest: +SKIP
     (2,)
 """
@@ -42,10 +44,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xla_kernels.serving.attention import KV_SCALE, paged_attention, write_kv
+from xla_kernels.serving.attention import KV_SCALE
+from xla_kernels.serving.backend import Backend
 from xla_kernels.serving.batch import StepBatch, feed_tokens
 from xla_kernels.serving.config import EngineConfig, ModelConfig
-from xla_kernels.serving.sampling import Sampling, sample_torch
+from xla_kernels.serving.moe import Experts
+from xla_kernels.serving.quantize import Projection
+from xla_kernels.serving.sampling import sample_torch
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -77,23 +82,20 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
 class FP8Linear(nn.Module):
     """A projection with fp8 weights (``--weights fp8`` / ``fp8-dynamic``): ``weight`` [out,
     in] ``float8_e4m3fn`` and ``weight_scale`` [out, 1] f32, vLLM's parameter names.
-    ``torch.ops.xla_kernels.fp8_linear`` computes it (``attention="xla-kernels"``), else
+    ``torch.ops.xla_kernels.fp8_linear`` computes it (``projection.kernel``), else
     ``fp8_linear_xla`` through ``interop.call_jax``; a row-parallel projection split over
     ``mesh`` calls :func:`~xla_kernels.serving.quantize.fp8_project`, which sums the devices'
     partial products."""
 
-    def __init__(self, in_features: int, out_features: int, scheme: str, attention: str,
+    def __init__(self, in_features: int, out_features: int, projection: Projection,
                  mesh: Any = None):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features,
                                                dtype=torch.float8_e4m3fn), requires_grad=False)
         self.weight_scale = nn.Parameter(torch.empty(out_features, 1), requires_grad=False)
-        self.scheme, self.op = scheme, attention == "xla-kernels" and mesh is None
-        from xla_kernels.serving.quantize import fp8_project
-
+        self.scheme, self.op = projection.scheme, projection.kernel and mesh is None
         # call_jax keys its trace cache on the function: make it once.
-        self._jax = functools.partial(fp8_project, scheme=scheme,
-                                      kernel=attention == "xla-kernels", mesh=mesh)
+        self._jax = functools.partial(projection, mesh=mesh)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.op:
@@ -103,16 +105,14 @@ class FP8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
-def projection(config: ModelConfig, in_features: int, out_features: int, attention: str,
-               mesh: Any = None) -> nn.Module:
-    """``nn.Linear`` (no bias) for ``config.weights == "model"``, else :class:`FP8Linear`;
-    ``mesh``: the tensor-parallel mesh of a row-parallel projection (None otherwise)."""
-    from xla_kernels.serving.quantize import ACTIVATION_SCHEMES
-
-    if config.weights == "model":
+def linear(projection: Projection, in_features: int, out_features: int,
+           mesh: Any = None) -> nn.Module:
+    """``nn.Linear`` (no bias) for a projection in the model's dtype, else
+    :class:`FP8Linear`; ``mesh``: the tensor-parallel mesh of a row-parallel projection
+    (None otherwise)."""
+    if not projection.fp8:
         return nn.Linear(in_features, out_features, bias=False)
-    return FP8Linear(in_features, out_features, ACTIVATION_SCHEMES[config.weights], attention,
-                     mesh)
+    return FP8Linear(in_features, out_features, projection, mesh)
 
 
 class RMSNorm(nn.Module):
@@ -130,19 +130,20 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """GQA self-attention over the paged cache: write the new K/V, then attend."""
 
-    def __init__(self, config: ModelConfig, attention: str, mesh: Any = None):
+    def __init__(self, config: ModelConfig, backend: Backend, mesh: Any = None):
         super().__init__()
-        h, d = config.hidden_size, config.head_dim
+        h, d, project = config.hidden_size, config.head_dim, backend.projection
         self.num_q_heads, self.num_kv_heads, self.head_dim = (
             config.num_q_heads, config.num_kv_heads, d)
-        self.theta, self.attention, self.scale = config.rope_theta, attention, d ** -0.5
-        self.q_proj = projection(config, h, config.num_q_heads * d, attention)
-        self.k_proj = projection(config, h, config.num_kv_heads * d, attention)
-        self.v_proj = projection(config, h, config.num_kv_heads * d, attention)
-        self.o_proj = projection(config, config.num_q_heads * d, h, attention, mesh)
+        self.theta, self.scale = config.rope_theta, d ** -0.5
+        self.kernel = backend.attention.kernel
+        self.q_proj = linear(project, h, config.num_q_heads * d)
+        self.k_proj = linear(project, h, config.num_kv_heads * d)
+        self.v_proj = linear(project, h, config.num_kv_heads * d)
+        self.o_proj = linear(project, config.num_q_heads * d, h, mesh)
         # call_jax keys its trace cache on the function: make each one once.
-        self._write_xla = functools.partial(write_kv, "plain-xla")
-        self._attend_xla = functools.partial(paged_attention, "plain-xla", scale=self.scale)
+        self._write_xla = backend.attention.write_kv
+        self._attend_xla = functools.partial(backend.attention.attend, scale=self.scale)
 
     @staticmethod
     def _query_dtype(q: torch.Tensor, key_cache: torch.Tensor) -> torch.dtype:
@@ -161,7 +162,7 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
         q, k = rotary(q, positions, self.theta), rotary(k, positions, self.theta)
         key_cache, value_cache = kv_cache
-        if self.attention == "xla-kernels":
+        if self.kernel:
             torch.ops.xla_kernels.reshape_and_cache(k, v, key_cache, value_cache,
                                                     batch.slot_mapping, k_scale=KV_SCALE,
                                                     v_scale=KV_SCALE)
@@ -179,18 +180,18 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, config: ModelConfig, attention: str, mesh: Any = None):
+    def __init__(self, config: ModelConfig, projection: Projection, mesh: Any = None):
         super().__init__()
         h, inter = config.hidden_size, config.intermediate_size
-        self.gate_proj = projection(config, h, inter, attention)
-        self.up_proj = projection(config, h, inter, attention)
-        self.down_proj = projection(config, inter, h, attention, mesh)
+        self.gate_proj = linear(projection, h, inter)
+        self.up_proj = linear(projection, h, inter)
+        self.down_proj = linear(projection, inter, h, mesh)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Experts(nn.Module):
+class ExpertWeights(nn.Module):
     """The experts' weights in vLLM's fused_moe layout (w13 = [gate; up])."""
 
     def __init__(self, config: ModelConfig):
@@ -202,40 +203,35 @@ class Experts(nn.Module):
 
 class MoE(nn.Module):
     """A mixture of SwiGLU experts: a linear router, then ``torch.ops.xla_kernels.fused_moe``
-    (``--moe xla-kernels``, or ``auto`` under ``--attention xla-kernels``), or the JAX
-    function ``fused_moe_ragged_dot`` (``--moe ragged-dot``) or ``fused_moe_xla``
-    (``plain-xla``) through ``interop.call_jax``; see :mod:`xla_kernels.serving.moe`."""
+    (``Experts.KERNELS``: ``--moe xla-kernels``, or ``auto`` under ``--attention
+    xla-kernels``), or the JAX function ``fused_moe_ragged_dot`` (``--moe ragged-dot``) or
+    ``fused_moe_xla`` (``plain-xla``) through ``interop.call_jax``; see
+    :mod:`xla_kernels.serving.moe`."""
 
-    def __init__(self, config: ModelConfig, attention: str, moe: str = "auto"):
+    def __init__(self, config: ModelConfig, implementation: Experts):
         super().__init__()
-        from xla_kernels.serving.moe import jax_function, moe_implementation
-
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = Experts(config)
-        self.top_k, self.attention = config.experts_per_token, attention
-        self.implementation = moe_implementation(attention, moe)
+        self.experts = ExpertWeights(config)
+        self.top_k, self.implementation = config.experts_per_token, implementation
         # call_jax keys its trace cache on the function: make it once.
-        self._jax = functools.partial(jax_function(self.implementation), top_k=self.top_k)
+        self._jax = functools.partial(implementation.jax_function(), top_k=self.top_k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from xla_kernels.serving.moe import kernel_runs
-
         logits = self.gate(x)
         w13, w2 = self.experts.w13_weight, self.experts.w2_weight
-        if kernel_runs(self.implementation):
+        if self.implementation.kernel:
             return torch.ops.xla_kernels.fused_moe(x, logits, w13, w2, top_k=self.top_k)
         return _interop().call_jax(self._jax, x, logits, w13, w2)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, attention: str, mesh: Any = None,
-                 moe: str = "auto"):
+    def __init__(self, config: ModelConfig, backend: Backend, mesh: Any = None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.self_attn = Attention(config, attention, mesh)
+        self.self_attn = Attention(config, backend, mesh)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_eps)
-        self.mlp = (MoE(config, attention, moe) if config.num_experts
-                    else MLP(config, attention, mesh))
+        self.mlp = (MoE(config, backend.experts) if backend.experts is not None
+                    else MLP(config, backend.projection, mesh))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache,
                 batch: StepBatch) -> tuple[torch.Tensor, KVCache]:
@@ -246,17 +242,16 @@ class DecoderLayer(nn.Module):
 
 class LlamaForServing(nn.Module):
     """The decoder for one engine step: ``forward(caches, batch)`` returns (the next token of
-    each sequence slot, int32 [max_num_seqs], greedy or drawn as ``sampling`` says; the
-    updated caches). ``mesh``: the tensor-parallel mesh (None: one device), which
-    row-parallel fp8 projections sum their partial products over; ``moe``: how a
-    mixture-of-experts model computes its experts (see :class:`MoE`)."""
+    each sequence slot, int32 [max_num_seqs], greedy or drawn as ``backend.sampling`` says;
+    the updated caches), every role computed as ``backend`` says. ``mesh``: the
+    tensor-parallel mesh (None: one device), which row-parallel fp8 projections sum their
+    partial products over."""
 
-    def __init__(self, config: ModelConfig, attention: str, sampling: Sampling | None = None,
-                 mesh: Any = None, moe: str = "auto"):
+    def __init__(self, config: ModelConfig, backend: Backend, mesh: Any = None):
         super().__init__()
-        self.sampling = sampling
+        self.sampling = backend.sampling
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, attention, mesh, moe)
+        self.layers = nn.ModuleList(DecoderLayer(config, backend, mesh)
                                     for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -269,7 +264,7 @@ class LlamaForServing(nn.Module):
             x, kv_cache = layer(x, batch.positions, kv_cache, batch)
             updated.append(kv_cache)
         hidden = self.norm(x)[batch.logits_indices]
-        if self.sampling is None or self.sampling.greedy:
+        if self.sampling.greedy:
             return torch.argmax(self.lm_head(hidden), dim=-1).to(torch.int32), tuple(updated)
         return sample_torch(self.lm_head(hidden), self.sampling, batch), tuple(updated)
 
@@ -277,15 +272,13 @@ class LlamaForServing(nn.Module):
 class TorchaxRunner:
     """Runs :class:`LlamaForServing` for the engine through torchax (see the module doc):
     ``step(batch)`` returns the sampled tokens [max_num_seqs] as NumPy and keeps the updated
-    caches (torchax tensors); ``sampling`` (default greedy) says how tokens are picked,
-    ``moe`` how a mixture-of-experts model computes its experts (``self.moe``: the
-    implementation it resolves to, see :func:`~xla_kernels.serving.moe.moe_implementation`)."""
+    caches (torchax tensors); ``backend``
+    (:func:`~xla_kernels.serving.backend.resolve_backend`) says what computes each role."""
 
     frontend = "torchax"
 
     def __init__(self, config: ModelConfig, weights: dict[str, Any], engine: EngineConfig,
-                 attention: str, tp: int = 1, devices: Sequence[Any] | None = None,
-                 sampling: Sampling | None = None, moe: str = "auto"):
+                 backend: Backend, tp: int = 1, devices: Sequence[Any] | None = None):
         import jax
 
         from xla_kernels.frontends.torchax import register_torchax
@@ -295,10 +288,9 @@ class TorchaxRunner:
         from xla_kernels.kernels.ragged_paged_attention import ragged_paged_attention
         from xla_kernels.kernels.rms_norm import rms_norm
         from xla_kernels.kernels.sampling import sample
-        from xla_kernels.serving.moe import moe_implementation
         from xla_kernels.serving.tp import place
 
-        self.moe = moe_implementation(attention, moe)
+        backend.check(config)
         interop = _interop()
         register_torchax(rms_norm)
         register_torchax(reshape_and_cache)
@@ -308,8 +300,8 @@ class TorchaxRunner:
         register_torchax(fp8_linear)
         placement = place(config, engine, weights, tp, devices)
         with torch.device("meta"):
-            module = LlamaForServing(config, attention, sampling, placement.mesh, self.moe)
-        self.module, self.config, self.attention = module, config, attention
+            module = LlamaForServing(config, backend, placement.mesh)
+        self.module, self.config, self.backend = module, config, backend
         self.mesh, self.tp, self._batch_sharding = placement.mesh, tp, placement.batch_sharding
         self.params = interop.torch_view(placement.weights)
         self.caches = interop.torch_view(placement.caches)
@@ -364,5 +356,5 @@ class TorchaxRunner:
         return int(self._jax_step._cache_size())
 
 
-__all__ = ["MLP", "Attention", "DecoderLayer", "Experts", "FP8Linear", "LlamaForServing", "MoE",
-           "RMSNorm", "TorchaxRunner", "projection", "rotary"]
+__all__ = ["MLP", "Attention", "DecoderLayer", "ExpertWeights", "FP8Linear", "LlamaForServing",
+           "MoE", "RMSNorm", "TorchaxRunner", "linear", "rotary"]

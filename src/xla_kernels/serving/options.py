@@ -3,7 +3,9 @@ or compiled, in one line that names the option and the fix.
 
 :func:`check_options` takes what needs no device (ranges, lengths against the model's
 context, limits against the workload, paths, conflicting options); :func:`check_memory`
-takes the caches against the device's memory once the device is known.
+takes the caches against the device's memory once the device is known. The words that pick
+an implementation (``--frontend``, ``--attention``, ``--moe``) are checked where they are
+resolved, in :mod:`~xla_kernels.serving.backend`.
 
 Example:
     >>> from xla_kernels.serving.config import preset_entry
@@ -30,14 +32,11 @@ from typing import Any
 
 from xla_kernels.kernels.paged_cache import BLOCK_SIZES as PAGED_BLOCK_SIZES
 from xla_kernels.serving.config import (
-    MOE_IMPLEMENTATIONS,
-    PRESETS,
     EngineConfig,
     ModelConfig,
     Preset,
     ServingConfigError,
     Workload,
-    check_choice,
 )
 from xla_kernels.serving.sampling import Sampling
 
@@ -160,7 +159,6 @@ def longest_prompt(workload: Workload) -> int:
 def check_options(options: BenchOptions, entry: Preset) -> None:
     """Refuse what is wrong with ``options`` on preset ``entry`` before any device work."""
     _check_ranges(options)
-    _check_moe(options, entry.model)
     workload = workload_of(options, entry)
     _check_context(options, workload, entry.model)
     _check_engine(options, workload, entry)
@@ -196,30 +194,6 @@ def _check_ranges(options: BenchOptions) -> None:
         raise ServingConfigError(f"--block-size {options.block_size}: the kernels take "
                                  f"{BLOCK_SIZES_TEXT} tokens per block. Fix: pass --block-size "
                                  f"{BLOCK_SIZES_TEXT}.")
-
-
-def _check_moe(options: BenchOptions, model: ModelConfig) -> None:
-    """``--moe`` picks how a mixture-of-experts model computes its experts: on a dense model
-    it would change nothing, so any value but the default is refused rather than ignored (a
-    run labelled with an MoE it never ran would mislead a comparison).
-
-    Example:
-        >>> from xla_kernels.serving.config import preset_entry
-        >>> try:
-        ...     check_options(BenchOptions(moe="ragged-dot"), preset_entry("tiny"))
-        ... except ServingConfigError as e:
-        ...     print(e)                                  # doctest: +NORMALIZE_WHITESPACE
-        --moe ragged-dot: model 'tiny' is dense (no experts), so there is no MoE layer to
-        run. Fix: pass a mixture-of-experts preset (--preset tiny-moe or moe), or drop --moe.
-    """
-    check_choice("--moe", options.moe, MOE_IMPLEMENTATIONS)
-    if options.moe != "auto" and not model.num_experts:
-        moes = [name for name, entry in PRESETS.items() if entry.model.num_experts]
-        spelled = " or ".join([", ".join(moes[:-1]), moes[-1]] if len(moes) > 1 else moes)
-        raise ServingConfigError(
-            f"--moe {options.moe}: model {model.name!r} is dense (no experts), so there is no "
-            f"MoE layer to run. Fix: pass a mixture-of-experts preset (--preset {spelled}), "
-            "or drop --moe.")
 
 
 def _check_context(options: BenchOptions, workload: Workload, model: ModelConfig) -> None:

@@ -4,10 +4,11 @@ At load, ``weights.init_weights`` stores every decoder projection (q/k/v/o, gate
 as e4m3 values (:func:`quantize_e4m3`) with one f32 scale per output channel (vLLM's fp8 checkpoint
 layout: ``<name>.weight`` [out, in] e4m3, ``<name>.weight_scale`` [out, 1]), on the device
 the weights live on. Embeddings, norms and the LM head keep the model's dtype.
-:func:`fp8_project` runs one projection: with the library's ``fp8_linear`` op (``--attention
-xla-kernels``) or its plain-XLA path ``fp8_linear_xla`` (``plain-xla``, and the dense
-reference), weight-only (``fp8``: W8A16) or with per-token activation scales
-(``fp8-dynamic``: W8A8). :func:`weight_bytes` counts what one step reads of the weights.
+:class:`Projection` says how every projection runs, :func:`fp8_project` runs an fp8 one:
+with the library's ``fp8_linear`` op (``--attention xla-kernels``) or its plain-XLA path
+``fp8_linear_xla`` (``plain-xla``, and the dense reference), weight-only (``fp8``: W8A16)
+or with per-token activation scales (``fp8-dynamic``: W8A8). :func:`weight_bytes` counts
+what one step reads of the weights.
 
 Example:
     >>> import numpy as np
@@ -20,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from xla_kernels.serving.config import ModelConfig
@@ -46,6 +48,36 @@ def quantize_e4m3(w: Any) -> tuple[Any, Any]:
     from xla_kernels.kernels.fp8_linear.reference import quantize_activations
 
     return quantize_activations(w)
+
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    """How the decoder's q/k/v/o and gate/up/down projections run: ``scheme`` None, a
+    matmul in the model's dtype; else fp8 weights with ``fp8_linear``'s
+    ``activation_scheme`` (``"none"``: W8A16, ``"dynamic"``: W8A8), computed by the
+    ``fp8_linear`` op (``kernel``) or ``fp8_linear_xla``.
+
+    Example:
+        >>> import numpy as np
+        >>> x, w = np.ones((2, 3), np.float32), np.ones((4, 3), np.float32)
+        >>> Projection()(x, w).shape, Projection().fp8, Projection("none").fp8
+        ((2, 4), False, True)
+    """
+
+    scheme: str | None = None
+    kernel: bool = False
+
+    @property
+    def fp8(self) -> bool:
+        return self.scheme is not None
+
+    def __call__(self, x: Any, weight: Any, scale: Any = None, *, mesh: Any = None) -> Any:
+        """``x`` [..., in] times ``weight`` [out, in] transposed (torch layout); an fp8
+        weight dequantized with ``scale`` [out, 1], summed over ``mesh`` when row-parallel
+        (see :func:`fp8_project`)."""
+        if self.scheme is None:
+            return x @ weight.T
+        return fp8_project(x, weight, scale, scheme=self.scheme, kernel=self.kernel, mesh=mesh)
 
 
 def fp8_project(x: Any, weight: Any, scale: Any, *, scheme: str, kernel: bool,
@@ -118,5 +150,5 @@ def weight_bytes(weights: dict[str, Any], config: ModelConfig, tp: int = 1) -> d
             "projection_bytes": projections}
 
 
-__all__ = ["ACTIVATION_SCHEMES", "PROJECTIONS", "fp8_project", "is_projection",
+__all__ = ["ACTIVATION_SCHEMES", "PROJECTIONS", "Projection", "fp8_project", "is_projection",
            "quantize_e4m3", "weight_bytes"]

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from xla_kernels.serving.attention import as_cached, attention_queries, dense_attention
+from xla_kernels.serving.backend import plain_xla_backend
 from xla_kernels.serving.config import ModelConfig
 from xla_kernels.serving.model_jax import decoder
 
@@ -82,7 +83,8 @@ def _prefill(weights: dict[str, Any], cache: DenseCache, tokens: Any, length: An
                           jax.lax.dynamic_update_slice(vc, v, (index, 0, 0, 0)))
         return _attention(config, q, k, v, positions, positions)
 
-    hidden = decoder(weights, config, tokens[None], positions, attend)
+    hidden = decoder(weights, config, tokens[None], positions, attend,
+                     plain_xla_backend(config))
     return _top2(weights, hidden[0, length - 1]), tuple(updated)
 
 
@@ -103,7 +105,8 @@ def _decode(weights: dict[str, Any], cache: DenseCache, tokens: Any, positions: 
         updated[layer] = (kc, vc)
         return _attention(config, q, kc, vc, positions[:, None], k_positions)
 
-    hidden = decoder(weights, config, tokens[:, None], positions[:, None], attend)
+    hidden = decoder(weights, config, tokens[:, None], positions[:, None], attend,
+                     plain_xla_backend(config))
     return _top2(weights, hidden[:, 0]), tuple(updated)
 
 
