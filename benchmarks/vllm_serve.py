@@ -63,18 +63,20 @@ def reference_texts(directory: Path, max_tokens: int) -> list[str]:
     return texts
 
 
-def wait_healthy(port: int, server: subprocess.Popen, timeout: float) -> float:
+def wait_healthy(base_url: str, server: subprocess.Popen | None, timeout: float) -> float:
+    """Seconds until ``base_url``/health answers 200; an error if ``server`` (None: a server
+    started elsewhere) exits first or ``timeout`` passes."""
     start = time.perf_counter()
     while time.perf_counter() - start < timeout:
-        if server.poll() is not None:
+        if server is not None and server.poll() is not None:
             raise RuntimeError(f"vllm serve exited with {server.returncode}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as r:
                 if r.status == 200:
                     return time.perf_counter() - start
         except OSError:
             time.sleep(1)
-    raise TimeoutError(f"vllm serve not healthy after {timeout} s")
+    raise TimeoutError(f"vllm serve not healthy at {base_url} after {timeout} s")
 
 
 def main() -> int:
@@ -104,7 +106,8 @@ def main() -> int:
         stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
     result: dict = {"server": "vllm serve (OpenAI API) on xla_kernels.vllm", "prompts": PROMPTS}
     try:
-        result["startup_s"] = round(wait_healthy(args.port, server, args.startup_timeout), 1)
+        result["startup_s"] = round(wait_healthy(f"http://127.0.0.1:{args.port}", server,
+                                                      args.startup_timeout), 1)
         from openai import OpenAI
 
         client = OpenAI(base_url=f"http://127.0.0.1:{args.port}/v1", api_key="none")

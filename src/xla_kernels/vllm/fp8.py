@@ -21,9 +21,13 @@ Layout: tpu-inference loads the checkpoint's weight [out, in] and keeps it trans
 * 128 x 128 block scales kept as blocks (the block-scale patch, :func:`keep_weight_blocks`),
   ``weight_scale`` [in / bk, out / bn] f32: ``fp8_linear``'s block scales, transposed.
 
-:func:`linear` hands ``fp8_linear`` ``weight.T`` [out, in] and the scales in its layout
-(the transpose is an XLA op in the compiled step, so each step copies each weight once;
-not measured). Activations stay in the model's dtype (W8A16, ``activation_scheme="none"``),
+:func:`linear` hands ``fp8_linear`` the weight [out, in]. For vLLM's PyTorch models the
+weight is stored that way once, at load (:func:`store_weights_out_in`, after upstream's
+processing): a ``weight.T`` inside the step compiles to a ``transpose_copy_fusion`` feeding
+each ``fp8_linear`` call, so every step would read and write each weight once more. The
+JAX-native models' weights stay [in, out] (their loader is another code path) and still
+pay that copy.
+Activations stay in the model's dtype (W8A16, ``activation_scheme="none"``),
 as vLLM runs fp8 checkpoints where the GPU has no fp8 tensor cores (Marlin;
 tpu-inference's method sets ``use_marlin``).
 
@@ -62,19 +66,26 @@ def block_size(method) -> tuple[int, int] | None:
     return None if size is None else (int(size[0]), int(size[1]))
 
 
-def linear(x, weight, weight_scale, block: tuple[int, int] | None):
-    """``x [..., in] @ (weight * scale)`` with tpu-inference's processed ``weight`` [in, out]
-    (e4m3) and ``weight_scale`` ([out] per output column, or [in / bk, out / bn] per block),
-    through one ``fp8_linear`` call; the result [..., out] in x's dtype."""
+WEIGHT_OUT_IN = "_xla_kernels_weight_out_in"
+"""Set on an fp8 linear method by :func:`store_weights_out_in`: its layer's weights are
+[out, in]."""
+
+
+def linear(x, weight, weight_scale, block: tuple[int, int] | None, out_in: bool = False):
+    """``x [..., in] @ (weight * scale)`` with tpu-inference's processed ``weight`` (e4m3,
+    [in, out] as upstream leaves it, or [out, in] with ``out_in``) and ``weight_scale``
+    ([out] per output column, or [in / bk, out / bn] per block), through one ``fp8_linear``
+    call; the result [..., out] in x's dtype."""
     import jax.numpy as jnp
 
     from xla_kernels.kernels.fp8_linear import fp8_linear
 
+    layout = "[out, in]" if out_in else "[in, out]"
     if weight.ndim != 2 or weight.dtype != jnp.float8_e4m3fn:
         raise _refuse(f"a weight of shape {tuple(weight.shape)} and dtype {weight.dtype} (e4m3 "
-                      "[in, out] expected)", "leave REQUANTIZE_WEIGHT_DTYPE unset (its default "
+                      f"{layout} expected)", "leave REQUANTIZE_WEIGHT_DTYPE unset (its default "
                       "float8_e4m3fn is what fp8_linear takes)")
-    k, out = weight.shape
+    out, k = weight.shape if out_in else weight.shape[::-1]
     if weight_scale is None or weight_scale.ndim not in (1, 2):
         shape = None if weight_scale is None else tuple(weight_scale.shape)
         raise _refuse(f"weight scales of shape {shape} (the quantized matmul kernel's layout)",
@@ -94,11 +105,11 @@ def linear(x, weight, weight_scale, block: tuple[int, int] | None):
         want = (-(-k // bk), -(-out // bn))
         if tuple(weight_scale.shape) != want:
             raise _refuse(f"block scales of shape {tuple(weight_scale.shape)} for a weight "
-                          f"[in, out] {weight.shape} and blocks {block} (expected {want})",
+                          f"{layout} {weight.shape} and blocks {block} (expected {want})",
                           "leave REQUANTIZE_BLOCK_SIZE unset")
         scale, block_shape = weight_scale.T, (bn, bk)
     lead = x.shape[:-1]
-    y = fp8_linear(x.reshape(-1, k), weight.T, scale.astype(jnp.float32),
+    y = fp8_linear(x.reshape(-1, k), weight if out_in else weight.T, scale.astype(jnp.float32),
                    block_shape=block_shape, activation_scheme="none")
     TRACES["fp8_linear"] += 1
     return y.reshape(*lead, out)
@@ -127,7 +138,7 @@ def apply_fused(method, x, weight, weight_scale, bias):
     from tpu_inference.layers.common.utils import slice_sharded_tensor_for_concatenation
 
     _check_reduce(method)
-    out = linear(x, weight, weight_scale, block_size(method))
+    out = linear(x, weight, weight_scale, block_size(method), getattr(method, WEIGHT_OUT_IN, False))
     if bias is not None:
         out += bias
     config = method.linear_config
@@ -141,14 +152,45 @@ def apply_split(method, x, weight_and_scale, bias=None, mesh=None):
     import jax.numpy as jnp
 
     _check_reduce(method)
-    block = block_size(method)
+    block, out_in = block_size(method), getattr(method, WEIGHT_OUT_IN, False)
     outs = []
     for i, (weight, weight_scale) in enumerate(weight_and_scale):
-        out = linear(x, weight, weight_scale, block)
+        out = linear(x, weight, weight_scale, block, out_in)
         if bias is not None:
             out += bias[i]
         outs.append(out)
     return jnp.concatenate(outs, axis=-1)
+
+
+def store_weights_out_in(method, layer) -> None:
+    """After ``VllmFp8LinearMethod.process_weights_after_loading``: ``layer``'s e4m3 weights
+    (one, or one per output shard) stored [out, in], transposed once here with their
+    sharding transposed too (upstream's ``weight_sharding`` is for [in, out]); marks
+    ``method`` (:data:`WEIGHT_OUT_IN`) so that :func:`apply_fused` / :func:`apply_split` take
+    them as they are. The output columns keep upstream's order (the fused shards' reorder
+    for tensor parallelism is along ``out`` either way). A second call does nothing."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from torchax.interop import jax_view, torch_view
+
+    if getattr(method, WEIGHT_OUT_IN, False) or not hasattr(layer, "weight"):
+        return
+    config = method.linear_config
+    sharding = None if config.mesh is None else NamedSharding(
+        config.mesh, P(*tuple(config.weight_sharding)[::-1]))
+    flip = jax.jit(jnp.transpose, out_shardings=sharding)
+
+    def flipped(param):
+        return torch.nn.Parameter(torch_view(flip(jax_view(param))), requires_grad=False)
+
+    if isinstance(layer.weight, torch.nn.ParameterList):
+        layer.weight = torch.nn.ParameterList([flipped(w) for w in layer.weight])
+    else:
+        layer.weight = flipped(layer.weight)
+    setattr(method, WEIGHT_OUT_IN, True)
 
 
 def keep_weight_blocks(weight, weight_scale, *, bias, weight_block_size, requant_block_size,

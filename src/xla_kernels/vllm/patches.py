@@ -309,6 +309,18 @@ def fp8_split_runs_fp8_linear(upstream, method, x, weight_and_scale, bias=None, 
     return fp8.apply_split(method, x, weight_and_scale, bias, mesh)
 
 
+def fp8_weights_stored_out_in(upstream, method, layer):
+    """``tpu_inference.layers.vllm.quantization.fp8.VllmFp8LinearMethod
+    .process_weights_after_loading`` loads a PyTorch model's fp8 linear weight [out, in],
+    transposes it to [in, out] (what TPU's quantized matmul takes) and shards it. Off TPU
+    ``fp8_linear`` takes [out, in]: after upstream's processing the weight is transposed back
+    once, at load, instead of in every step (:func:`xla_kernels.vllm.fp8.store_weights_out_in`)."""
+    upstream(method, layer)
+    from . import fp8
+
+    fp8.store_weights_out_in(method, layer)
+
+
 def fp8_blocks_stay_blocks(upstream, weight, weight_scale, **kwargs):
     """``tpu_inference.layers.common.quantization.fp8.process_blockwise_fp8_linear_weights``
     prepares a block-quantized fp8 weight (a checkpoint with ``weight_block_size``) at load:
@@ -451,6 +463,10 @@ PATCHES: list[Patch] = [
     Patch("tpu_inference.layers.common.quantization.fp8:Fp8LinearMethod", "_apply_split",
           "7540f88928099d2a40c65f5cf84fb359c8614f031f931f26760bced759c2fa47",
           fp8_split_runs_fp8_linear, kind="method"),
+    Patch("tpu_inference.layers.vllm.quantization.fp8:VllmFp8LinearMethod",
+          "process_weights_after_loading",
+          "954f1bc421714f814368f3002b28ee7b51010b0aae7ea55ba33a7ce0883f5897",
+          fp8_weights_stored_out_in, kind="method"),
     Patch("tpu_inference.layers.common.quantization.fp8",
           "process_blockwise_fp8_linear_weights",
           "ebae0307fe28d898f21644ba2e09e87f101f2392933f764f9add4752143b8420",

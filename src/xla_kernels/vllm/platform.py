@@ -159,6 +159,64 @@ def register() -> None:
     _registered = True
 
 
+SPECULATIVE_METHODS = ("ngram", "eagle", "eagle3", "mtp", "dflash", "dspark")
+"""The ``speculative_config`` methods tpu-inference's runner has a proposer for
+(``TPUModelRunner._init_speculative_decoding``: n-gram, and its EAGLE-3 and DFlash proposers
+for vLLM's ``use_eagle()`` methods); any other stops the engine at start-up with
+``NotImplementedError``. Of these only ``ngram`` is tested on this backend."""
+
+
+def _jax_native(vllm_config) -> bool:
+    """Whether tpu-inference will run the model on its JAX-native path (``flax_nnx``): what
+    ``MODEL_IMPL_TYPE`` (default ``auto``) resolves to for the architecture, which must then
+    have a JAX model (otherwise tpu-inference falls back to the PyTorch path)."""
+    from tpu_inference.models.common import model_loader
+
+    if model_loader.resolve_model_impl_type(vllm_config) != "flax_nnx":
+        return False
+    try:
+        model_loader._get_model_architecture(vllm_config.model_config.hf_config)
+    except model_loader.UnsupportedArchitectureError:
+        return False
+    return True
+
+
+def config_refusal(vllm_config) -> str | None:
+    """The message refusing an engine configuration this backend cannot run, naming the
+    feature, why, and the fix; None when it can. :class:`XlaKernelsPlatform` raises it from
+    ``check_and_update_config``, before anything is loaded.
+
+    - ``watermark_config``: only vLLM's CUDA model runner applies watermarks.
+    - LoRA (``enable_lora``) on the JAX-native model path: only the PyTorch path (torchax)
+      has LoRA layers; the engine would stop at start-up ("AssertionError: LoRA is not
+      enabled").
+    - a ``speculative_config`` method outside :data:`SPECULATIVE_METHODS`."""
+    if getattr(vllm_config, "watermark_config", None) is not None:
+        return ("xla_kernels.vllm: watermark_config (and so SamplingParams watermarking) is "
+                "not supported on this backend: only vLLM's CUDA model runner applies "
+                "watermarks, tpu-inference's runner would ignore it. Fix: run without a "
+                "watermark_config")
+    if vllm_config.lora_config is not None and _jax_native(vllm_config):
+        from tpu_inference import envs
+
+        arch = vllm_config.model_config.hf_config.architectures[0]
+        return ("xla_kernels.vllm: LoRA (enable_lora=True) is not supported on "
+                "tpu-inference's JAX-native model path (MODEL_IMPL_TYPE="
+                f"{envs.MODEL_IMPL_TYPE} runs {arch} there): only its "
+                "PyTorch path (torchax) has LoRA layers, and the engine would stop at "
+                "start-up with 'AssertionError: LoRA is not enabled'. Fix: set "
+                "MODEL_IMPL_TYPE=vllm (LoRA adapters work on that path), or run without "
+                "enable_lora")
+    speculative = vllm_config.speculative_config
+    if speculative is not None and speculative.method not in SPECULATIVE_METHODS:
+        return (f"xla_kernels.vllm: speculative_config method {speculative.method!r} is not "
+                "supported on this backend: tpu-inference's model runner has proposers "
+                f"for {', '.join(SPECULATIVE_METHODS)} only, and would stop at start-up with "
+                "NotImplementedError. Fix: use method 'ngram' (tested here), or run without "
+                "speculative_config")
+    return None
+
+
 def _platform_class():
     from tpu_inference.platforms.tpu_platform import TpuPlatform
 
@@ -173,6 +231,9 @@ def _platform_class():
 
         @classmethod
         def check_and_update_config(cls, vllm_config) -> None:
+            message = config_refusal(vllm_config)
+            if message:
+                raise ValueError(message)
             register()
             cache_every_program()
             super().check_and_update_config(vllm_config)
@@ -180,11 +241,6 @@ def _platform_class():
 
             sub_block_size(vllm_config.cache_config.block_size)
             cls.speculative = vllm_config.speculative_config is not None
-            if getattr(vllm_config, "watermark_config", None) is not None:
-                raise ValueError("xla_kernels.vllm: watermark_config (and so SamplingParams "
-                                 "watermarking) is not supported on this backend: only vLLM's "
-                                 "CUDA model runner applies watermarks, tpu-inference's runner "
-                                 "would ignore it. Fix: run without a watermark_config")
 
         speculative = False
         """Whether the engine this process configured runs speculative decoding (set by
