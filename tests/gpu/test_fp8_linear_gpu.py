@@ -38,6 +38,13 @@ SHAPES = {
     "skinny: llama o decode": (1, 4096, 4096, (0, 0)),
     "skinny: partial chunk and rows": (7, 1040, 72, (0, 0)),
     "skinny: 16 tokens": (16, 2048, 520, (0, 0)),
+    # The Hopper path (compute capability 9.0, bf16 x, per-channel scales, no activation
+    # scheme): each of its three tiles, partial tiles in both axes, and an in that CUTLASS
+    # does not take (not a multiple of 16), which falls back.
+    "hopper: llama down, 32 tokens": (32, 14336, 4096, (0, 0)),
+    "hopper: 33 tokens, a partial row tile": (33, 1024, 200, (0, 0)),
+    "hopper: 129 tokens, the large tile": (129, 512, 264, (0, 0)),
+    "hopper: in 40 falls back": (5, 40, 64, (0, 0)),
 }
 
 
@@ -109,6 +116,37 @@ def test_torch_eager_cuda_with_poisoned_memory(rng):
         assert np.isfinite(got).all()
         want = fp8_linear_f64(x, w, s, block_shape=(128, 128), activation_scheme=scheme)
         assert rel(got, want) < TOL["bf16"]
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "x 2 bytes off"])
+def test_torch_eager_per_channel_any_alignment(rng, offset):
+    """The Hopper path needs 16-byte aligned operands (TMA); a view 2 bytes into its storage
+    must take another path, not read the wrong bytes."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    from xla_kernels.frontends.torch import torch_op
+
+    tokens, k, out = 24, 1024, 256
+    x, w, s = make_inputs(rng, tokens, k, out, "bf16", (0, 0))
+    flat = torch.empty(tokens * k + 8, dtype=torch.bfloat16, device="cuda")
+    xt = flat[offset:offset + tokens * k].view(tokens, k)
+    xt.copy_(torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16))
+    y = torch_op(fp8_linear)(
+        xt, torch.from_numpy(w.view(np.uint8)).view(torch.float8_e4m3fn).cuda(),
+        torch.from_numpy(s).cuda())
+    torch.cuda.synchronize()
+    want = fp8_linear_f64(x, w, s, block_shape=(0, 0), activation_scheme="none")
+    assert rel(y.float().cpu().numpy(), want) < TOL["bf16"]
+
+
+def test_the_hopper_path_is_built_where_cutlass_is_found():
+    from xla_kernels.builder import cutlass
+    from xla_kernels.kernels.fp8_linear import hopper_path_built
+
+    if not cutlass.include_dirs():
+        pytest.skip("CUTLASS's headers not found (XLA_KERNELS_CUTLASS_DIR, nvidia-cutlass)")
+    assert hopper_path_built()
 
 
 def test_sanitize_cases_pass():

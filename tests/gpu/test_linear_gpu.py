@@ -91,6 +91,25 @@ def test_torch_eager_on_cuda_writes_every_output(rng, monkeypatch):
     assert rel(y.float().cpu().numpy(), want) < TOL["bf16"]
 
 
+def test_torch_eager_x_two_bytes_off_takes_another_path(rng):
+    """The Hopper path needs 16-byte aligned operands (TMA); a view 2 bytes into its storage
+    must take another path, not read the wrong bytes."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    from xla_kernels.frontends.torch import torch_op
+
+    x, w = inputs(rng, 24, 1024, 256, "f32")
+    flat = torch.empty(24 * 1024 + 8, dtype=torch.bfloat16, device="cuda")
+    xt = flat[1:1 + 24 * 1024].view(24, 1024)
+    xt.copy_(torch.from_numpy(x).to(torch.bfloat16))
+    wt = torch.from_numpy(w).to(torch.bfloat16).cuda()
+    y = torch_op(linear)(xt, wt)
+    torch.cuda.synchronize()
+    want = linear_numpy_f64(xt.float().cpu().numpy(), wt.float().cpu().numpy())
+    assert rel(y.float().cpu().numpy(), want) < TOL["bf16"]
+
+
 def test_sanitizer_cases_run():
     sanitize_cases()
 

@@ -17,7 +17,10 @@
   q[t, i] * W[o, i]``, in f32, rounded once to x's dtype. (vLLM's per-token quantization,
   with a division of x by s_t where vLLM multiplies by its reciprocal.)
 
-Kernels: CPU (``fp8_linear_cpu.cc``) and CUDA (``fp8_linear.cu``): tensor cores for bf16 /
+Kernels: CPU (``fp8_linear_cpu.cc``) and CUDA (``fp8_linear.cu``): on compute capability 9.0,
+bf16 x with per-channel scales and no activation scheme runs CUTLASS's mixed-input Hopper GEMM
+(``fp8_linear_sm90.cu``; built where CUTLASS's headers are found, :func:`hopper_path_built`);
+elsewhere tensor cores for bf16 /
 f16 x with ``in`` a multiple of 128 (``fp8_linear_mma.cuh``: mma.sync, W8A8 on sm_89+, K
 split over CTAs into the f32 workspace output), CUDA cores for the rest; design and
 measurements in docs/kernels/fp8_linear.md. The workspace (:func:`workspace_elements`) is
@@ -43,9 +46,12 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 from xla_kernels.attrs import Attr
+from xla_kernels.builder import cutlass
 from xla_kernels.kernels.fp8_weights import block_scale_shape, dequantize, fp8_quantize
-from xla_kernels.kernels.linear import check_weight_shape
+from xla_kernels.kernels.linear import check_weight_shape, library_answers
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor
 
 from .reference import SCHEMES, fp8_linear_numpy_f64, fp8_linear_xla, quantize_activations
@@ -126,9 +132,19 @@ fp8_linear = Op(
     output_names=("y",),
     sharding_rule=_sharding_rule,
     kernels={"cpu": Kernel(["fp8_linear_cpu.cc"], handler="XkFp8LinearCpu"),
-             "cuda": Kernel(["fp8_linear.cu"], handler="XkFp8LinearCuda")},
+             "cuda": Kernel(["fp8_linear.cu", "fp8_linear_sm90.cu"], handler="XkFp8LinearCuda",
+                            include_dirs=cutlass.include_dirs(), arch_specific=True,
+                            flags=("-DNDEBUG",))},
     doc=__doc__ or "",
 )
+
+
+@functools.cache
+def hopper_path_built() -> bool:
+    """Whether this process's CUDA ``fp8_linear`` library was built with its Hopper path (with
+    CUTLASS's headers)."""
+    return library_answers(fp8_linear, "XkFp8LinearHasSm90")
+
 
 __all__ = [
     "DTYPES",
@@ -140,6 +156,7 @@ __all__ = [
     "fp8_linear_numpy_f64",
     "fp8_linear_xla",
     "fp8_quantize",
+    "hopper_path_built",
     "quantize_activations",
     "workspace_elements",
 ]

@@ -1,7 +1,10 @@
 // fp8_linear on NVIDIA GPUs (design and roofline in docs/kernels/fp8_linear.md). Handler
-// XkFp8LinearCuda, command-buffer compatible, three paths:
+// XkFp8LinearCuda, command-buffer compatible, four paths:
 // * decode (up to 16 tokens, bf16 / f16 x, weight-only, per-channel scales): the skinny GEMM
-//   of xla_kernels/gemm/ (one launch, e4m3 converted in registers);
+//   of xla_kernels/gemm/ (one launch, e4m3 converted in registers); from 9 tokens on, the
+//   Hopper path goes first where it runs;
+// * Hopper (compute capability 9.0, bf16 x, weight-only, per-channel scales, library built
+//   with CUTLASS's headers): CUTLASS's mixed-input GEMM (fp8_linear_sm90.cu);
 // * tensor cores (fp8_linear_mma.cuh) for bf16 / f16 x, in a multiple of 128, block scales of
 //   whole 128-column chunks (W8A8 on sm_89+): a workspace memset, (W8A8) a quantize pass, the
 //   GEMM (K split so that the grid fills the SMs once), a finalize pass;
@@ -29,6 +32,7 @@
 
 #include "fp8_linear_ffi.h"
 #include "fp8_linear_mma.cuh"
+#include "fp8_linear_sm90.h"
 #include "fp8_linear_tuning.h"
 #include "xla/ffi/api/ffi.h"
 #include "xla_kernels/gemm/skinny_kernel.cuh"
@@ -363,6 +367,37 @@ cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
   return cudaGetLastError();
 }
 
+// Up to this many tokens the skinny GEMM goes before the Hopper path: at one token it was
+// 1.03-1.5x faster on each of Llama-3-8B's linears, at 16 the Hopper path was faster in sum
+// (docs/design/gemm.md, "fp8 weights on the Hopper GEMM").
+constexpr int64_t kSkinnyBeforeHopperTokens = 8;
+
+// The fastest path that takes the call (the order of the file's header comment).
+cudaError_t LaunchFastest(cudaStream_t stream, const Shape& s, const Params& p, float* workspace) {
+  const bool skinny = UseSkinny(s, p);
+  const auto launch_skinny = [&] {
+    const gemm::SkinnyParams sp = SkinnyParamsOf(p);
+    return s.dtype == ffi::DataType::BF16
+               ? gemm::LaunchSkinny<__nv_bfloat16, uint8_t>(stream, sp, false)
+               : gemm::LaunchSkinny<__half, uint8_t>(stream, sp, false);
+  };
+  if (skinny && s.tokens <= kSkinnyBeforeHopperTokens) return launch_skinny();
+  cudaError_t status = cudaSuccess;
+  if (s.dtype == ffi::DataType::BF16 && !s.dynamic && s.bk == 0 &&
+      LaunchSm90(stream, {p.w, p.x, p.y, p.scale, s.tokens, s.in, s.out}, &status))
+    return status;
+  if (skinny) return launch_skinny();
+  if (UseMma(s, p)) {
+    return s.dtype == ffi::DataType::BF16 ? LaunchMma<__nv_bfloat16>(stream, p, workspace)
+                                          : LaunchMma<__half>(stream, p, workspace);
+  }
+  switch (s.dtype) {
+    case ffi::DataType::BF16: return Launch<__nv_bfloat16>(stream, p);
+    case ffi::DataType::F16: return Launch<__half>(stream, p);
+    default: return Launch<float>(stream, p);
+  }
+}
+
 ffi::Error Fp8LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
                          ffi::AnyBuffer scale, ffi::Result<ffi::AnyBuffer> y,
                          ffi::Result<ffi::AnyBuffer> workspace,
@@ -386,28 +421,13 @@ ffi::Error Fp8LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w
   p.dynamic = s.dynamic;
   p.vec = s.in % kVec == 0 && reinterpret_cast<uintptr_t>(p.w) % 16 == 0;
   p.vec_scale = s.bk > 0 && s.bk % kVec == 0;
-  cudaError_t status;
-  if (UseSkinny(s, p)) {
-    const gemm::SkinnyParams sp = SkinnyParamsOf(p);
-    status = s.dtype == ffi::DataType::BF16
-                 ? gemm::LaunchSkinny<__nv_bfloat16, uint8_t>(stream, sp, false)
-                 : gemm::LaunchSkinny<__half, uint8_t>(stream, sp, false);
-  } else if (UseMma(s, p)) {
-    if (static_cast<int64_t>(workspace->element_count()) < WorkspaceElements(s) ||
-        workspace->element_type() != ffi::DataType::F32)
-      return InvalidArgument(kOp, "workspace", "expected " +
-                             std::to_string(WorkspaceElements(s)) + " f32 elements",
-                             "call fp8_linear through its Python op, which sizes it");
-    float* ws = static_cast<float*>(workspace->untyped_data());
-    status = s.dtype == ffi::DataType::BF16 ? LaunchMma<__nv_bfloat16>(stream, p, ws)
-                                            : LaunchMma<__half>(stream, p, ws);
-  } else {
-    switch (s.dtype) {
-      case ffi::DataType::BF16: status = Launch<__nv_bfloat16>(stream, p); break;
-      case ffi::DataType::F16: status = Launch<__half>(stream, p); break;
-      default: status = Launch<float>(stream, p); break;
-    }
-  }
+  if (UseMma(s, p) && (static_cast<int64_t>(workspace->element_count()) < WorkspaceElements(s) ||
+                       workspace->element_type() != ffi::DataType::F32))
+    return InvalidArgument(kOp, "workspace", "expected " +
+                           std::to_string(WorkspaceElements(s)) + " f32 elements",
+                           "call fp8_linear through its Python op, which sizes it");
+  const cudaError_t status =
+      LaunchFastest(stream, s, p, static_cast<float*>(workspace->untyped_data()));
   if (status != cudaSuccess)
     return ffi::Error::Internal(std::string(kOp) + ": launch failed: " +
                                 cudaGetErrorString(status));

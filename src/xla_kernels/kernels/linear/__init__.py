@@ -80,17 +80,24 @@ linear = Op(
 )
 
 
-@functools.cache
-def hopper_path_built() -> bool:
-    """Whether this process's CUDA ``linear`` library was built with its Hopper path (with
-    CUTLASS's headers): registers the op for CUDA and asks the library."""
+def library_answers(op: Op, symbol: str) -> bool:
+    """Registers ``op`` for CUDA and returns what its library's C function ``symbol`` (no
+    arguments, an int) says: how ops ask whether their library was built with a path (the
+    Hopper paths' ``Xk*HasSm90``)."""
     import ctypes
 
     from xla_kernels.runtime.registry import ensure_registered
 
-    library = ctypes.CDLL(str(ensure_registered(linear, "cuda").library))
-    return bool(library.XkLinearHasSm90())
+    library = ctypes.CDLL(str(ensure_registered(op, "cuda").library))
+    return bool(getattr(library, symbol)())
 
 
-__all__ = ["DTYPES", "check_weight_shape", "hopper_path_built", "linear", "linear_numpy_f64",
-           "linear_xla"]
+@functools.cache
+def hopper_path_built() -> bool:
+    """Whether this process's CUDA ``linear`` library was built with its Hopper path (with
+    CUTLASS's headers)."""
+    return library_answers(linear, "XkLinearHasSm90")
+
+
+__all__ = ["DTYPES", "check_weight_shape", "hopper_path_built", "library_answers", "linear",
+           "linear_numpy_f64", "linear_xla"]

@@ -63,6 +63,24 @@ cudaError_t LaunchWarps(cudaStream_t stream, const Shape& s, const void* x, cons
   return cudaGetLastError();
 }
 
+// The fastest kernel that takes the call: the Hopper GEMM, else the skinny GEMM (bf16 / f16,
+// rows it supports), else one warp per output.
+cudaError_t Launch(cudaStream_t stream, const Shape& s, const gemm::SkinnyParams& p) {
+  cudaError_t status = cudaSuccess;
+  const gemm::SwapAbCall hopper{p.w, p.x, p.y, nullptr, s.tokens, s.in, s.out};
+  if (LaunchSm90(stream, hopper, s.dtype == ffi::DataType::BF16, &status)) return status;
+  if (s.dtype != ffi::DataType::F32 && gemm::SkinnySupports(p, /*fp8=*/false)) {
+    return s.dtype == ffi::DataType::BF16
+               ? gemm::LaunchSkinny<__nv_bfloat16, __nv_bfloat16>(stream, p, false)
+               : gemm::LaunchSkinny<__half, __half>(stream, p, false);
+  }
+  switch (s.dtype) {
+    case ffi::DataType::BF16: return LaunchWarps<__nv_bfloat16>(stream, s, p.x, p.w, p.y);
+    case ffi::DataType::F16: return LaunchWarps<__half>(stream, s, p.x, p.w, p.y);
+    default: return LaunchWarps<float>(stream, s, p.x, p.w, p.y);
+  }
+}
+
 ffi::Error LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weight,
                       ffi::Result<ffi::AnyBuffer> y) {
   Shape s;
@@ -76,22 +94,7 @@ ffi::Error LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer weig
   p.k = s.in;
   p.n = s.out;
   p.bn = 1;
-  cudaError_t status = cudaSuccess;
-  const Sm90Linear hopper{p.x, p.w, p.y, s.tokens, s.in, s.out, s.dtype == ffi::DataType::BF16};
-  if (LaunchSm90(stream, hopper, &status)) {
-    // launched (or failed to) on the Hopper path
-  } else if (s.dtype != ffi::DataType::F32 && gemm::SkinnySupports(p, /*fp8=*/false)) {
-    status = s.dtype == ffi::DataType::BF16
-                 ? gemm::LaunchSkinny<__nv_bfloat16, __nv_bfloat16>(stream, p, false)
-                 : gemm::LaunchSkinny<__half, __half>(stream, p, false);
-  } else {
-    switch (s.dtype) {
-      case ffi::DataType::BF16: status = LaunchWarps<__nv_bfloat16>(stream, s, p.x, p.w, p.y); break;
-      case ffi::DataType::F16: status = LaunchWarps<__half>(stream, s, p.x, p.w, p.y); break;
-      default: status = LaunchWarps<float>(stream, s, p.x, p.w, p.y); break;
-    }
-  }
-  if (status != cudaSuccess)
+  if (const cudaError_t status = Launch(stream, s, p); status != cudaSuccess)
     return ffi::Error::Internal(std::string(kOp) + ": CUDA error: " + cudaGetErrorString(status));
   return ffi::Error::Success();
 }

@@ -6,8 +6,6 @@
 // prebuilt library (built with them) matches a machine without them.
 #include <cuda_runtime.h>
 
-#include <atomic>
-
 #include "linear_sm90.h"
 
 #if __has_include("cute/tensor.hpp") && __has_include("cutlass/util/packed_stride.hpp")
@@ -22,64 +20,24 @@ namespace xla_kernels::linear {
 #if XK_LINEAR_CUTLASS
 namespace {
 
-constexpr int kMaxDevices = 64;
-
-// Empty: its attributes say which code of this file the device runs (ptxVersion 90 for the
-// sm_90a build; a build for older archs runs here through PTX, without wgmma).
-__global__ void ArchProbe() {}
-
-// Per device: 0 unknown, -1 not compute capability 9.0, else its SM count.
-std::atomic<int> sm90_sms[kMaxDevices];
-
-int Sm90SmCount(int device) {
-  if (device < 0 || device >= kMaxDevices) return -1;
-  int known = sm90_sms[device].load(std::memory_order_relaxed);
-  if (known != 0) return known;
-  int major = 0, minor = 0, sms = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  cudaFuncAttributes probe{};
-  const bool built_for_sm90 = cudaFuncGetAttributes(&probe, ArchProbe) == cudaSuccess &&
-                              probe.ptxVersion == 90;
-  cudaGetLastError();
-  known = major == 9 && minor == 0 && built_for_sm90 ? sms : -1;
-  sm90_sms[device].store(known, std::memory_order_relaxed);
-  return known;
-}
-
 using Bf16 = cutlass::bfloat16_t;
 // Tokens <= 32: 64 weight rows x 16 tokens a tile, K in steps of 128; <= 128: 64 x 64 x 64;
 // more: 128 x 128 x 64 (docs/design/gemm.md, the sweep).
-using SmallTile = gemm::Sm90SwapAbGemm<Bf16, 64, 16, 128>;
-using MediumTile = gemm::Sm90SwapAbGemm<Bf16, 64, 64, 64>;
-using LargeTile = gemm::Sm90SwapAbGemm<Bf16, 128, 128, 64>;
+using SmallTile = gemm::Sm90SwapAbGemm<Bf16, Bf16, 64, 16, 128, false>;
+using MediumTile = gemm::Sm90SwapAbGemm<Bf16, Bf16, 64, 64, 64, false>;
+using LargeTile = gemm::Sm90SwapAbGemm<Bf16, Bf16, 128, 128, 64, false>;
 
 }  // namespace
 
-bool LaunchSm90(cudaStream_t stream, const Sm90Linear& call, cudaError_t* status) {
-  if (!call.bf16) return false;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  const int sms = Sm90SmCount(device);
-  if (sms <= 0) return false;
-  constexpr int64_t kIntMax = 2147483647;
-  if (call.tokens > kIntMax || call.in > kIntMax || call.out > kIntMax) return false;
-  const gemm::SwapAbCall c{call.w, call.x, call.y, call.tokens, call.in, call.out, device, sms};
-  if (call.tokens <= 32) return SmallTile::Launch(c, stream, status);
-  if (call.tokens <= 128) return MediumTile::Launch(c, stream, status);
-  return LargeTile::Launch(c, stream, status);
+bool LaunchSm90(cudaStream_t stream, const gemm::SwapAbCall& call, bool bf16,
+                cudaError_t* status) {
+  if (!bf16 || call.row_scale != nullptr) return false;
+  return gemm::LaunchByTokens<SmallTile, MediumTile, LargeTile>(call, stream, status);
 }
 
 #else
 
-bool LaunchSm90(cudaStream_t, const Sm90Linear&, cudaError_t*) { return false; }
+bool LaunchSm90(cudaStream_t, const gemm::SwapAbCall&, bool, cudaError_t*) { return false; }
 
 #endif
 

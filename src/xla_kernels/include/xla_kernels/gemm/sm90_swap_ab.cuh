@@ -4,6 +4,12 @@
 // (64 or 128) and the few tokens are its N tile (16, 64, ...). Both operands are K-major (the
 // weight as torch stores it, x row-major); D column-major is y [tokens, out] row-major, so
 // nothing is transposed. f32 accumulation, the result rounded once to the output type.
+//
+// Weights narrower than x (e4m3 under bf16 x) take CUTLASS's mixed-input mainloop: the weight
+// tile goes TMA -> shared memory -> registers, is converted there to x's type by CUTLASS's
+// converter (exact: every e4m3 value is a bf16 value; a faster-looking bit move measured
+// slower, docs/design/gemm.md) and feeds wgmma's register operand; x stays in shared memory.
+// A per-output-channel scale is the epilogue's per-row alpha, applied to the f32 sums.
 // Needs -DNDEBUG (CUTLASS's device asserts otherwise serialize every wgmma) and sm_90a.
 // docs/design/gemm.md: why CUTLASS here, the tiles, and what they measured.
 #pragma once
@@ -15,43 +21,48 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/operations.hpp"
+#include "cutlass/epilogue/thread/activation.h"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
+#include "xla_kernels/gemm/sm90_call.h"
+#include "xla_kernels/gemm/sm90_device.cuh"
 
 namespace xla_kernels::gemm {
 
-// One call: y [tokens, out] = x [tokens, in] · w [out, in]^T, all row-major.
-struct SwapAbCall {
-  const void* w;
-  const void* x;
-  void* y;
-  int64_t tokens, in, out;
-  int device, sm_count;
-};
-
 // The tile (kTM weight rows x kTN tokens x kTK of in) of one ping-pong consumer warp group.
-template <class Element, int kTM, int kTN, int kTK>
+// ElementW: the weight's type (ElementX, or narrower: the mixed-input mainloop); kRowScale: y
+// scaled per output channel (SwapAbCall::row_scale), else y is the plain product.
+template <class ElementW, class ElementX, int kTM, int kTN, int kTK, bool kRowScale>
 struct Sm90SwapAbGemm {
   using TileShape = cute::Shape<cute::Int<kTM>, cute::Int<kTN>, cute::Int<kTK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  static constexpr int kAlign = 16 / sizeof(Element);
+  static constexpr int kAlignW = 16 / sizeof(ElementW);
+  static constexpr int kAlignX = 16 / sizeof(ElementX);
 
-  // No C operand: y is written, never read (beta = 0).
+  // No C operand: y is written, never read (beta = 0). The row scale is the per-row alpha (no
+  // bias: its pointer stays null, which CUTLASS reads as zeros without loading).
+  using Fusion = std::conditional_t<
+      kRowScale,
+      cutlass::epilogue::fusion::PerRowLinCombPerRowBiasEltAct<
+          cutlass::epilogue::thread::Identity, ElementX, float, ElementX, ElementX, float>,
+      cutlass::epilogue::fusion::LinearCombination<ElementX, float, void, float>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
-      cutlass::layout::ColumnMajor, kAlign, Element, cutlass::layout::ColumnMajor, kAlign,
-      cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+      cutlass::layout::ColumnMajor, kAlignX, ElementX, cutlass::layout::ColumnMajor, kAlignX,
+      cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor,
-      kAlign, Element, cutlass::layout::ColumnMajor, kAlign, float, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementW, cutlass::layout::RowMajor,
+      kAlignW, ElementX, cutlass::layout::ColumnMajor, kAlignX, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
@@ -60,7 +71,7 @@ struct Sm90SwapAbGemm {
                                                       Epilogue, cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  static typename Gemm::Arguments Arguments(const SwapAbCall& c) {
+  static typename Gemm::Arguments Arguments(const SwapAbCall& c, int device, int sm_count) {
     using Stride = typename Gemm::GemmKernel;
     const int m = static_cast<int>(c.out), n = static_cast<int>(c.tokens),
               k = static_cast<int>(c.in);
@@ -71,23 +82,29 @@ struct Sm90SwapAbGemm {
     const auto sd = cutlass::make_cute_packed_stride(typename Stride::StrideD{},
                                                      cute::make_shape(m, n, 1));
     cutlass::KernelHardwareInfo hw;
-    hw.device_id = c.device;
-    hw.sm_count = c.sm_count;
+    hw.device_id = device;
+    hw.sm_count = sm_count;
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
-        {static_cast<const Element*>(c.w), sa, static_cast<const Element*>(c.x), sb},
-        {{}, nullptr, sd, static_cast<Element*>(c.y), sd},
+        {static_cast<const ElementW*>(c.w), sa, static_cast<const ElementX*>(c.x), sb},
+        {{}, nullptr, sd, static_cast<ElementX*>(c.y), sd},
         hw};
     args.epilogue.thread.alpha = 1.f;
     args.epilogue.thread.beta = 0.f;
+    if constexpr (kRowScale) args.epilogue.thread.alpha_ptr = c.row_scale;
     return args;
   }
 
-  // Launches the GEMM; false (nothing launched) when CUTLASS cannot run this call (alignment,
-  // sizes) or it would need a workspace, which this caller does not have.
-  static bool Launch(const SwapAbCall& c, cudaStream_t stream, cudaError_t* status) {
-    const auto args = Arguments(c);
+  // Launches the GEMM; false (nothing launched) when CUTLASS cannot run this call (a pointer
+  // not 16-byte aligned, which TMA needs and can_implement does not check; row lengths; sizes)
+  // or it would need a workspace, which this caller does not have.
+  static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
+                     cudaError_t* status) {
+    if (kRowScale != (c.row_scale != nullptr)) return false;
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(c.w) || !aligned(c.x) || !aligned(c.y) || !aligned(c.row_scale)) return false;
+    const auto args = Arguments(c, device, sm_count);
     if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return false;
     if (Gemm::get_workspace_size(args) != 0) return false;
     Gemm gemm;
@@ -96,5 +113,19 @@ struct Sm90SwapAbGemm {
     return true;
   }
 };
+
+// Launches the call on the current device with the tile for its token count: Small up to 32
+// tokens, Medium up to 128, Large beyond; false (nothing launched) where the device cannot run
+// sm_90a code, a size passes CUTLASS's int, or the tile's Launch declines.
+template <class Small, class Medium, class Large>
+bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* status) {
+  int device = 0, sms = 0;
+  if (!CurrentSm90Device(&device, &sms)) return false;
+  constexpr int64_t kIntMax = 2147483647;
+  if (c.tokens > kIntMax || c.in > kIntMax || c.out > kIntMax) return false;
+  if (c.tokens <= 32) return Small::Launch(c, device, sms, stream, status);
+  if (c.tokens <= 128) return Medium::Launch(c, device, sms, stream, status);
+  return Large::Launch(c, device, sms, stream, status);
+}
 
 }  // namespace xla_kernels::gemm

@@ -1,0 +1,22 @@
+// One call of the Hopper GEMM (sm90_swap_ab.cuh), in a header free of CUTLASS so that the ops'
+// CUDA files that do not include CUTLASS (linear.cu, fp8_linear.cu) can describe a call.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace xla_kernels::gemm {
+
+// y [tokens, out] = x [tokens, in] · w [out, in]^T, all row-major; with row_scale (f32 [out]),
+// y[t, o] = row_scale[o] · sum_i x[t, i] w[o, i], the product applied in f32 before the one
+// rounding to y's type. w's type is the op's to know (x's, or e4m3 weights).
+struct SwapAbCall {
+  const void* w;
+  const void* x;
+  void* y;
+  const float* row_scale;  // nullptr: no scale
+  int64_t tokens, in, out;
+};
+
+}  // namespace xla_kernels::gemm

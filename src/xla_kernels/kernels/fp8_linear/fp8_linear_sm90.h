@@ -1,0 +1,17 @@
+// fp8_linear's Hopper path, called by fp8_linear.cu (defined in fp8_linear_sm90.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "xla_kernels/gemm/sm90_call.h"
+
+namespace xla_kernels::fp8_linear {
+
+// Launches the call (e4m3 weights, bf16 x and y, f32 row_scale: weight-only with one scale per
+// output channel) on the Hopper path and returns true (the launch's status in *status), or
+// returns false having launched nothing: not a compute capability 9.0 device, a call CUTLASS
+// cannot run (in not a multiple of 16, misaligned pointers), or a library built without
+// CUTLASS.
+bool LaunchSm90(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status);
+
+}  // namespace xla_kernels::fp8_linear
