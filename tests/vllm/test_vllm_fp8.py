@@ -282,7 +282,7 @@ def test_tiny_fp8_generate_matches_transformers_on_the_dequantized_weights(
     """vLLM on an fp8 checkpoint (f16 activations) against transformers (f32) on the same
     weights dequantized; every fp8 linear layer traced through fp8_linear. PyTorch Llama and
     the JAX-native Qwen3 (tpu-inference's JAX Llama cannot load e4m3); tp=2 on two host
-    devices."""
+    devices; no fp8 weight is transposed inside the step."""
     proc, result = _check(tmp_path, "--model", model, "--model-impl", model_impl,
                           "--weights", weights, "--tensor-parallel-size", str(tp))
     assert result["weights"] == weights and result["dtype"] == "float16"
@@ -291,6 +291,8 @@ def test_tiny_fp8_generate_matches_transformers_on_the_dequantized_weights(
     assert all(len(t) == 16 for t in result["tokens"])
     assert result["ran_xla_kernels_fp8_linear"], result["fp8_linear"]
     assert result["fp8_linear"]["traces"]["fp8_linear"] > 0
+    # Every fp8 weight was stored [out, in] at load, on both model paths.
+    assert result["fp8_linear"]["traces"].get(fp8.TRANSPOSED_IN_THE_STEP, 0) == 0, result
     assert result["ran_xla_kernels_attention"], result["attention"]
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -21,12 +21,12 @@ Layout: tpu-inference loads the checkpoint's weight [out, in] and keeps it trans
 * 128 x 128 block scales kept as blocks (the block-scale patch, :func:`keep_weight_blocks`),
   ``weight_scale`` [in / bk, out / bn] f32: ``fp8_linear``'s block scales, transposed.
 
-:func:`linear` hands ``fp8_linear`` the weight [out, in]. For vLLM's PyTorch models the
-weight is stored that way once, at load (:func:`store_weights_out_in`, after upstream's
-processing): a ``weight.T`` inside the step compiles to a ``transpose_copy_fusion`` feeding
-each ``fp8_linear`` call, so every step would read and write each weight once more. The
-JAX-native models' weights stay [in, out] (their loader is another code path) and still
-pay that copy.
+:func:`linear` hands ``fp8_linear`` the weight [out, in], and both model paths store it that
+way once, at load: a ``weight.T`` inside the step compiles to a ``transpose_copy_fusion``
+feeding each ``fp8_linear`` call, so every step would read and write each weight once more.
+vLLM's PyTorch models: :func:`store_weights_out_in`, after upstream's processing of each
+layer; the JAX-native models: :func:`store_model_weights_out_in`, once the whole model is
+loaded (their loader may process a layer before all of its shards have arrived).
 Activations stay in the model's dtype (W8A16, ``activation_scheme="none"``),
 as vLLM runs fp8 checkpoints where the GPU has no fp8 tensor cores (Marlin;
 tpu-inference's method sets ``use_marlin``).
@@ -38,7 +38,9 @@ blocks that would straddle fused or tensor-parallel shards, and a deferred all-r
 a split input axis.
 
 ``TRACES["fp8_linear"]`` counts the ``fp8_linear`` calls traced (one per weight and compiled
-batch shape), so a check can prove the compiled model runs our op.
+batch shape), so a check can prove the compiled model runs our op; of those,
+``TRACES[TRANSPOSED_IN_THE_STEP]`` counts the ones on a weight left [in, out], which the step
+transposes (none when the load-time transposes above ran).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from __future__ import annotations
 from collections import Counter
 
 TRACES: Counter[str] = Counter()
+TRANSPOSED_IN_THE_STEP = "fp8_linear on a weight transposed in the step"
 
 
 class UnsupportedFp8(NotImplementedError):
@@ -112,6 +115,8 @@ def linear(x, weight, weight_scale, block: tuple[int, int] | None, out_in: bool 
     y = fp8_linear(x.reshape(-1, k), weight if out_in else weight.T, scale.astype(jnp.float32),
                    block_shape=block_shape, activation_scheme="none")
     TRACES["fp8_linear"] += 1
+    if not out_in:
+        TRACES[TRANSPOSED_IN_THE_STEP] += 1
     return y.reshape(*lead, out)
 
 
@@ -191,6 +196,44 @@ def store_weights_out_in(method, layer) -> None:
     else:
         layer.weight = flipped(layer.weight)
     setattr(method, WEIGHT_OUT_IN, True)
+
+
+def store_model_weights_out_in(model) -> int:
+    """After the JAX-native ``model`` (tpu-inference's nnx model) is loaded: every fp8 linear
+    layer's e4m3 weight [in, out] (``Fp8TensorwiseLinearMethod``,
+    ``Fp8BlockwiseLinearMethod`` and their merged variants; not a batched einsum's 3-D
+    weight, which stays upstream's) stored [out, in], its sharding transposed with it, and
+    its method marked (:data:`WEIGHT_OUT_IN`) so that :func:`apply_fused` takes it as it is.
+    Returns how many weights were transposed; a second call transposes none."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from tpu_inference.layers.jax.quantization.fp8 import (
+        Fp8BlockwiseLinearMethod,
+        Fp8TensorwiseLinearMethod,
+    )
+
+    flipped = 0
+    for _, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if (not isinstance(method, (Fp8TensorwiseLinearMethod, Fp8BlockwiseLinearMethod))
+                or method.batch_features or getattr(method, WEIGHT_OUT_IN, False)):
+            continue
+        weight = module.weight[...]
+        if weight.ndim != 2 or weight.dtype != jnp.float8_e4m3fn:
+            continue  # linear() refuses it by name at the first trace
+        sharding = weight.sharding
+        if isinstance(sharding, NamedSharding):
+            spec = tuple(sharding.spec) + (None,) * (2 - len(sharding.spec))
+            sharding = NamedSharding(sharding.mesh, P(*spec[::-1]))
+        else:
+            sharding = None
+        module.weight = nnx.Param(jax.jit(jnp.transpose, out_shardings=sharding)(weight))
+        setattr(method, WEIGHT_OUT_IN, True)
+        flipped += 1
+    return flipped
 
 
 def keep_weight_blocks(weight, weight_scale, *, bias, weight_block_size, requant_block_size,

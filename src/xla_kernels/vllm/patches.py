@@ -316,9 +316,26 @@ def fp8_weights_stored_out_in(upstream, method, layer):
     ``fp8_linear`` takes [out, in]: after upstream's processing the weight is transposed back
     once, at load, instead of in every step (:func:`xla_kernels.vllm.fp8.store_weights_out_in`)."""
     upstream(method, layer)
+    if _jax_has_tpu():
+        return
     from . import fp8
 
     fp8.store_weights_out_in(method, layer)
+
+
+def jax_fp8_weights_stored_out_in(upstream, *args, **kwargs):
+    """``tpu_inference.models.common.model_loader._get_nnx_model`` builds a JAX-native model
+    and loads its weights; an fp8 linear layer's weight is loaded [in, out] (what TPU's
+    quantized matmul takes). Off TPU ``fp8_linear`` takes [out, in]: once the model is loaded,
+    each such weight is transposed once, instead of in every step
+    (:func:`xla_kernels.vllm.fp8.store_model_weights_out_in`)."""
+    model = upstream(*args, **kwargs)
+    if _jax_has_tpu():
+        return model
+    from . import fp8
+
+    fp8.store_model_weights_out_in(model)
+    return model
 
 
 def fp8_blocks_stay_blocks(upstream, weight, weight_scale, **kwargs):
@@ -467,6 +484,9 @@ PATCHES: list[Patch] = [
           "process_weights_after_loading",
           "954f1bc421714f814368f3002b28ee7b51010b0aae7ea55ba33a7ce0883f5897",
           fp8_weights_stored_out_in, kind="method"),
+    Patch("tpu_inference.models.common.model_loader", "_get_nnx_model",
+          "ded844630dbd51d3f68610957f8731414db51f5f9d1d2b326a1b97c1ad64292d",
+          jax_fp8_weights_stored_out_in),
     Patch("tpu_inference.layers.common.quantization.fp8",
           "process_blockwise_fp8_linear_weights",
           "ebae0307fe28d898f21644ba2e09e87f101f2392933f764f9add4752143b8420",
