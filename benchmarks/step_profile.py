@@ -5,9 +5,9 @@ For issue "decode step at the HBM roofline", item 1.
 
 Method: the model (seeded random weights), the runner and the decode batch are made the
 way ``xla-kernels serve-bench`` makes them (``serving.bench.make_runner`` and
-``_decode_batch``: ``--batch`` sequences of ``--context`` tokens on disjoint blocks, the
+``decode_batch``: ``--batch`` sequences of ``--context`` tokens on disjoint blocks, the
 step compiled for the bucket holding them). The prepared batch is replayed back to back
-(``serving.bench._replay_ms``, untraced: ``step_ms``), then once more under
+(``serving.bench.replay_ms``, untraced: ``step_ms``), then once more under
 ``torch.profiler`` with the CUDA activity (CUPTI records XLA's kernels in this process too;
 ``decode_trace.record``). From the trace, per step:
 
@@ -60,7 +60,7 @@ from decode_trace import record  # benchmarks/ is the script's folder, first on 
 from vllm_throughput import busy_us
 
 from xla_kernels.serving.backend import resolve_backend, resolve_frontend
-from xla_kernels.serving.bench import _decode_batch, _replay_ms, make_runner
+from xla_kernels.serving.bench import decode_batch, make_runner, replay_ms
 from xla_kernels.serving.config import (
     ATTENTIONS,
     FRONTENDS,
@@ -110,7 +110,7 @@ def category(name: str, cat: str = "kernel") -> str:
 
 def engine_config(entry: Any, batch: int, context: int) -> EngineConfig:
     """The preset's engine limits widened to ``batch`` sequences of ``context`` tokens, every
-    sequence on its own blocks (the decode batch of ``_decode_batch``)."""
+    sequence on its own blocks (the decode batch of ``decode_batch``)."""
     blocks = math.ceil(context / entry.block_size)
     budget = max(entry.token_budget, batch)
     return EngineConfig(block_size=entry.block_size, num_blocks=batch * blocks,
@@ -134,7 +134,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         weights = init_weights(model, args.seed)
         runner = make_runner(resolve_frontend(args.frontend), model, weights, engine,
                              resolve_backend(model, args.attention))
-    batch = _decode_batch(engine, args.batch, args.context)
+    batch = decode_batch(engine, args.batch, args.context)
     return {"model": model, "engine": engine, "weights": weights, "runner": runner,
             "batch": batch, "prepared": runner.prepare(batch), "device": device}
 
@@ -143,13 +143,13 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
 
 def traced_steps(runner: Any, prepared: Any, calls: int) -> tuple[list[dict], int]:
     """Device events of the prepared step replayed back to back, and the number of steps
-    they hold (``_replay_ms`` makes one call before its ``calls``); no events without a
+    they hold (``replay_ms`` makes one call before its ``calls``); no events without a
     CUDA device (torch.profiler then has no activity to record)."""
     import torch
 
     if not torch.cuda.is_available():
         return [], calls + 1
-    events = record(lambda: _replay_ms(lambda: runner.launch(prepared), calls, repeats=1,
+    events = record(lambda: replay_ms(lambda: runner.launch(prepared), calls, repeats=1,
                                        sync=runner.fetch))
     return events, calls + 1
 
@@ -679,7 +679,7 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.empty_cache()
     built = build(args)
     runner, prepared, model = built["runner"], built["prepared"], built["model"]
-    step_ms = _replay_ms(lambda: runner.launch(prepared), args.calls, sync=runner.fetch)
+    step_ms = replay_ms(lambda: runner.launch(prepared), args.calls, sync=runner.fetch)
     tag = f"{args.preset}_{args.batch}x{args.context}"
     from xla_kernels.serving.quantize import weight_bytes
 

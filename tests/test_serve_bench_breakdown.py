@@ -11,7 +11,7 @@ import jax
 import pytest
 
 from xla_kernels.serving.attention import Attention
-from xla_kernels.serving.bench import BenchOptions, _decode_batch, attention_replay, serve_bench
+from xla_kernels.serving.bench import BenchOptions, attention_replay, decode_batch, serve_bench
 from xla_kernels.serving.config import EngineConfig, preset
 
 
@@ -37,7 +37,7 @@ def test_the_attention_replay_updates_the_caches_in_place(attention):
                           token_budget=32)
     with jax.default_device(jax.devices("cpu")[0]):
         jitted, args = attention_replay(config, engine, Attention(attention),
-                                        _decode_batch(engine, 4, 40))
+                                        decode_batch(engine, 4, 40))
         hlo = jitted.lower(*args).compile().as_text()
     cache_elements = 40 * 16 * config.num_kv_heads * config.head_dim
     copies = [line for line in hlo.splitlines()

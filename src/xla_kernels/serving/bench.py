@@ -163,7 +163,7 @@ class Progress:
         self.stream.flush()
 
 
-def _replay_ms(fn: Any, calls: int, repeats: int = 5, sync: Any = None) -> float:
+def replay_ms(fn: Any, calls: int, repeats: int = 5, sync: Any = None) -> float:
     """Median ms per call of ``fn()`` called ``calls`` times back to back, then one
     ``sync(last output)`` (default ``jax.block_until_ready``; a runner's ``fetch``, which
     also waits for torchax tensors, whose leaves ``jax.block_until_ready`` skips)."""
@@ -224,7 +224,7 @@ def _attention_ms(config: ModelConfig, engine: EngineConfig, attention: Attentio
         out, state["caches"] = jitted(q, kv, state["caches"], device_batch)
         return out
 
-    return _replay_ms(call, calls)
+    return replay_ms(call, calls)
 
 
 def attention_replay(config: ModelConfig, engine: EngineConfig, attention: Attention,
@@ -551,21 +551,21 @@ def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: E
     if not decode:
         return None
     widest = max(decode, key=lambda r: (r.num_seqs, r.context_tokens))
-    batch = _decode_batch(engine_config, widest.num_seqs,
+    batch = decode_batch(engine_config, widest.num_seqs,
                           widest.context_tokens // widest.num_seqs)
     prepared = runner.prepare(batch)
     calls = 20
-    step_ms = _replay_ms(lambda: runner.launch(prepared), calls, sync=runner.fetch)
+    step_ms = replay_ms(lambda: runner.launch(prepared), calls, sync=runner.fetch)
     # The engine prepares a new batch every step: new input buffers (what XLA's command
     # buffers must be updated for) and the host-to-device copies.
-    fresh_ms = _replay_ms(lambda: runner.launch(runner.prepare(batch)), calls,
+    fresh_ms = replay_ms(lambda: runner.launch(runner.prepare(batch)), calls,
                           sync=runner.fetch)
     dispatch_ms = _dispatch_ms(runner, prepared, calls)
     if profile_dir:
         import jax
 
         with jax.profiler.trace(profile_dir):
-            _replay_ms(lambda: runner.launch(prepared), calls, repeats=1, sync=runner.fetch)
+            replay_ms(lambda: runner.launch(prepared), calls, repeats=1, sync=runner.fetch)
     attention_ms = _attention_ms(model, engine_config, attention, batch, calls, runner.mesh)
     wall = statistics.median(r.host_ms + r.step_ms for r in decode
                              if r.num_seqs == widest.num_seqs)
@@ -585,7 +585,7 @@ def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: E
     }
 
 
-def _decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
+def decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
     """A decode batch of ``num_seqs`` sequences of ``context`` tokens on disjoint blocks."""
     batch = empty_batch(cfg.bucket(num_seqs), cfg.max_num_seqs, cfg.max_blocks_per_seq)
     per_seq = min(math.ceil(context / cfg.block_size), cfg.max_blocks_per_seq,
@@ -607,6 +607,6 @@ def _decode_batch(cfg: EngineConfig, num_seqs: int, context: int) -> StepBatch:
     return batch
 
 
-__all__ = ["BenchOptions", "Plan", "Progress", "attention_replay", "kv_cache_bytes",
-           "make_requests", "make_runner", "report", "resolve", "run", "runtime_env",
-           "serve_bench"]
+__all__ = ["BenchOptions", "Plan", "Progress", "attention_replay", "decode_batch",
+           "kv_cache_bytes", "make_requests", "make_runner", "replay_ms", "report", "resolve",
+           "run", "runtime_env", "serve_bench"]
