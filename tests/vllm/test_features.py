@@ -2,11 +2,12 @@
 f32): each one must not change greedy tokens (prefix caching, hit on a second pass; chunked
 prefill; n-gram speculative decoding), seeded sampling repeats itself, and a LoRA adapter
 gives the tokens of its merged weights; what the backend cannot run (LoRA on the JAX-native
-model path, a speculative method tpu-inference has no proposer for) is refused by name when
-the engine is configured. Every engine runs in a process of its own (vLLM and tpu-inference
-read their settings at import), the same on the CPU and the GPU (`bash scripts/gpu_vllm.sh
-features OUT`). The features that need a tokenizer (structured outputs, `llm.chat`, stop
-strings, logprobs, `n`) run on SmolLM2's engine in tests/vllm/test_sampling_params.py."""
+model path, a speculative method tpu-inference has no proposer for, watermarks) is refused by
+name when the engine is configured. Every engine runs in a process of its own (vLLM and
+tpu-inference read their settings at import), the same on the CPU and the GPU (`bash
+scripts/gpu_vllm.sh features OUT`). The features that need a tokenizer (structured outputs,
+`llm.chat`, stop strings, logprobs, `n`) run on SmolLM2's engine in
+tests/vllm/test_sampling_params.py."""
 
 from __future__ import annotations
 
@@ -207,3 +208,16 @@ def test_speculative_method_without_a_proposer_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"speculative_config method 'draft_model' is not "
                                          r"supported on this backend.*Fix: use method 'ngram'"):
         _configure(checkpoint.path, speculative_config=draft)
+
+
+def test_watermark_config_is_refused_by_name(tmp_path):
+    """Only vLLM's CUDA model runner applies watermarks; tpu-inference's would generate
+    unwatermarked text without a word, so the engine's configuration is refused."""
+    from xla_kernels.vllm import models
+
+    checkpoint = models.tiny_llama(tmp_path / "model")
+    with pytest.raises(ValueError, match=r"watermark_config \(and so SamplingParams "
+                                         r"watermarking\) is not supported on this backend.*"
+                                         "Fix: run without a watermark_config"):
+        _configure(checkpoint.path, watermark_config={"key": 7})
+    assert _configure(checkpoint.path).watermark_config is None
