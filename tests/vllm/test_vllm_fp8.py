@@ -276,13 +276,17 @@ def _check(tmp_path, *args):
     ("tiny", "vllm", "fp8-block", 1),
     ("tiny-qwen3", "flax_nnx", "fp8-block", 1),
     ("tiny", "vllm", "fp8", 2),
-], ids=["torch-per-tensor", "torch-block", "jax-block", "torch-per-tensor-tp2"])
+    ("tiny", "vllm", "fp8-channel", 1),
+    ("tiny", "vllm", "fp8-static", 1),
+], ids=["torch-per-tensor", "torch-block", "jax-block", "torch-per-tensor-tp2",
+        "torch-compressed-channel", "torch-compressed-static"])
 def test_tiny_fp8_generate_matches_transformers_on_the_dequantized_weights(
         tmp_path, model, model_impl, weights, tp):
     """vLLM on an fp8 checkpoint (f16 activations) against transformers (f32) on the same
     weights dequantized; every fp8 linear layer traced through fp8_linear. PyTorch Llama and
-    the JAX-native Qwen3 (tpu-inference's JAX Llama cannot load e4m3); tp=2 on two host
-    devices; no fp8 weight is transposed inside the step."""
+    the JAX-native Qwen3 (tpu-inference's JAX Llama cannot load e4m3); vLLM's Fp8Config and
+    compressed-tensors checkpoints; tp=2 on two host devices; no fp8 weight is transposed
+    inside the step."""
     proc, result = _check(tmp_path, "--model", model, "--model-impl", model_impl,
                           "--weights", weights, "--tensor-parallel-size", str(tp))
     assert result["weights"] == weights and result["dtype"] == "float16"
@@ -301,7 +305,8 @@ def test_tiny_fp8_generate_matches_transformers_on_the_dequantized_weights(
     ("tiny", "fp8-block", "has no e4m3", "--model-impl vllm, or --model tiny-qwen3"),
     ("tiny-qwen3", "fp8", "one scale per output channel", "--weights fp8-block"),
     ("tiny-moe", "fp8", "experts would be fp8 too", "--model tiny"),
-], ids=["jax-llama", "jax-per-tensor", "moe"])
+    ("tiny-qwen3", "fp8-channel", "PyTorch model path only", "--model-impl vllm"),
+], ids=["jax-llama", "jax-per-tensor", "moe", "jax-compressed-tensors"])
 def test_the_check_refuses_fp8_runs_upstream_cannot_load(model, weights, what, fix):
     from xla_kernels.vllm import check
 

@@ -127,7 +127,11 @@ def _check_weights(model: str, model_impl: str, weights: str) -> None:
                              "(Llama) reads safetensors through NumPy, which has no e4m3 "
                              "dtype (AttributeError at load). Fix: --model-impl vllm, or "
                              f"--model {' or '.join(models.FP8_JAX_MODELS)}")
-        if models.FP8_WEIGHTS[weights] is None:
+        if models.FP8_WEIGHTS[weights].quant_method != "fp8":
+            raise ValueError(f"xla_kernels.vllm.check: --weights {weights} (compressed-tensors) "
+                             "is checked on the PyTorch model path only. Fix: --model-impl "
+                             "vllm")
+        if models.FP8_WEIGHTS[weights].scales == "tensor":
             raise ValueError("xla_kernels.vllm.check: tpu-inference's JAX-native fp8 layers "
                              "take one scale per output channel, not a per-tensor checkpoint's "
                              "(RuntimeError at load). Fix: --weights fp8-block, or "
@@ -157,8 +161,7 @@ def check(model: str, platform: str, model_impl: str, max_tokens: int, *,
         kwargs = models.FP8_MODEL_KWARGS.get(model, {}) if weights != "checkpoint" else {}
         checkpoint = models.MODELS[model](Path(tmp) / "model", **kwargs)
         if weights != "checkpoint":
-            checkpoint = models.fp8_weights(checkpoint, Path(tmp),
-                                            block_size=models.FP8_WEIGHTS[weights])
+            checkpoint = models.fp8_weights(checkpoint, Path(tmp), models.FP8_WEIGHTS[weights])
         ref_path = checkpoint.reference_path or checkpoint.path
         start = time.perf_counter()
         ref_model = reference.load(ref_path, kv_cache_dtype)
@@ -230,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
                         choices=("checkpoint", *models.FP8_WEIGHTS),
                         help="fp8: the model's linear layers written as an fp8 checkpoint "
                              "(e4m3, one scale per weight), fp8-block: with 128x128 block "
-                             "scales; vLLM then runs in f16 (--dtype), transformers in f32 "
-                             "on the dequantized weights")
+                             "scales, fp8-channel: one scale per output channel, in the "
+                             "compressed-tensors format (llm-compressor's FP8_DYNAMIC); vLLM "
+                             "then runs in f16 (--dtype), transformers in f32 on the "
+                             "dequantized weights")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="vLLM's activation dtype; default float32, float16 with fp8 "
                              "weights")

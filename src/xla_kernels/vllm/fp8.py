@@ -167,6 +167,62 @@ def apply_split(method, x, weight_and_scale, bias=None, mesh=None):
     return jnp.concatenate(outs, axis=-1)
 
 
+def per_tensor_scales_per_channel(method, layer) -> bool:
+    """Before ``VllmCompressedTensorsW8A8Fp8.process_weights_after_loading`` of a layer with
+    per-tensor scales (one per fused shard, the widths ``layer.logical_widths``): each scale
+    repeated over its shard's output rows ([out, 1], the per-channel layout), and True: the
+    caller then runs upstream's per-channel processing, which keeps the checkpoint's e4m3
+    values. (Upstream's per-tensor processing dequantizes the shards and quantizes the fused
+    weight again with one scale: other numbers than the checkpoint's, which moved greedy
+    tokens of the check's tiny Llama by up to 0.17 logits.) False (nothing changed) for
+    other strategies."""
+    import torch
+    from compressed_tensors.quantization import QuantizationStrategy
+
+    if method.strategy != QuantizationStrategy.TENSOR:
+        return False
+    widths = torch.tensor(list(layer.logical_widths))
+    scale = layer.weight_scale.data.reshape(-1).to(torch.float32)
+    if scale.numel() != len(widths):
+        raise _refuse(f"{scale.numel()} per-tensor scales for {len(widths)} fused shards",
+                      "a checkpoint with one weight_scale per q/k/v or gate/up shard")
+    layer.weight_scale = torch.nn.Parameter(
+        torch.repeat_interleave(scale, widths).unsqueeze(1), requires_grad=False)
+    return True
+
+
+def apply_compressed_tensors(method, layer, x, bias):
+    """``VllmCompressedTensorsW8A8Fp8._apply_fused`` / ``._apply_split`` off TPU (a
+    compressed-tensors fp8 checkpoint on vLLM's PyTorch models): one ``fp8_linear`` per
+    weight (the fused one, or one per output shard), W8A16 as for vLLM's ``Fp8Config``: the
+    activations stay in the model's dtype, so a static input scale (``input_scale``) is not
+    applied (vLLM's Marlin path on GPUs without fp8 tensor cores does the same); then the
+    bias and upstream's own split and concatenation of the shards."""
+    import jax.numpy as jnp
+    from torchax.interop import jax_view, torch_view
+    from tpu_inference.layers.common.utils import slice_sharded_tensor_for_concatenation
+
+    _check_reduce(method)
+    config = method.linear_config
+    block, out_in = block_size(method), getattr(method, WEIGHT_OUT_IN, False)
+    xj = jax_view(x)
+    with_bias = bias is not None and not layer.skip_bias_add
+    if config.fuse_matmuls:
+        out = linear(xj, jax_view(layer.weight), jax_view(layer.weight_scale), block, out_in)
+        if with_bias:
+            out += jax_view(bias)
+        outs = slice_sharded_tensor_for_concatenation(out, config.output_sizes, config.n_shards)
+        return torch_view(jnp.concatenate(outs, axis=-1))
+    outs = []
+    for i, (weight, weight_scale) in enumerate(zip(layer.weight, layer.weight_scale,
+                                                   strict=True)):
+        out = linear(xj, jax_view(weight), jax_view(weight_scale), block, out_in)
+        if with_bias:
+            out += jax_view(bias[i])
+        outs.append(out)
+    return torch_view(jnp.concatenate(outs, axis=-1))
+
+
 def store_weights_out_in(method, layer) -> None:
     """After ``VllmFp8LinearMethod.process_weights_after_loading``: ``layer``'s e4m3 weights
     (one, or one per output shard) stored [out, in], transposed once here with their

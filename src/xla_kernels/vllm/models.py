@@ -159,9 +159,36 @@ MOE_MODELS = ("tiny-moe", "tiny-moe-unnormalized")
 FP8_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """The decoder's linear layers an fp8 checkpoint stores in e4m3 (not the embeddings, the
 lm_head or the norms)."""
-FP8_WEIGHTS = {"fp8": None, "fp8-block": (128, 128)}
-"""``--weights`` of the check: per-tensor scales (one per linear layer, per q/k/v and
-gate/up shard), or 128 x 128 block scales (DeepSeek's ``weight_block_size``)."""
+
+
+@dataclass(frozen=True)
+class Fp8Format:
+    """How :func:`fp8_weights` writes a checkpoint: ``scales`` ``"tensor"`` (one per linear
+    layer), ``"block"`` (one per ``block_size`` block) or ``"channel"`` (one per output
+    row); ``quant_method`` the config's: ``"fp8"`` (vLLM's ``Fp8Config``) or
+    ``"compressed-tensors"`` (llm-compressor's format, ``FP8_DYNAMIC``: per-channel weights,
+    activations quantized per token at run time)."""
+
+    scales: str
+    block_size: tuple[int, int] | None = None
+    quant_method: str = "fp8"
+    static_input: bool = False
+    """compressed-tensors: a static per-tensor activation scale (``input_scale``, 1.0 here:
+    the W8A16 layers do not quantize activations) instead of dynamic per-token ones."""
+
+
+FP8_WEIGHTS = {
+    "fp8": Fp8Format("tensor"),
+    "fp8-block": Fp8Format("block", (128, 128)),
+    "fp8-channel": Fp8Format("channel", quant_method="compressed-tensors"),
+    "fp8-static": Fp8Format("tensor", quant_method="compressed-tensors", static_input=True),
+}
+"""``--weights`` of the check: vLLM's ``Fp8Config`` with per-tensor scales (one per linear
+layer, per q/k/v and gate/up shard) or 128 x 128 block scales (DeepSeek's
+``weight_block_size``); compressed-tensors with one scale per output channel and dynamic
+per-token activations (llm-compressor's ``FP8_DYNAMIC``, as in RedHatAI's
+``*-FP8-dynamic`` checkpoints) or per-tensor scales and a static activation scale (its
+``FP8`` scheme)."""
 
 FP8_JAX_MODELS = ("tiny-qwen3",)
 """The models whose JAX-native model (``flax_nnx``) loads an fp8 checkpoint (block scales
@@ -175,18 +202,21 @@ than that rounding may go either way (seed 0 in bf16: one step 0.0097 logits off
 (0.026; block scales: 0.014)."""
 
 
-def fp8_weights(checkpoint: Checkpoint, directory: Path, *,
-                block_size: tuple[int, int] | None = None) -> Checkpoint:
-    """``checkpoint`` rewritten as vLLM's fp8 checkpoints are (``quantization_config``
-    ``{"quant_method": "fp8", "activation_scheme": "dynamic"}``, read by vLLM's
-    ``Fp8Config``): each :data:`FP8_LINEARS` weight [out, in] as ``float8_e4m3fn`` values
-    ``q`` with f32 scales, ``W ~= q * scale``; ``block_size=None``: one scale per weight
-    (``weight_scale``, a scalar), else one per block (``weight_scale_inv`` [ceil(out / bn),
-    ceil(in / bk)], ``weight_block_size`` in the config). Each scale maps the largest
-    magnitude it covers to 448, e4m3's largest value. Writes ``directory/fp8`` (what vLLM
-    loads) and ``directory/dequantized``: the same model in f32 with ``q * scale`` for each
-    of those weights (what transformers loads, ``reference_path``), so both engines run the
-    same numbers."""
+def fp8_weights(checkpoint: Checkpoint, directory: Path,
+                fmt: Fp8Format = FP8_WEIGHTS["fp8"]) -> Checkpoint:
+    """``checkpoint`` rewritten as an fp8 checkpoint of format ``fmt``: each
+    :data:`FP8_LINEARS` weight [out, in] as ``float8_e4m3fn`` values ``q`` with f32 scales,
+    ``W ~= q * scale``. vLLM's ``Fp8Config`` (``{"quant_method": "fp8",
+    "activation_scheme": "dynamic"}``): one scale per weight (``weight_scale``, a scalar) or
+    one per block (``weight_scale_inv`` [ceil(out / bn), ceil(in / bk)],
+    ``weight_block_size`` in the config); compressed-tensors: one per output row
+    (``weight_scale`` [out, 1]) with dynamic per-token activations, or one per weight
+    (``weight_scale`` [1]) with a static activation scale (``input_scale`` [1]), the
+    ``lm_head`` ignored. Each scale maps the largest magnitude it covers to
+    448, e4m3's largest value. Writes ``directory/fp8`` (what vLLM loads) and
+    ``directory/dequantized``: the same model in f32 with ``q * scale`` for each of those
+    weights (what transformers loads, ``reference_path``), so both engines run the same
+    numbers."""
     import json
     import shutil
 
@@ -207,25 +237,58 @@ def fp8_weights(checkpoint: Checkpoint, directory: Path, *,
             quantized[name] = dequantized[name] = tensor
             continue
         w = tensor.to(torch.float32).numpy()
-        if block_size is None:
-            scale = np.float32(max(float(np.abs(w).max()), 1e-12) / 448.0)
-            q = torch.from_numpy(w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
-            quantized[f"{layer}.weight_scale"] = torch.tensor(scale, dtype=torch.float32)
-            dequantized[name] = q.to(torch.float32) * torch.tensor(scale)
-        else:
-            q_np, scales = fp8_quantize(w, block_size)
+        if fmt.scales == "block":
+            q_np, scales = fp8_quantize(w, fmt.block_size)
             q = torch.from_numpy(q_np.view(np.uint8)).view(torch.float8_e4m3fn)
             quantized[f"{layer}.weight_scale_inv"] = torch.from_numpy(scales)
-            bn, bk = block_size
+            bn, bk = fmt.block_size
             full = np.repeat(np.repeat(scales, bn, axis=0), bk, axis=1)[:w.shape[0], :w.shape[1]]
             dequantized[name] = torch.from_numpy(q_np.astype(np.float32) * full)
+        else:
+            # The scale in float64, then rounded to f32 once.
+            amax = np.abs(w).astype(np.float64)
+            amax = amax.max(axis=1, keepdims=True) if fmt.scales == "channel" else amax.max()
+            scale = (np.maximum(amax, 1e-12) / 448.0).astype(np.float32)
+            q = torch.from_numpy(w / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+            stored = np.asarray(scale)
+            if fmt.quant_method != "fp8" and stored.ndim == 0:
+                stored = stored.reshape(1)  # llm-compressor stores a per-tensor scale as [1]
+            quantized[f"{layer}.weight_scale"] = torch.from_numpy(stored)
+            if fmt.static_input:
+                quantized[f"{layer}.input_scale"] = torch.ones(1, dtype=torch.float32)
+            dequantized[name] = q.to(torch.float32) * torch.from_numpy(np.asarray(scale))
         quantized[name] = q.contiguous()
     save_file(quantized, str(fp8_dir / "model.safetensors"), metadata={"format": "pt"})
     save_file({k: v.contiguous() for k, v in dequantized.items()},
               str(ref_dir / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((fp8_dir / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
-    if block_size is not None:
-        config["quantization_config"]["weight_block_size"] = list(block_size)
+    config["quantization_config"] = _quantization_config(fmt)
     (fp8_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return Checkpoint(fp8_dir, checkpoint.prompts, checkpoint.prompt_token_ids, ref_dir)
+
+
+def _quantization_config(fmt: Fp8Format) -> dict[str, Any]:
+    """The ``quantization_config`` of a checkpoint :func:`fp8_weights` writes."""
+    if fmt.quant_method == "fp8":
+        config: dict[str, Any] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        if fmt.block_size is not None:
+            config["weight_block_size"] = list(fmt.block_size)
+        return config
+    # llm-compressor's FP8_DYNAMIC scheme, as its checkpoints spell it.
+    float8 = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None,
+              "block_structure": None, "actorder": None, "observer": None,
+              "observer_kwargs": {}}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "quantization_status": "compressed",
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": None,
+        "config_groups": {"group_0": {
+            "targets": ["Linear"],
+            "weights": {**float8, "strategy": fmt.scales, "dynamic": False},
+            "input_activations": {**float8, "strategy": "tensor", "dynamic": False}
+            if fmt.static_input else {**float8, "strategy": "token", "dynamic": True},
+            "output_activations": None,
+        }},
+    }

@@ -323,6 +323,43 @@ def fp8_weights_stored_out_in(upstream, method, layer):
     fp8.store_weights_out_in(method, layer)
 
 
+def compressed_fp8_runs_fp8_linear(upstream, method, layer, x, bias):
+    """``tpu_inference.layers.vllm.quantization.compressed_tensors.schemes
+    .compressed_tensors_w8a8_fp8.VllmCompressedTensorsW8A8Fp8._apply_fused`` (and
+    ``._apply_split``) run a compressed-tensors fp8 layer (llm-compressor's checkpoints:
+    per-channel or per-tensor weight scales) through ``sharded_quantized_matmul``, or an
+    XLA dot after a static activation scale. Off TPU the layer runs xla-kernels'
+    ``fp8_linear`` (:func:`xla_kernels.vllm.fp8.apply_compressed_tensors`)."""
+    if _jax_has_tpu():
+        return upstream(method, layer, x, bias)
+    from . import fp8
+
+    return fp8.apply_compressed_tensors(method, layer, x, bias)
+
+
+def compressed_fp8_weights_stored_out_in(upstream, method, layer):
+    """``VllmCompressedTensorsW8A8Fp8.process_weights_after_loading`` requantizes a
+    per-tensor layer's fused shards to one scale, and leaves the fp8 weight [in, out] (TPU's
+    layout). Off TPU a per-tensor layer's scales are first laid out per channel, so the
+    checkpoint's values are kept (:func:`xla_kernels.vllm.fp8.per_tensor_scales_per_channel`),
+    and the weight is then transposed back to [out, in] once, at load, as for vLLM's
+    ``Fp8Config`` checkpoints (:func:`fp8_weights_stored_out_in`)."""
+    if _jax_has_tpu():
+        return upstream(method, layer)
+    from compressed_tensors.quantization import QuantizationStrategy
+
+    from . import fp8
+
+    strategy = method.strategy
+    if fp8.per_tensor_scales_per_channel(method, layer):
+        method.strategy = QuantizationStrategy.CHANNEL
+    try:
+        upstream(method, layer)
+    finally:
+        method.strategy = strategy
+    fp8.store_weights_out_in(method, layer)
+
+
 def jax_fp8_weights_stored_out_in(upstream, *args, **kwargs):
     """``tpu_inference.models.common.model_loader._get_nnx_model`` builds a JAX-native model
     and loads its weights; an fp8 linear layer's weight is loaded [in, out] (what TPU's
@@ -447,6 +484,11 @@ MOE_APPLY_CALLERS = (
 """The modules that hold ``moe_apply`` under that name (its own and those importing it)."""
 
 
+COMPRESSED_FP8 = ("tpu_inference.layers.vllm.quantization.compressed_tensors.schemes."
+                  "compressed_tensors_w8a8_fp8:VllmCompressedTensorsW8A8Fp8")
+"""tpu-inference's scheme for compressed-tensors fp8 linear layers (vLLM's PyTorch models)."""
+
+
 PATCHES: list[Patch] = [
     Patch("tpu_inference.runner.tpu_runner:TPUModelRunner", "_create_2d_mesh",
           "d28c4fca3f35f88a98d34770a2c3e059bd11991dd29d52ddc7f20a5a30403e8b", plain_2d_mesh,
@@ -484,6 +526,15 @@ PATCHES: list[Patch] = [
           "process_weights_after_loading",
           "954f1bc421714f814368f3002b28ee7b51010b0aae7ea55ba33a7ce0883f5897",
           fp8_weights_stored_out_in, kind="method"),
+    Patch(COMPRESSED_FP8, "_apply_fused",
+          "b27ea45ffab7c00450e409717a1afc2a72190f206a2245a3298a3faf39f79575",
+          compressed_fp8_runs_fp8_linear, kind="method"),
+    Patch(COMPRESSED_FP8, "_apply_split",
+          "0f3c0d9e7a01ceefd3b4babf7ce8a6ada24125aa2d6ec9805be8ab5d9e80d22d",
+          compressed_fp8_runs_fp8_linear, kind="method"),
+    Patch(COMPRESSED_FP8, "process_weights_after_loading",
+          "70a4c898c2ae0aed50e96da4e5394592a43e5b9625e19930d085a105e2ede8e9",
+          compressed_fp8_weights_stored_out_in, kind="method"),
     Patch("tpu_inference.models.common.model_loader", "_get_nnx_model",
           "ded844630dbd51d3f68610957f8731414db51f5f9d1d2b326a1b97c1ad64292d",
           jax_fp8_weights_stored_out_in),
