@@ -7,6 +7,13 @@
 #   bash scripts/gpu_vllm.sh check OUT [TPS]    vllm.LLM on a tiny Llama, both model paths, an
 #                                               fp8 KV cache, and tp=2 where 2 GPUs are seen:
 #                                               greedy tokens vs transformers f32
+#   bash scripts/gpu_vllm.sh fp8 OUT [TPS]      vllm.LLM on fp8 checkpoints of the tiny Llama
+#                                               (PyTorch path: Fp8Config per-tensor and block,
+#                                               compressed-tensors per-channel and static) and
+#                                               tiny Qwen3 (JAX-native, block), tp=2 where 2
+#                                               GPUs are seen: every linear through
+#                                               fp8_linear, tokens vs transformers f32 on the
+#                                               dequantized weights
 #   bash scripts/gpu_vllm.sh moe OUT [TPS]      vllm.LLM on a tiny Qwen3-MoE (PyTorch path),
 #                                               top-k weights renormalized and not, and tp=2
 #                                               where 2 GPUs are seen: MoE layers through
@@ -49,7 +56,7 @@
 #                                               of streamed completions: TTFT, ITL, e2e
 #                                               p50/p99, tokens/s (benchmarks/vllm_latency.py)
 set -uo pipefail
-job=${1:?usage: gpu_vllm.sh install|check|moe|serve|sampling|features|startup|bench|latency ARG}
+job=${1:?usage: gpu_vllm.sh install|check|fp8|moe|serve|sampling|features|startup|bench|latency ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
 export PYTHONPATH=$PWD/src:$PWD/.site-vllm${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # JAX_PLATFORMS stays unset: tpu-inference accepts only "", tpu, cpu or proxy there, and
@@ -90,6 +97,17 @@ case $job in
     [[ " $tps " == *" 2 "* ]] && cases+=(
       "tiny_flax_nnx_tp2|--model tiny --model-impl flax_nnx --tensor-parallel-size 2"
       "tiny_vllm_tp2|--model tiny --model-impl vllm --tensor-parallel-size 2")
+    run_checks 300 "${cases[@]}" ;;
+  fp8)
+    cases=()
+    [[ " $tps " == *" 1 "* ]] && cases+=(
+      "tiny_vllm_fp8|--model tiny --model-impl vllm --weights fp8"
+      "tiny_vllm_fp8_block|--model tiny --model-impl vllm --weights fp8-block"
+      "tiny_vllm_fp8_channel|--model tiny --model-impl vllm --weights fp8-channel"
+      "tiny_vllm_fp8_static|--model tiny --model-impl vllm --weights fp8-static"
+      "tiny-qwen3_flax_nnx_fp8_block|--model tiny-qwen3 --model-impl flax_nnx --weights fp8-block")
+    [[ " $tps " == *" 2 "* ]] && cases+=(
+      "tiny_vllm_fp8_channel_tp2|--model tiny --model-impl vllm --weights fp8-channel --tensor-parallel-size 2")
     run_checks 300 "${cases[@]}" ;;
   moe)
     cases=()
