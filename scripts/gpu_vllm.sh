@@ -10,7 +10,7 @@
 #   bash scripts/gpu_vllm.sh fp8 OUT [TPS]      vllm.LLM on fp8 checkpoints of the tiny Llama
 #                                               (PyTorch path: Fp8Config per-tensor and block,
 #                                               compressed-tensors per-channel and static) and
-#                                               tiny Qwen3 (JAX-native, block), tp=2 where 2
+#                                               tiny Qwen3 (JAX-native: block, channel), tp=2 where 2
 #                                               GPUs are seen: every linear through
 #                                               fp8_linear, tokens vs transformers f32 on the
 #                                               dequantized weights
@@ -105,7 +105,8 @@ case $job in
       "tiny_vllm_fp8_block|--model tiny --model-impl vllm --weights fp8-block"
       "tiny_vllm_fp8_channel|--model tiny --model-impl vllm --weights fp8-channel"
       "tiny_vllm_fp8_static|--model tiny --model-impl vllm --weights fp8-static"
-      "tiny-qwen3_flax_nnx_fp8_block|--model tiny-qwen3 --model-impl flax_nnx --weights fp8-block")
+      "tiny-qwen3_flax_nnx_fp8_block|--model tiny-qwen3 --model-impl flax_nnx --weights fp8-block"
+      "tiny-qwen3_flax_nnx_fp8_channel|--model tiny-qwen3 --model-impl flax_nnx --weights fp8-channel")
     [[ " $tps " == *" 2 "* ]] && cases+=(
       "tiny_vllm_fp8_channel_tp2|--model tiny --model-impl vllm --weights fp8-channel --tensor-parallel-size 2")
     run_checks 300 "${cases[@]}" ;;

@@ -278,8 +278,9 @@ def _check(tmp_path, *args):
     ("tiny", "vllm", "fp8", 2),
     ("tiny", "vllm", "fp8-channel", 1),
     ("tiny", "vllm", "fp8-static", 1),
+    ("tiny-qwen3", "flax_nnx", "fp8-channel", 1),
 ], ids=["torch-per-tensor", "torch-block", "jax-block", "torch-per-tensor-tp2",
-        "torch-compressed-channel", "torch-compressed-static"])
+        "torch-compressed-channel", "torch-compressed-static", "jax-compressed-channel"])
 def test_tiny_fp8_generate_matches_transformers_on_the_dequantized_weights(
         tmp_path, model, model_impl, weights, tp):
     """vLLM on an fp8 checkpoint (f16 activations) against transformers (f32) on the same
@@ -305,8 +306,8 @@ def test_tiny_fp8_generate_matches_transformers_on_the_dequantized_weights(
     ("tiny", "fp8-block", "has no e4m3", "--model-impl vllm, or --model tiny-qwen3"),
     ("tiny-qwen3", "fp8", "one scale per output channel", "--weights fp8-block"),
     ("tiny-moe", "fp8", "experts would be fp8 too", "--model tiny"),
-    ("tiny-qwen3", "fp8-channel", "PyTorch model path only", "--model-impl vllm"),
-], ids=["jax-llama", "jax-per-tensor", "moe", "jax-compressed-tensors"])
+    ("tiny-qwen3", "fp8-static", "one scale per output channel", "--weights fp8-block"),
+], ids=["jax-llama", "jax-per-tensor", "moe", "jax-compressed-per-tensor"])
 def test_the_check_refuses_fp8_runs_upstream_cannot_load(model, weights, what, fix):
     from xla_kernels.vllm import check
 

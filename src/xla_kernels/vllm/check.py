@@ -127,10 +127,6 @@ def _check_weights(model: str, model_impl: str, weights: str) -> None:
                              "(Llama) reads safetensors through NumPy, which has no e4m3 "
                              "dtype (AttributeError at load). Fix: --model-impl vllm, or "
                              f"--model {' or '.join(models.FP8_JAX_MODELS)}")
-        if models.FP8_WEIGHTS[weights].quant_method != "fp8":
-            raise ValueError(f"xla_kernels.vllm.check: --weights {weights} (compressed-tensors) "
-                             "is checked on the PyTorch model path only. Fix: --model-impl "
-                             "vllm")
         if models.FP8_WEIGHTS[weights].scales == "tensor":
             raise ValueError("xla_kernels.vllm.check: tpu-inference's JAX-native fp8 layers "
                              "take one scale per output channel, not a per-tensor checkpoint's "
