@@ -1,6 +1,7 @@
 """Engine features a vLLM user turns on, through our backend, on the tiny Llama (token ids,
 f32): each one must not change greedy tokens (prefix caching, hit on a second pass; chunked
-prefill; n-gram speculative decoding), seeded sampling repeats itself, and a LoRA adapter
+prefill; n-gram speculative decoding), prompts near the model's 2048 positions give
+transformers' tokens, seeded sampling repeats itself, and a LoRA adapter
 gives the tokens of its merged weights; what the backend cannot run (LoRA on the JAX-native
 model path, a speculative method tpu-inference has no proposer for, watermarks) is refused by
 name when the engine is configured. Every engine runs in a process of its own (vLLM and
@@ -33,9 +34,9 @@ from xla_kernels.vllm import models
 
 spec = json.loads(sys.argv[1])
 checkpoint = models.tiny_llama(Path(spec["dir"]) / "model")
-llm = vllm.LLM(model=str(checkpoint.path), dtype="float32", max_model_len=512,
-               max_num_seqs=4, gpu_memory_utilization=0.5, seed=0, skip_tokenizer_init=True,
-               **spec["engine"])
+engine = {"max_model_len": 512, **spec["engine"]}
+llm = vllm.LLM(model=str(checkpoint.path), dtype="float32", max_num_seqs=4,
+               gpu_memory_utilization=0.5, seed=0, skip_tokenizer_init=True, **engine)
 passes = []
 for params in spec["passes"]:
     adapter = params.pop("lora", None)
@@ -63,9 +64,9 @@ def _prompts() -> list[list[int]]:
 GREEDY = {"temperature": 0.0, "max_tokens": 24}
 
 
-def _run(tmp_path, name, engine, passes, env=None):
+def _run(tmp_path, name, engine, passes, env=None, prompts=None):
     spec = {"dir": str(tmp_path / name), "engine": engine, "passes": passes,
-            "prompts": _prompts()}
+            "prompts": prompts or _prompts()}
     proc = subprocess.run([sys.executable, "-c", _RUN, json.dumps(spec)], capture_output=True,
                           text=True, timeout=900, env={**os.environ, **(env or {})})
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -107,6 +108,22 @@ def test_ngram_speculative_decoding_keeps_the_tokens(tmp_path, plain):
                                       "max_num_batched_tokens": 512,
                                       "speculative_config": speculative}, [GREEDY])
     assert result["passes"][0] == plain
+
+
+def test_long_prompts_give_transformers_tokens(tmp_path):
+    """Prompts of 1,200-1,900 tokens (max_model_len 2048, the tiny Llama's positions): 19-30
+    cache blocks per sequence, prefilled in chunks of 512 tokens beside the other requests'
+    decode; the greedy tokens equal transformers' (f32, same weights)."""
+    from xla_kernels.vllm import reference
+
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 256, n).tolist() for n in (1200, 1500, 1900)]
+    result = _run(tmp_path, "long", {"max_model_len": 2048, "max_num_batched_tokens": 512,
+                                     "enable_chunked_prefill": True}, [GREEDY],
+                  prompts=prompts)
+    want, margins = reference.greedy_tokens(tmp_path / "long" / "model", prompts,
+                                            GREEDY["max_tokens"])
+    assert result["passes"][0] == want, f"reference's smallest top-2 logit gaps: {margins}"
 
 
 def test_seeded_sampling_repeats_and_the_seed_matters(tmp_path):

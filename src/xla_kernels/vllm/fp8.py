@@ -272,7 +272,10 @@ def store_model_weights_out_in(model) -> int:
     )
 
     flipped = 0
-    for _, module in model.named_modules():
+    # nnx.iter_modules walks any nnx model (tpu-inference's JaxModule has named_modules too,
+    # its Llama, a plain nnx.Module, does not).
+    modules = [module for _, module in nnx.iter_modules(model)]
+    for module in modules:
         method = getattr(module, "quant_method", None)
         if (not isinstance(method, (Fp8TensorwiseLinearMethod, Fp8BlockwiseLinearMethod))
                 or method.batch_features or getattr(method, WEIGHT_OUT_IN, False)):
