@@ -300,9 +300,9 @@ def main() -> int:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                   env=os.environ.copy())
     result: dict = {"benchmark": "benchmarks/vllm_latency.py", "settings": settings}
-    try:
-        from vllm_serve import wait_healthy
+    from vllm_serve import stop_server, wait_healthy  # benchmarks/, first on sys.path
 
+    try:
         result["startup_s"] = round(wait_healthy(base_url, server, args.startup_timeout), 1)
         if model_name is None:
             with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as r:
@@ -326,12 +326,7 @@ def main() -> int:
         result["rates"], result["requests"] = rows, requests
     finally:
         if server is not None:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-            log.close()
+            stop_server(server, log)
             text = (args.out / "vllm_latency_server.log").read_text(errors="replace")
             settings["server_memory"] = memory_lines(text)
         (args.out / "vllm_latency.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -79,6 +79,16 @@ def wait_healthy(base_url: str, server: subprocess.Popen | None, timeout: float)
     raise TimeoutError(f"vllm serve not healthy at {base_url} after {timeout} s")
 
 
+def stop_server(server: subprocess.Popen, log) -> None:
+    """Stop a ``vllm serve`` process (terminate; kill after 30 s) and close its log."""
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    log.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", type=Path, default=None,
@@ -126,12 +136,7 @@ def main() -> int:
         result["texts"] = [a for a, _ in answers]
         result["latency_s"] = [round(t, 3) for _, t in answers]
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+        stop_server(server, log)
     result["reference_texts"] = reference_texts(model, args.max_tokens)
     result["matches_transformers"] = result["texts"] == result["reference_texts"]
     (args.out / "vllm_serve.json").write_text(json.dumps(result, indent=1) + "\n")
