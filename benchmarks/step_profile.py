@@ -150,7 +150,7 @@ def traced_steps(runner: Any, prepared: Any, calls: int) -> tuple[list[dict], in
     if not torch.cuda.is_available():
         return [], calls + 1
     events = record(lambda: replay_ms(lambda: runner.launch(prepared), calls, repeats=1,
-                                       sync=runner.fetch))
+                                      sync=runner.fetch))
     return events, calls + 1
 
 

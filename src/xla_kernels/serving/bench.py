@@ -552,14 +552,14 @@ def _breakdown(runner: Any, engine: Engine, model: ModelConfig, engine_config: E
         return None
     widest = max(decode, key=lambda r: (r.num_seqs, r.context_tokens))
     batch = decode_batch(engine_config, widest.num_seqs,
-                          widest.context_tokens // widest.num_seqs)
+                         widest.context_tokens // widest.num_seqs)
     prepared = runner.prepare(batch)
     calls = 20
     step_ms = replay_ms(lambda: runner.launch(prepared), calls, sync=runner.fetch)
     # The engine prepares a new batch every step: new input buffers (what XLA's command
     # buffers must be updated for) and the host-to-device copies.
     fresh_ms = replay_ms(lambda: runner.launch(runner.prepare(batch)), calls,
-                          sync=runner.fetch)
+                         sync=runner.fetch)
     dispatch_ms = _dispatch_ms(runner, prepared, calls)
     if profile_dir:
         import jax

@@ -198,29 +198,17 @@ def apply_compressed_tensors(method, layer, x, bias):
     activations stay in the model's dtype, so a static input scale (``input_scale``) is not
     applied (vLLM's Marlin path on GPUs without fp8 tensor cores does the same); then the
     bias and upstream's own split and concatenation of the shards."""
-    import jax.numpy as jnp
     from torchax.interop import jax_view, torch_view
-    from tpu_inference.layers.common.utils import slice_sharded_tensor_for_concatenation
 
-    _check_reduce(method)
-    config = method.linear_config
-    block, out_in = block_size(method), getattr(method, WEIGHT_OUT_IN, False)
-    xj = jax_view(x)
     with_bias = bias is not None and not layer.skip_bias_add
-    if config.fuse_matmuls:
-        out = linear(xj, jax_view(layer.weight), jax_view(layer.weight_scale), block, out_in)
-        if with_bias:
-            out += jax_view(bias)
-        outs = slice_sharded_tensor_for_concatenation(out, config.output_sizes, config.n_shards)
-        return torch_view(jnp.concatenate(outs, axis=-1))
-    outs = []
-    for i, (weight, weight_scale) in enumerate(zip(layer.weight, layer.weight_scale,
-                                                   strict=True)):
-        out = linear(xj, jax_view(weight), jax_view(weight_scale), block, out_in)
-        if with_bias:
-            out += jax_view(bias[i])
-        outs.append(out)
-    return torch_view(jnp.concatenate(outs, axis=-1))
+    if method.linear_config.fuse_matmuls:
+        return torch_view(apply_fused(method, jax_view(x), jax_view(layer.weight),
+                                      jax_view(layer.weight_scale),
+                                      jax_view(bias) if with_bias else None))
+    pairs = [(jax_view(w), jax_view(s)) for w, s in zip(layer.weight, layer.weight_scale,
+                                                          strict=True)]
+    biases = [jax_view(b) for b in bias] if with_bias else None
+    return torch_view(apply_split(method, jax_view(x), pairs, biases))
 
 
 def store_weights_out_in(method, layer) -> None:
@@ -254,13 +242,13 @@ def store_weights_out_in(method, layer) -> None:
     setattr(method, WEIGHT_OUT_IN, True)
 
 
-def store_model_weights_out_in(model) -> int:
+def store_model_weights_out_in(model) -> None:
     """After the JAX-native ``model`` (tpu-inference's nnx model) is loaded: every fp8 linear
     layer's e4m3 weight [in, out] (``Fp8TensorwiseLinearMethod``,
     ``Fp8BlockwiseLinearMethod`` and their merged variants; not a batched einsum's 3-D
     weight, which stays upstream's) stored [out, in], its sharding transposed with it, and
     its method marked (:data:`WEIGHT_OUT_IN`) so that :func:`apply_fused` takes it as it is.
-    Returns how many weights were transposed; a second call transposes none."""
+    A second call transposes none."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -271,7 +259,6 @@ def store_model_weights_out_in(model) -> int:
         Fp8TensorwiseLinearMethod,
     )
 
-    flipped = 0
     # nnx.iter_modules walks any nnx model (tpu-inference's JaxModule has named_modules too,
     # its Llama, a plain nnx.Module, does not).
     modules = [module for _, module in nnx.iter_modules(model)]
@@ -291,8 +278,6 @@ def store_model_weights_out_in(model) -> int:
             sharding = None
         module.weight = nnx.Param(jax.jit(jnp.transpose, out_shardings=sharding)(weight))
         setattr(method, WEIGHT_OUT_IN, True)
-        flipped += 1
-    return flipped
 
 
 def keep_weight_blocks(weight, weight_scale, *, bias, weight_block_size, requant_block_size,
