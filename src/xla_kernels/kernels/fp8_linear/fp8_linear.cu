@@ -373,7 +373,8 @@ cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
 constexpr int64_t kSkinnyBeforeHopperTokens = 8;
 
 // The fastest path that takes the call (the order of the file's header comment).
-cudaError_t LaunchFastest(cudaStream_t stream, const Shape& s, const Params& p, float* workspace) {
+cudaError_t LaunchFastest(cudaStream_t stream, const Shape& s, const Params& p, float* workspace,
+                          size_t workspace_bytes) {
   const bool skinny = UseSkinny(s, p);
   const auto launch_skinny = [&] {
     const gemm::SkinnyParams sp = SkinnyParamsOf(p);
@@ -384,7 +385,8 @@ cudaError_t LaunchFastest(cudaStream_t stream, const Shape& s, const Params& p, 
   if (skinny && s.tokens <= kSkinnyBeforeHopperTokens) return launch_skinny();
   cudaError_t status = cudaSuccess;
   if (s.dtype == ffi::DataType::BF16 && !s.dynamic && s.bk == 0 &&
-      LaunchSm90(stream, {p.w, p.x, p.y, p.scale, s.tokens, s.in, s.out}, &status))
+      LaunchSm90(stream, {p.w, p.x, p.y, p.scale, s.tokens, s.in, s.out, workspace, workspace_bytes},
+                 &status))
     return status;
   if (skinny) return launch_skinny();
   if (UseMma(s, p)) {
@@ -426,8 +428,10 @@ ffi::Error Fp8LinearCuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::AnyBuffer w
     return InvalidArgument(kOp, "workspace", "expected " +
                            std::to_string(WorkspaceElements(s)) + " f32 elements",
                            "call fp8_linear through its Python op, which sizes it");
-  const cudaError_t status =
-      LaunchFastest(stream, s, p, static_cast<float*>(workspace->untyped_data()));
+  const size_t workspace_bytes =
+      workspace->element_type() == ffi::DataType::F32 ? workspace->size_bytes() : 0;
+  const cudaError_t status = LaunchFastest(
+      stream, s, p, static_cast<float*>(workspace->untyped_data()), workspace_bytes);
   if (status != cudaSuccess)
     return ffi::Error::Internal(std::string(kOp) + ": launch failed: " +
                                 cudaGetErrorString(status));

@@ -1,7 +1,10 @@
 // fp8_linear's Hopper path (weight-only, per-channel scales, bf16 x, compute capability 9.0):
-// CUTLASS's sm90 mixed-input ping-pong GEMM in the swap-AB form (xla_kernels/gemm/
-// sm90_swap_ab.cuh): the e4m3 weight tile is converted to bf16 in registers, x stays bf16, the
-// sums are f32 and the channel scale multiplies them in the epilogue before the one rounding.
+// CUTLASS's sm90 mixed-input GEMM in the swap-AB form (xla_kernels/gemm/sm90_swap_ab.cuh): the
+// e4m3 weight tile is converted to bf16 in registers, x stays bf16, the sums are f32 and the
+// channel scale multiplies them in the epilogue before the one rounding. Up to 128 tokens the
+// stream-K schedule spreads the weights over every SM (its partial sums in the op's
+// workspace); where the workspace is too small for CUTLASS's need, the ping-pong tile of the
+// same size runs instead.
 // Built only where CUTLASS's headers are on the include path, as linear's (linear_sm90.cu).
 #include <cuda_runtime.h>
 
@@ -22,16 +25,31 @@ namespace {
 using E4m3 = cutlass::float_e4m3_t;
 using Bf16 = cutlass::bfloat16_t;
 // The tiles by token count: linear's shapes (docs/design/gemm.md), with K steps of 128 (a
-// 128-byte e4m3 row per weight row) at 16 and 64 tokens; not swept for e4m3 yet.
-using SmallTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 16, 128, true>;
-using MediumTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 64, 128, true>;
+// 128-byte e4m3 row per weight row) at 16 and 64 tokens; the stream-K tiles are 128 rows (a
+// cooperative tile's two halves), their ping-pong fallbacks 64. Not swept for e4m3 yet.
+using SmallStreamK = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 16, 128, true, gemm::StreamK>;
+using SmallPingPong = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 16, 128, true>;
+using MediumStreamK = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 64, 128, true, gemm::StreamK>;
+using MediumPingPong = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 64, 128, true>;
 using LargeTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 128, 64, true>;
+
+// First, else Second (Second runs where First declines the call: its workspace too small).
+template <class First, class Second>
+struct FirstElse {
+  static bool Launch(const gemm::SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
+                     cudaError_t* status) {
+    return First::Launch(c, device, sm_count, stream, status) ||
+           Second::Launch(c, device, sm_count, stream, status);
+  }
+};
 
 }  // namespace
 
 bool LaunchSm90(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status) {
   if (call.row_scale == nullptr) return false;
-  return gemm::LaunchByTokens<SmallTile, MediumTile, LargeTile>(call, stream, status);
+  return gemm::LaunchByTokens<FirstElse<SmallStreamK, SmallPingPong>,
+                              FirstElse<MediumStreamK, MediumPingPong>, LargeTile>(call, stream,
+                                                                                  status);
 }
 
 #else

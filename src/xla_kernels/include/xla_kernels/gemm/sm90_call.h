@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace xla_kernels::gemm {
@@ -11,12 +12,16 @@ namespace xla_kernels::gemm {
 // y [tokens, out] = x [tokens, in] · w [out, in]^T, all row-major; with row_scale (f32 [out]),
 // y[t, o] = row_scale[o] · sum_i x[t, i] w[o, i], the product applied in f32 before the one
 // rounding to y's type. w's type is the op's to know (x's, or e4m3 weights).
+// workspace: device memory a stream-K tile may use for its partial sums and their barriers
+// (CUTLASS sizes it per call; a tile whose need exceeds workspace_bytes declines the call).
 struct SwapAbCall {
   const void* w;
   const void* x;
   void* y;
   const float* row_scale;  // nullptr: no scale
   int64_t tokens, in, out;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 }  // namespace xla_kernels::gemm

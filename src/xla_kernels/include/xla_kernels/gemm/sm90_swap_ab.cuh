@@ -10,6 +10,13 @@
 // converter (exact: every e4m3 value is a bf16 value; a faster-looking bit move measured
 // slower, docs/design/gemm.md) and feeds wgmma's register operand; x stays in shared memory.
 // A per-output-channel scale is the epilogue's per-row alpha, applied to the f32 sums.
+//
+// Two schedules. PingPong: two consumer warp groups take turns on whole tiles of a persistent
+// grid, no workspace. StreamK: both warp groups share one 128-row tile (cooperative) and
+// CUTLASS's stream-K scheduler splits the K loop of the tiles over all SMs, so that a
+// projection with fewer output tiles than SMs (Llama-3-8B's o and down at 64 tokens: 32
+// tiles of 128 rows for 132 SMs) still streams its weights from every SM; the partial sums
+// meet in the call's workspace, in a fixed order (deterministic reduction).
 // Needs -DNDEBUG (CUTLASS's device asserts otherwise serialize every wgmma) and sm_90a.
 // docs/design/gemm.md: why CUTLASS here, the tiles, and what they measured.
 #pragma once
@@ -37,11 +44,26 @@
 
 namespace xla_kernels::gemm {
 
+struct PingPong {};
+struct StreamK {};
+
 // The tile (kTM weight rows x kTN tokens x kTK of in) of one ping-pong consumer warp group.
 // ElementW: the weight's type (ElementX, or narrower: the mixed-input mainloop); kRowScale: y
-// scaled per output channel (SwapAbCall::row_scale), else y is the plain product.
-template <class ElementW, class ElementX, int kTM, int kTN, int kTK, bool kRowScale>
+// scaled per output channel (SwapAbCall::row_scale), else y is the plain product; Schedule:
+// PingPong or StreamK (kTM 128: one 64-row half per consumer warp group).
+template <class ElementW, class ElementX, int kTM, int kTN, int kTK, bool kRowScale,
+          class Schedule = PingPong>
 struct Sm90SwapAbGemm {
+  static constexpr bool kStreamK = std::is_same_v<Schedule, StreamK>;
+  static_assert(!kStreamK || kTM % 128 == 0, "a cooperative tile splits 128 rows in two");
+  using EpilogueSchedule = std::conditional_t<kStreamK,
+                                              cutlass::epilogue::TmaWarpSpecializedCooperative,
+                                              cutlass::epilogue::TmaWarpSpecialized>;
+  using KernelSchedule = std::conditional_t<kStreamK,
+                                            cutlass::gemm::KernelTmaWarpSpecializedCooperative,
+                                            cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  using TileScheduler = std::conditional_t<kStreamK, cutlass::gemm::StreamKScheduler,
+                                           cutlass::gemm::PersistentScheduler>;
   using TileShape = cute::Shape<cute::Int<kTM>, cute::Int<kTN>, cute::Int<kTK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kAlignW = 16 / sizeof(ElementW);
@@ -58,17 +80,17 @@ struct Sm90SwapAbGemm {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
       cutlass::layout::ColumnMajor, kAlignX, ElementX, cutlass::layout::ColumnMajor, kAlignX,
-      cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
+      EpilogueSchedule, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementW, cutlass::layout::RowMajor,
       kAlignW, ElementX, cutlass::layout::ColumnMajor, kAlignX, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedPingpong>::CollectiveOp;
+      KernelSchedule>::CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
-                                                      Epilogue, cutlass::gemm::PersistentScheduler>;
+                                                      Epilogue, TileScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments Arguments(const SwapAbCall& c, int device, int sm_count) {
@@ -93,12 +115,19 @@ struct Sm90SwapAbGemm {
     args.epilogue.thread.alpha = 1.f;
     args.epilogue.thread.beta = 0.f;
     if constexpr (kRowScale) args.epilogue.thread.alpha_ptr = c.row_scale;
+    if constexpr (kStreamK) {
+      // CUTLASS's heuristic: whole tiles where they fill the SMs, stream-K units for the rest;
+      // the partial sums added in a fixed order, so a call's result does not vary by run.
+      using Scheduler = typename Kernel::TileScheduler;
+      args.scheduler.decomposition_mode = Scheduler::DecompositionMode::Heuristic;
+      args.scheduler.reduction_mode = Scheduler::ReductionMode::Deterministic;
+    }
     return args;
   }
 
   // Launches the GEMM; false (nothing launched) when CUTLASS cannot run this call (a pointer
   // not 16-byte aligned, which TMA needs and can_implement does not check; row lengths; sizes)
-  // or it would need a workspace, which this caller does not have.
+  // or it needs more workspace than the call brings (PingPong needs none).
   static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
                      cudaError_t* status) {
     if (kRowScale != (c.row_scale != nullptr)) return false;
@@ -106,9 +135,14 @@ struct Sm90SwapAbGemm {
     if (!aligned(c.w) || !aligned(c.x) || !aligned(c.y) || !aligned(c.row_scale)) return false;
     const auto args = Arguments(c, device, sm_count);
     if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return false;
-    if (Gemm::get_workspace_size(args) != 0) return false;
+    const size_t workspace_bytes = Gemm::get_workspace_size(args);
+    if (workspace_bytes > 0 && (c.workspace == nullptr || workspace_bytes > c.workspace_bytes ||
+                                !aligned(c.workspace)))
+      return false;
     Gemm gemm;
-    const cutlass::Status s = gemm.run(args, nullptr, stream);
+    // run() first zeroes the barriers in the workspace (a memset on the stream), then launches.
+    const cutlass::Status s =
+        gemm.run(args, workspace_bytes > 0 ? c.workspace : nullptr, stream);
     *status = s == cutlass::Status::kSuccess ? cudaGetLastError() : cudaErrorLaunchFailure;
     return true;
   }
