@@ -45,12 +45,15 @@ SHAPES = {
     "hopper: 33 tokens, a partial row tile": (33, 1024, 200, (0, 0)),
     "hopper: 129 tokens, the large tile": (129, 512, 264, (0, 0)),
     "hopper: in 40 falls back": (5, 40, 64, (0, 0)),
-    # Up to 128 tokens the stream-K schedule: 32 row tiles split over every SM (o, down), and
-    # a call whose workspace is smaller than stream-K needs (9 tokens, 4096 rows), which runs
-    # the ping-pong tile instead.
-    "hopper stream-K: llama o, 64 tokens": (64, 4096, 4096, (0, 0)),
+    # Up to 128 tokens the stream-K scheduler (CUTLASS's heuristic decomposition, on 132
+    # SMs): o at 64 tokens splits each of its 32 row tiles in 4 (split-K); down at 16 tokens
+    # runs stream-K units across every SM; 9 tokens x 4096 rows need more workspace than the
+    # op's (262,400 B against 221,236 B), so the ping-pong tile runs; in 1024 (8 K steps) is
+    # not split, so the ping-pong tile runs too.
+    "hopper split-K: llama o, 64 tokens": (64, 4096, 4096, (0, 0)),
     "hopper stream-K: llama down, 16 tokens": (16, 14336, 4096, (0, 0)),
-    "hopper: 9 tokens, workspace too small for stream-K": (9, 1024, 4096, (0, 0)),
+    "hopper: 9 tokens, workspace too small for stream-K": (9, 4096, 4096, (0, 0)),
+    "hopper: 17 tokens, 8 K steps, not split": (17, 1024, 4096, (0, 0)),
 }
 
 

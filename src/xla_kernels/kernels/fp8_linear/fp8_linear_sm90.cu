@@ -33,7 +33,8 @@ using MediumStreamK = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 64, 128, true, gemm:
 using MediumPingPong = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 64, 128, true>;
 using LargeTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 128, 64, true>;
 
-// First, else Second (Second runs where First declines the call: its workspace too small).
+// First, else Second (Second runs where First declines the call: its workspace too small, or
+// no K split chosen).
 template <class First, class Second>
 struct FirstElse {
   static bool Launch(const gemm::SwapAbCall& c, int device, int sm_count, cudaStream_t stream,

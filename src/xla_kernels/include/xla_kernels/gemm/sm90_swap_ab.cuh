@@ -127,7 +127,8 @@ struct Sm90SwapAbGemm {
 
   // Launches the GEMM; false (nothing launched) when CUTLASS cannot run this call (a pointer
   // not 16-byte aligned, which TMA needs and can_implement does not check; row lengths; sizes)
-  // or it needs more workspace than the call brings (PingPong needs none).
+  // or it needs more workspace than the call brings (PingPong needs none), or a StreamK tile
+  // would not split the K loop at all.
   static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
                      cudaError_t* status) {
     if (kRowScale != (c.row_scale != nullptr)) return false;
@@ -136,6 +137,10 @@ struct Sm90SwapAbGemm {
     const auto args = Arguments(c, device, sm_count);
     if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return false;
     const size_t workspace_bytes = Gemm::get_workspace_size(args);
+    // A stream-K call that CUTLASS's heuristic runs as whole tiles (few K steps, or a last
+    // wave at least half full) needs no workspace: then the caller's ping-pong tile, which
+    // was measured for that case, runs instead of the cooperative one.
+    if (kStreamK && workspace_bytes == 0) return false;
     if (workspace_bytes > 0 && (c.workspace == nullptr || workspace_bytes > c.workspace_bytes ||
                                 !aligned(c.workspace)))
       return false;
