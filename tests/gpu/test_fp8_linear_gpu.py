@@ -47,12 +47,12 @@ SHAPES = {
     "hopper: in 40 falls back": (5, 40, 64, (0, 0)),
     # Up to 128 tokens the stream-K scheduler (CUTLASS's heuristic decomposition, on 132
     # SMs): o at 64 tokens splits each of its 32 row tiles in 4 (split-K); down at 16 tokens
-    # runs stream-K units across every SM; 9 tokens x 4096 rows need more workspace than the
-    # op's (262,400 B against 221,236 B), so the ping-pong tile runs; in 1024 (8 K steps) is
-    # not split, so the ping-pong tile runs too.
+    # runs stream-K units across every SM; 9 tokens, padded to the 16-token tile, fit the
+    # op's workspace (sized for tokens padded to 64); in 1024 (8 K steps) is not split, so the
+    # ping-pong tile runs.
     "hopper split-K: llama o, 64 tokens": (64, 4096, 4096, (0, 0)),
     "hopper stream-K: llama down, 16 tokens": (16, 14336, 4096, (0, 0)),
-    "hopper: 9 tokens, workspace too small for stream-K": (9, 4096, 4096, (0, 0)),
+    "hopper: 9 tokens, padded to the 16-token tile": (9, 4096, 4096, (0, 0)),
     "hopper: 17 tokens, 8 K steps, not split": (17, 1024, 4096, (0, 0)),
 }
 

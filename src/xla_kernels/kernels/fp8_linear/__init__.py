@@ -62,21 +62,25 @@ FP8 = "f8e4m3fn"
 
 def workspace_elements(tokens: int, k: int, out: int, dtype: str, activation_scheme: str) -> int:
     """f32 elements of the CUDA kernel's workspace (the twin of ``WorkspaceElements`` in
-    fp8_linear_ffi.h): the tensor-core path's f32 sums [tokens, out], the token scales, and
-    x in the GEMM's stage order (e4m3 for "dynamic", else 2 bytes per element); f32 x runs on
+    fp8_linear_ffi.h). It serves two paths, one per call: the tensor-core path's f32 sums
+    [tokens, out], the token scales and x in the GEMM's stage order (e4m3 for "dynamic", else 2
+    bytes per element); or the Hopper stream-K schedule's partial sums, one f32 tile per split
+    output tile (tokens rounded up to the 64-token tile, out to the 128-row tile) and its
+    barriers (8 bytes per tile of 128 x 16), each area rounded to a 128-byte line. f32 x runs on
     CUDA cores: 1. No comparisons of sizes, so a symbolic token count (``xk.export``) goes
     through.
 
     Example:
         >>> workspace_elements(2, 256, 8, "bf16", "dynamic")
-        149
+        8397
         >>> workspace_elements(2, 256, 8, "bf16", "none")
-        277
+        8525
     """
     if dtype == "f32":
         return 1
+    padded_tiles = (tokens + 63) // 64 * 64 * ((out + 127) // 128 * 128)
     x_bytes = tokens * k * (1 if activation_scheme == "dynamic" else 2)
-    return (tokens * out + tokens + 3) // 4 * 4 + (x_bytes + 3) // 4 + 1
+    return (padded_tiles + tokens + 3) // 4 * 4 + (x_bytes + 3) // 4 + 1 + padded_tiles // 1024 + 64
 
 
 def _output_rule(x: Spec, weight: Spec, weight_scale: Spec, *, block_shape: tuple[int, int],

@@ -77,14 +77,17 @@ inline ffi::Error Decode(const ffi::AnyBuffer& x, const ffi::AnyBuffer& weight,
 
 inline int64_t RoundUp4(int64_t n) { return (n + 3) / 4 * 4; }
 
-// f32 elements of the workspace output (the Python twin: workspace_elements in __init__.py):
-// the tensor-core path's f32 sums [tokens, out], the token scales [tokens] ("dynamic") and x
-// in the GEMM's stage order (16-byte aligned; e4m3 for "dynamic", else x's 2-byte dtype);
-// f32 x (CUDA cores only): 1.
+// f32 elements of the workspace output (the Python twin: workspace_elements in __init__.py),
+// for whichever path the call takes: the tensor-core path's f32 sums [tokens, out], the token
+// scales [tokens] ("dynamic") and x in the GEMM's stage order (16-byte aligned; e4m3 for
+// "dynamic", else x's 2-byte dtype); or the Hopper stream-K schedule's partial-sum tiles
+// (tokens padded to 64, out to 128) and barriers (8 bytes per 128 x 16 tile), each rounded up
+// to a 128-byte line; f32 x (CUDA cores only): 1.
 inline int64_t WorkspaceElements(const Shape& s) {
   if (s.dtype == ffi::DataType::F32) return 1;
+  const int64_t padded_tiles = (s.tokens + 63) / 64 * 64 * ((s.out + 127) / 128 * 128);
   const int64_t x_bytes = s.tokens * s.in * (s.dynamic ? 1 : 2);
-  return RoundUp4(s.tokens * s.out + s.tokens) + (x_bytes + 3) / 4 + 1;
+  return RoundUp4(padded_tiles + s.tokens) + (x_bytes + 3) / 4 + 1 + padded_tiles / 1024 + 64;
 }
 
 // The per-token activation scale of "dynamic": max(amax, 1e-12) times 1 / 448 (the f32
