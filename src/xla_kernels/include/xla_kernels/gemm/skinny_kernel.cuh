@@ -86,6 +86,7 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     for (int f = 0; f < kNf; ++f)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][f][i] = 0.f;
+  uint32_t nan_probe[kNf] = {};
 
   const int chunks = static_cast<int>((p.k + S::kChunkElems - 1) / S::kChunkElems);
   const int c_begin = min(static_cast<int>(rank) * p.chunks_per_split, chunks);
@@ -104,9 +105,10 @@ __global__ void __launch_bounds__(Tile::kThreads, Tile::kMinBlocks)
     if (next < c_end)
       loop.IssueStage(next, smem + ((it + S::kStages - 1) % S::kStages) * S::kStageBytes);
     cuda_mma::cp_async_commit();
-    loop.template Mma<kBlock>(smem + (it % S::kStages) * S::kStageBytes, c, acc);
+    loop.template Mma<kBlock>(smem + (it % S::kStages) * S::kStageBytes, c, acc, nan_probe);
   }
   cuda_mma::cp_async_wait<0>();
+  loop.PoisonNanRows(nan_probe, acc);
   __syncthreads();  // the stages become the partial sums
 
   // Partial sums to shared memory: lane (g, q) holds tokens g and g + 8 of each m fragment,

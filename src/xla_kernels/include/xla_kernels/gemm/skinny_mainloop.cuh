@@ -83,6 +83,8 @@ template <typename T, typename W, typename Tile>
 struct SkinnyMainloop {
   using S = SkinnyShape<T, W, Tile>;
   static constexpr int kMf = Tile::kMf, kNf = Tile::kNf, kU = Tile::kU;
+  // e4m3 weights into bf16 MMAs: NaN bytes are tracked (f16's conversion keeps NaN itself).
+  static constexpr bool kTrackNan = S::kFp8 && std::is_same_v<T, __nv_bfloat16>;
   const SkinnyParams& p;
   uint8_t* smem;
   int warp, lane, rows;  // rows: the CTA's tokens (<= kBM)
@@ -161,9 +163,11 @@ struct SkinnyMainloop {
 
   // acc[m][f] += x(stage) * W(w) over the chunk's segments. kBlock: each segment's partial
   // sums times the segment's block scale (e4m3 W with bk a multiple of the segment).
+  // nan_probe[f]: the NanProbe of every e4m3 word of fragment f this lane converted, ORed
+  // (bf16 x only: the bit-move conversion turns NaN into 480; see PoisonNanRows).
   template <bool kBlock>
-  __device__ __forceinline__ void Mma(const uint8_t* stage, int64_t c,
-                                      float (&acc)[kMf][kNf][4]) const {
+  __device__ __forceinline__ void Mma(const uint8_t* stage, int64_t c, float (&acc)[kMf][kNf][4],
+                                      uint32_t (&nan_probe)[kNf]) const {
     const int g = lane / 4, q = lane % 4;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
@@ -181,7 +185,7 @@ struct SkinnyMainloop {
           for (int f = 0; f < kNf; ++f)
 #pragma unroll
             for (int i = 0; i < 4; ++i) part[m][f][i] = 0.f;
-        SegmentMma(xs, wu, part);
+        SegmentMma(xs, wu, part, nan_probe);
         const int64_t kb = (int64_t{c} * kU + u) * S::kSegElems / p.bk;
 #pragma unroll
         for (int f = 0; f < kNf; ++f) {
@@ -196,7 +200,7 @@ struct SkinnyMainloop {
             for (int i = 0; i < 4; ++i) acc[m][f][i] = fmaf(part[m][f][i], scale, acc[m][f][i]);
         }
       } else {
-        SegmentMma(xs, wu, acc);
+        SegmentMma(xs, wu, acc, nan_probe);
       }
     }
   }
@@ -205,7 +209,8 @@ struct SkinnyMainloop {
   // warp's weight registers (w). Step s's A values of token row r are the 8 bytes at
   // 16 q + 8 s of the row's segment (e4m3 W: 64-byte half s / 2, 8 (s % 2)).
   __device__ __forceinline__ void SegmentMma(const uint8_t* xs, const uint4 (&w)[kNf],
-                                             float (&d)[kMf][kNf][4]) const {
+                                             float (&d)[kMf][kNf][4],
+                                             uint32_t (&nan_probe)[kNf]) const {
     const int g = lane / 4, q = lane % 4;
 #pragma unroll
     for (int s = 0; s < S::kSteps; ++s) {
@@ -214,7 +219,8 @@ struct SkinnyMainloop {
       for (int f = 0; f < kNf; ++f) {
         const uint32_t ww[4] = {w[f].x, w[f].y, w[f].z, w[f].w};
         if constexpr (S::kFp8) {
-          E4m3ToB16<T>(ww[s], &b[f][0], &b[f][1]);
+          E4m3ToB16NanAs480<T>(ww[s], &b[f][0], &b[f][1]);
+          if constexpr (kTrackNan) nan_probe[f] |= NanProbe(ww[s]);
         } else {
           b[f][0] = ww[2 * s];
           b[f][1] = ww[2 * s + 1];
@@ -233,6 +239,27 @@ struct SkinnyMainloop {
 #pragma unroll
           for (int f = 0; f < kNf; ++f) cuda_mma::mma16816<T>(d[m][f], a, b[f][0], b[f][1]);
         }
+      }
+    }
+  }
+
+  // After the mainloop: the accumulator columns whose weight row held an e4m3 NaN become NaN
+  // (as the dequantized product is). Lane (g, q) converted B words of row g of each fragment
+  // and holds the sums of rows 2q and 2q + 1, so a ballot hands each row's flag over.
+  __device__ __forceinline__ void PoisonNanRows(const uint32_t (&nan_probe)[kNf],
+                                                float (&acc)[kMf][kNf][4]) const {
+    if constexpr (kTrackNan) {
+      const int q = lane % 4;
+#pragma unroll
+      for (int f = 0; f < kNf; ++f) {
+        const unsigned nan_rows =
+            __ballot_sync(0xffffffffu, (nan_probe[f] & kNanProbeBits) != 0u);
+        if (nan_rows == 0u) continue;  // uniform across the warp
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if ((nan_rows >> (4 * (2 * q + h))) & 0xfu)
+#pragma unroll
+            for (int m = 0; m < kMf; ++m) acc[m][f][h] = acc[m][f][2 + h] = nanf("");
       }
     }
   }
