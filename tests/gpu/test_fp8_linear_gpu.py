@@ -45,15 +45,15 @@ SHAPES = {
     "hopper: 33 tokens, a partial row tile": (33, 1024, 200, (0, 0)),
     "hopper: 129 tokens, the large tile": (129, 512, 264, (0, 0)),
     "hopper: in 40 falls back": (5, 40, 64, (0, 0)),
-    # Up to 128 tokens the stream-K scheduler (CUTLASS's heuristic decomposition, on 132
-    # SMs): o at 64 tokens splits each of its 32 row tiles in 4 (split-K); down at 16 tokens
-    # runs stream-K units across every SM; 9 tokens, padded to the 16-token tile, fit the
-    # op's workspace (sized for tokens padded to 64); in 1024 (8 K steps) is not split, so the
-    # ping-pong tile runs.
-    "hopper split-K: llama o, 64 tokens": (64, 4096, 4096, (0, 0)),
+    # Up to 128 tokens and in >= 8192 the stream-K scheduler (CUTLASS's heuristic
+    # decomposition): down at 16 and 64 tokens (stream-K units or split-K across every SM),
+    # 9 tokens padded to the 16-token tile (the op's workspace is sized for tokens padded to
+    # 64); o (in 4096) runs the ping-pong tile.
+    "hopper stream-K: llama down, 64 tokens": (64, 14336, 4096, (0, 0)),
     "hopper stream-K: llama down, 16 tokens": (16, 14336, 4096, (0, 0)),
-    "hopper: 9 tokens, padded to the 16-token tile": (9, 4096, 4096, (0, 0)),
-    "hopper: 17 tokens, 8 K steps, not split": (17, 1024, 4096, (0, 0)),
+    "hopper stream-K: 9 tokens, padded to the 16-token tile": (9, 8192, 4096, (0, 0)),
+    "hopper ping-pong: llama o, 64 tokens": (64, 4096, 4096, (0, 0)),
+    "hopper: 17 tokens, in 8192 with 300 rows": (17, 8192, 300, (0, 0)),
 }
 
 
@@ -86,6 +86,25 @@ def test_hopper_stream_k_gives_the_same_bits_every_call(rng):
     first = np.asarray(f(*args), np.float32)
     for _ in range(3):
         assert np.array_equal(np.asarray(f(*args), np.float32), first)
+
+
+@pytest.mark.parametrize("scheme", ["none", "dynamic"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("tokens", [1, 4, 16, 64, 130])
+def test_a_nan_weight_gives_nan_in_its_output_channel(rng, tokens, dtype, scheme):
+    """e4m3's NaN (0x7f, 0xff) in a weight row makes that channel NaN for every token, on
+    every path (the skinny GEMM's and the tensor cores' bit-move conversion, CUTLASS's),
+    as the float64 oracle and the CPU kernel give; the other channels stay finite."""
+    x, w, s = make_inputs(rng, tokens, 4096, 256, dtype, (0, 0))
+    bits = w.view(np.uint8).copy()
+    bits[3, 5], bits[200, 4000] = 0x7F, 0xFF
+    w = bits.view(w.dtype)
+    got = np.asarray(fp8_linear(*gpu(x, w, s), activation_scheme=scheme), np.float32)
+    want = fp8_linear_f64(x, w, s, block_shape=(0, 0), activation_scheme=scheme)
+    assert np.isnan(got[:, [3, 200]]).all() and np.isnan(want[:, [3, 200]]).all()
+    rest = np.delete(np.arange(256), [3, 200])
+    assert np.isfinite(got[:, rest]).all()
+    assert rel(got[:, rest], want[:, rest]) < TOL[dtype]
 
 
 @pytest.mark.parametrize("scheme", ["none", "dynamic"])

@@ -1,10 +1,9 @@
 // fp8_linear's Hopper path (weight-only, per-channel scales, bf16 x, compute capability 9.0):
 // CUTLASS's sm90 mixed-input GEMM in the swap-AB form (xla_kernels/gemm/sm90_swap_ab.cuh): the
 // e4m3 weight tile is converted to bf16 in registers, x stays bf16, the sums are f32 and the
-// channel scale multiplies them in the epilogue before the one rounding. Up to 128 tokens the
-// stream-K schedule spreads the weights over every SM (its partial sums in the op's
-// workspace); where the workspace is too small for CUTLASS's need, the ping-pong tile of the
-// same size runs instead.
+// channel scale multiplies them in the epilogue before the one rounding. Up to 128 tokens, on
+// long K loops, the stream-K schedule spreads the weights over every SM (its partial sums in
+// the op's workspace); elsewhere the ping-pong tile of the same size runs.
 // Built only where CUTLASS's headers are on the include path, as linear's (linear_sm90.cu).
 #include <cuda_runtime.h>
 
@@ -33,14 +32,17 @@ using MediumStreamK = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 64, 128, true, gemm:
 using MediumPingPong = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 64, 128, true>;
 using LargeTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 128, 64, true>;
 
-// First, else Second (Second runs where First declines the call: its workspace too small, or
-// no K split chosen).
-template <class First, class Second>
-struct FirstElse {
+// Stream-K where the K loop is long (in >= kStreamKMinIn, Llama-3-8B's down: 112 K steps),
+// else, or where StreamK declines the call (no K split chosen), the ping-pong tile. On an
+// H200 stream-K ran down in 31.8 / 34.6 us at 16 / 64 tokens against the ping-pong tile's
+// 44.7 / 50.5, but o at 16 tokens in 24.4 against 16.3 (docs/design/gemm.md).
+constexpr int64_t kStreamKMinIn = 8192;
+template <class StreamKTile, class PingPongTile>
+struct StreamKWhereKIsLong {
   static bool Launch(const gemm::SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
                      cudaError_t* status) {
-    return First::Launch(c, device, sm_count, stream, status) ||
-           Second::Launch(c, device, sm_count, stream, status);
+    return (c.in >= kStreamKMinIn && StreamKTile::Launch(c, device, sm_count, stream, status)) ||
+           PingPongTile::Launch(c, device, sm_count, stream, status);
   }
 };
 
@@ -48,9 +50,11 @@ struct FirstElse {
 
 bool LaunchSm90(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status) {
   if (call.row_scale == nullptr) return false;
-  return gemm::LaunchByTokens<FirstElse<SmallStreamK, SmallPingPong>,
-                              FirstElse<MediumStreamK, MediumPingPong>, LargeTile>(call, stream,
-                                                                                  status);
+  // The 16-token tile up to 16 tokens only: at 32 it read every weight tile twice (gate_up:
+  // 83.9 us against 58.8 with the 64-token tile at 64 tokens, one H200 run).
+  return gemm::LaunchByTokens<StreamKWhereKIsLong<SmallStreamK, SmallPingPong>,
+                              StreamKWhereKIsLong<MediumStreamK, MediumPingPong>, LargeTile,
+                              /*kSmallMaxTokens=*/16>(call, stream, status);
 }
 
 #else

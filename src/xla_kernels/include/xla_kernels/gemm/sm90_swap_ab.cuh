@@ -153,16 +153,17 @@ struct Sm90SwapAbGemm {
   }
 };
 
-// Launches the call on the current device with the tile for its token count: Small up to 32
-// tokens, Medium up to 128, Large beyond; false (nothing launched) where the device cannot run
-// sm_90a code, a size passes CUTLASS's int, or the tile's Launch declines.
-template <class Small, class Medium, class Large>
+// Launches the call on the current device with the tile for its token count: Small up to
+// kSmallMaxTokens, Medium up to 128, Large beyond; false (nothing launched) where the device
+// cannot run sm_90a code, a size passes CUTLASS's int, or the tile's Launch declines. Past its
+// token width a tile reads each weight tile once per token tile.
+template <class Small, class Medium, class Large, int64_t kSmallMaxTokens = 32>
 bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* status) {
   int device = 0, sms = 0;
   if (!CurrentSm90Device(&device, &sms)) return false;
   constexpr int64_t kIntMax = 2147483647;
   if (c.tokens > kIntMax || c.in > kIntMax || c.out > kIntMax) return false;
-  if (c.tokens <= 32) return Small::Launch(c, device, sms, stream, status);
+  if (c.tokens <= kSmallMaxTokens) return Small::Launch(c, device, sms, stream, status);
   if (c.tokens <= 128) return Medium::Launch(c, device, sms, stream, status);
   return Large::Launch(c, device, sms, stream, status);
 }
