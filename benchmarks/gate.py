@@ -21,7 +21,7 @@ once per process (``XLA_KERNELS_RAGGED_WGMMA=0``: the mma.sync prefill kernel on
 card) run in a child process with that setting.
 
 The whole gate, first-use builds of the kernels included, is sized for one 10-minute GPU
-call (27 configurations, 5 rounds of 0.25 s each); ``scripts/gpu/gate.sh`` runs it.
+call (36 configurations, 5 rounds of 0.25 s each); ``scripts/gpu/gate.sh`` runs it.
 
 Example:
     $ python benchmarks/gate.py --write                 # record the baseline of this card
@@ -247,6 +247,62 @@ def ragged_case(q_lens: list[int], kv_lens: list[int], cache_dtype: str = "bf16"
     return build
 
 
+# Llama-3-8B's projections (out, in): the weights that the GEMM configurations stream. gate_up
+# in bf16 (235 MB) and e4m3 (117 MB) and down in e4m3 (59 MB) exceed the H100/H200 L2, so a
+# chain's calls read their weight from HBM as a decode step does.
+LLAMA_LINEARS = {"gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def linear_case(weight: str, tokens: int) -> Callable[[bool], Case]:
+    """linear (bf16) on one of Llama-3-8B's weights."""
+    def build(smoke: bool) -> Case:
+        from xla_kernels.kernels.linear import linear
+
+        jnp = _jnp()
+        out, k = (64, 128) if smoke else LLAMA_LINEARS[weight]
+        xs = [_normal(i, (tokens, k), jnp.bfloat16) for i in range(CHAIN)]
+        w = (_normal(99, (out, k), jnp.float32) * k ** -0.5).astype(jnp.bfloat16)
+        return _chain(linear, xs, w)
+    return build
+
+
+def fp8_linear_case(weight: str, tokens: int, scheme: str = "none") -> Callable[[bool], Case]:
+    """fp8_linear on one of Llama-3-8B's weights in e4m3 with per-channel scales, bf16 x
+    (``scheme``: "none", weight-only, or "dynamic", W8A8)."""
+    def build(smoke: bool) -> Case:
+        import numpy as np
+
+        from xla_kernels.kernels.fp8_linear import fp8_linear, fp8_quantize
+
+        jnp = _jnp()
+        out, k = (64, 128) if smoke else LLAMA_LINEARS[weight]
+        rng = np.random.default_rng(0)
+        q, s = fp8_quantize(rng.standard_normal((out, k), np.float32) * k ** -0.5, (0, 0))
+        xs = [_normal(i, (tokens, k), jnp.bfloat16) for i in range(CHAIN)]
+        return _chain(lambda x, q, s: fp8_linear(x, q, s, activation_scheme=scheme), xs,
+                      jnp.asarray(q), jnp.asarray(s))
+    return build
+
+
+def moe_case(tokens: int) -> Callable[[bool], Case]:
+    """fused_moe on Mixtral-8x7B's expert layer (8 experts, hidden 4096, intermediate
+    14336, top-2, bf16): 2.8 GB of weights, of which a decode step reads the routed experts'."""
+    def build(smoke: bool) -> Case:
+        from xla_kernels.kernels.moe import fused_moe
+
+        jnp = _jnp()
+        experts, hidden, inter = (4, 128, 256) if smoke else (8, 4096, 14336)
+        w13 = (_normal(1, (experts, 2 * inter, hidden), jnp.float32) * hidden ** -0.5
+               ).astype(jnp.bfloat16)
+        w2 = (_normal(2, (experts, hidden, inter), jnp.float32) * inter ** -0.5
+              ).astype(jnp.bfloat16)
+        per_call = [(_normal(10 + i, (tokens, hidden), jnp.bfloat16),
+                     _normal(100 + i, (tokens, experts), jnp.float32)) for i in range(CHAIN)]
+        return _chain(lambda x, w13, w2: fused_moe(x[0], x[1], w13, w2, top_k=2), per_call,
+                      w13, w2)
+    return build
+
+
 MMA = (("XLA_KERNELS_RAGGED_WGMMA", "0"),)
 
 CONFIGS: list[Config] = [
@@ -279,6 +335,15 @@ CONFIGS: list[Config] = [
            ragged_case([4096] * 4, [4096] * 4, fused=True, block=128)),
     Config("ragged mma prefill 4x4096", ragged_case([4096] * 4, [4096] * 4), env=MMA),
     Config("ragged mma chunked 8x512 of 8192", ragged_case([512] * 8, [8192] * 8), env=MMA),
+    Config("linear bf16 gate_up 1 token", linear_case("gate_up", 1)),
+    Config("linear bf16 gate_up 64 tokens", linear_case("gate_up", 64)),
+    Config("fp8_linear gate_up 1 token", fp8_linear_case("gate_up", 1)),
+    Config("fp8_linear gate_up 16 tokens", fp8_linear_case("gate_up", 16)),
+    Config("fp8_linear gate_up 64 tokens", fp8_linear_case("gate_up", 64)),
+    Config("fp8_linear down 64 tokens", fp8_linear_case("down", 64)),
+    Config("fp8_linear w8a8 gate_up 64 tokens", fp8_linear_case("gate_up", 64, "dynamic")),
+    Config("fused_moe mixtral 16 tokens", moe_case(16)),
+    Config("fused_moe mixtral 64 tokens", moe_case(64)),
 ]
 
 
