@@ -64,6 +64,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from xla_kernels.attrs import Attr
 from xla_kernels.op import CallPlan, Invalid, Kernel, Op, Spec, Tensor, is_symbolic
 
@@ -225,76 +227,57 @@ _INPUTS = (
 )
 _OUTPUT_NAMES = ("out",)
 
-fused_moe = Op(
-    "xla_kernels.fused_moe",
-    inputs=[*_INPUTS,
-            Tensor("w13", DTYPES, rank=3, doc="[experts, 2 * intermediate, hidden]: gate, up"),
-            Tensor("w2", DTYPES, rank=3, doc="[experts, hidden, intermediate]")],
-    attrs=list(_ATTRS),
-    outputs=_output_rule,
-    output_names=_OUTPUT_NAMES,
-    sharding_rule=_sharding_rule,
-    kernels={"cpu": Kernel(["moe_cpu.cc"], handler="XkFusedMoeCpu"),
-             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeCuda")},
-    doc=__doc__ or "",
-)
-
-fused_moe_fp8 = Op(
-    "xla_kernels.fused_moe_fp8",
-    inputs=[*_INPUTS,
-            Tensor("w13", (FP8,), rank=3, doc="[experts, 2 * intermediate, hidden] e4m3"),
-            Tensor("w2", (FP8,), rank=3, doc="[experts, hidden, intermediate] e4m3"),
-            Tensor("w13_scale", ("f32",), rank=3, doc="per channel or per block"),
-            Tensor("w2_scale", ("f32",), rank=3, doc="per channel or per block")],
-    attrs=[*_ATTRS,
-           Attr("block_shape", tuple[int, int], default=(0, 0),
-                doc="(0, 0): per output channel scales; (bn, bk): per bn x bk block")],
-    outputs=_fp8_output_rule,
-    output_names=_OUTPUT_NAMES,
-    sharding_rule=_sharding_rule,
-    kernels={"cpu": Kernel(["moe_cpu.cc"], handler="XkFusedMoeFp8Cpu"),
-             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeFp8Cuda")},
-    doc="fused_moe with fp8 e4m3 weights and their f32 scales (see fused_moe).",
-)
-
+_SCALES = [Tensor("w13_scale", ("f32",), rank=3, doc="per channel or per block"),
+           Tensor("w2_scale", ("f32",), rank=3, doc="per channel or per block")]
+_FP8_ATTRS = [*_ATTRS, Attr("block_shape", tuple[int, int], default=(0, 0),
+                            doc="(0, 0): per output channel scales; (bn, bk): per bn x bk block")]
+_GLOBAL_LOGITS = Tensor("router_logits", LOGIT_DTYPES, rank=2, doc="[tokens, global experts]")
 _OFFSET = Tensor("expert_offset", ("i32",), rank=0,
                  doc="global id of w13's first expert (int32 scalar)")
 
-fused_moe_ep = Op(
-    "xla_kernels.fused_moe_ep",
-    inputs=[_INPUTS[0],
-            Tensor("router_logits", LOGIT_DTYPES, rank=2, doc="[tokens, global experts]"),
-            Tensor("w13", DTYPES, rank=3, doc="[local experts, 2 * intermediate, hidden]"),
-            Tensor("w2", DTYPES, rank=3, doc="[local experts, hidden, intermediate]"),
-            _OFFSET],
-    attrs=list(_ATTRS),
-    outputs=_ep_output_rule,
-    output_names=_OUTPUT_NAMES,
-    sharding_rule=_ep_sharding_rule,
-    kernels={"cpu": Kernel(["moe_cpu.cc"], handler="XkFusedMoeEpCpu"),
-             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeEpCuda")},
-    doc="fused_moe over a block of the experts (expert parallel; see fused_moe).",
-)
 
-fused_moe_fp8_ep = Op(
-    "xla_kernels.fused_moe_fp8_ep",
-    inputs=[_INPUTS[0],
-            Tensor("router_logits", LOGIT_DTYPES, rank=2, doc="[tokens, global experts]"),
-            Tensor("w13", (FP8,), rank=3, doc="[local experts, 2 * intermediate, hidden]"),
-            Tensor("w2", (FP8,), rank=3, doc="[local experts, hidden, intermediate] e4m3"),
-            Tensor("w13_scale", ("f32",), rank=3, doc="per channel or per block"),
-            Tensor("w2_scale", ("f32",), rank=3, doc="per channel or per block"),
-            _OFFSET],
-    attrs=[*_ATTRS,
-           Attr("block_shape", tuple[int, int], default=(0, 0),
-                doc="(0, 0): per output channel scales; (bn, bk): per bn x bk block")],
-    outputs=_fp8_ep_output_rule,
-    output_names=_OUTPUT_NAMES,
-    sharding_rule=_ep_sharding_rule,
-    kernels={"cpu": Kernel(["moe_cpu.cc"], handler="XkFusedMoeFp8EpCpu"),
-             "cuda": Kernel(["moe.cu"], handler="XkFusedMoeFp8EpCuda")},
-    doc="fused_moe_fp8 over a block of the experts (expert parallel; see fused_moe).",
-)
+def _moe_op(variant: str, inputs: list[Tensor], attrs: list[Attr], outputs: Any,
+            sharding_rule: Any, doc: str) -> Op:
+    """One of the four variants (fused_moe{,_fp8}{,_ep}): the kernels are the handlers
+    XkFusedMoe<Variant>{Cpu,Cuda} of moe_cpu.cc and moe.cu, one binding template each."""
+    suffix = "".join(part.capitalize() for part in variant.split("_"))
+    return Op(f"xla_kernels.fused_moe{'_' + variant if variant else ''}", inputs=inputs,
+              attrs=attrs, outputs=outputs, output_names=_OUTPUT_NAMES,
+              sharding_rule=sharding_rule,
+              kernels={"cpu": Kernel(["moe_cpu.cc"], handler=f"XkFusedMoe{suffix}Cpu"),
+                       "cuda": Kernel(["moe.cu"], handler=f"XkFusedMoe{suffix}Cuda")},
+              doc=doc)
+
+
+fused_moe = _moe_op(
+    "",
+    [*_INPUTS, Tensor("w13", DTYPES, rank=3, doc="[experts, 2 * intermediate, hidden]: gate, up"),
+     Tensor("w2", DTYPES, rank=3, doc="[experts, hidden, intermediate]")],
+    list(_ATTRS), _output_rule, _sharding_rule, __doc__ or "")
+
+fused_moe_fp8 = _moe_op(
+    "fp8",
+    [*_INPUTS, Tensor("w13", (FP8,), rank=3, doc="[experts, 2 * intermediate, hidden] e4m3"),
+     Tensor("w2", (FP8,), rank=3, doc="[experts, hidden, intermediate] e4m3"), *_SCALES],
+    _FP8_ATTRS, _fp8_output_rule, _sharding_rule,
+    "fused_moe with fp8 e4m3 weights and their f32 scales (see fused_moe).")
+
+fused_moe_ep = _moe_op(
+    "ep",
+    [_INPUTS[0], _GLOBAL_LOGITS,
+     Tensor("w13", DTYPES, rank=3, doc="[local experts, 2 * intermediate, hidden]"),
+     Tensor("w2", DTYPES, rank=3, doc="[local experts, hidden, intermediate]"), _OFFSET],
+    list(_ATTRS), _ep_output_rule, _ep_sharding_rule,
+    "fused_moe over a block of the experts (expert parallel; see fused_moe).")
+
+fused_moe_fp8_ep = _moe_op(
+    "fp8_ep",
+    [_INPUTS[0], _GLOBAL_LOGITS,
+     Tensor("w13", (FP8,), rank=3, doc="[local experts, 2 * intermediate, hidden]"),
+     Tensor("w2", (FP8,), rank=3, doc="[local experts, hidden, intermediate] e4m3"),
+     *_SCALES, _OFFSET],
+    _FP8_ATTRS, _fp8_ep_output_rule, _ep_sharding_rule,
+    "fused_moe_fp8 over a block of the experts (expert parallel; see fused_moe).")
 
 __all__ = [
     "ACTIVATIONS",
