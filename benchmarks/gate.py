@@ -118,6 +118,12 @@ def _normal(seed: int, shape: tuple, dtype: Any) -> Any:
     return jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32).astype(dtype)
 
 
+def _weight(seed: int, shape: tuple, fan_in: int) -> Any:
+    """A bf16 weight of normal entries over sqrt(fan_in): products of order one."""
+    jnp = _jnp()
+    return (_normal(seed, shape, jnp.float32) * fan_in ** -0.5).astype(jnp.bfloat16)
+
+
 def _dtype(name: str) -> Any:
     jnp = _jnp()
     return {"f32": jnp.float32, "bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn}[name]
@@ -261,8 +267,7 @@ def linear_case(weight: str, tokens: int) -> Callable[[bool], Case]:
         jnp = _jnp()
         out, k = (64, 128) if smoke else LLAMA_LINEARS[weight]
         xs = [_normal(i, (tokens, k), jnp.bfloat16) for i in range(CHAIN)]
-        w = (_normal(99, (out, k), jnp.float32) * k ** -0.5).astype(jnp.bfloat16)
-        return _chain(linear, xs, w)
+        return _chain(linear, xs, _weight(99, (out, k), k))
     return build
 
 
@@ -292,10 +297,8 @@ def moe_case(tokens: int) -> Callable[[bool], Case]:
 
         jnp = _jnp()
         experts, hidden, inter = (4, 128, 256) if smoke else (8, 4096, 14336)
-        w13 = (_normal(1, (experts, 2 * inter, hidden), jnp.float32) * hidden ** -0.5
-               ).astype(jnp.bfloat16)
-        w2 = (_normal(2, (experts, hidden, inter), jnp.float32) * inter ** -0.5
-              ).astype(jnp.bfloat16)
+        w13 = _weight(1, (experts, 2 * inter, hidden), hidden)
+        w2 = _weight(2, (experts, hidden, inter), inter)
         per_call = [(_normal(10 + i, (tokens, hidden), jnp.bfloat16),
                      _normal(100 + i, (tokens, experts), jnp.float32)) for i in range(CHAIN)]
         return _chain(lambda x, w13, w2: fused_moe(x[0], x[1], w13, w2, top_k=2), per_call,

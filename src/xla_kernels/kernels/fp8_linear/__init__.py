@@ -19,7 +19,8 @@
 
 Kernels: CPU (``fp8_linear_cpu.cc``) and CUDA (``fp8_linear.cu``): on compute capability 9.0,
 bf16 x with per-channel scales and no activation scheme runs CUTLASS's mixed-input Hopper GEMM
-(``fp8_linear_sm90.cu``; built where CUTLASS's headers are found, :func:`hopper_path_built`);
+(``fp8_linear_sm90.cu``; built where CUTLASS's headers are found, :func:`hopper_path_built`;
+stream-K, its partial sums in the workspace output, where ``in`` >= 8192);
 elsewhere tensor cores for bf16 /
 f16 x with ``in`` a multiple of 128 (``fp8_linear_mma.cuh``: mma.sync, W8A8 on sm_89+, K
 split over CTAs into the f32 workspace output), CUDA cores for the rest; design and

@@ -14,9 +14,10 @@
 // Two schedules. PingPong: two consumer warp groups take turns on whole tiles of a persistent
 // grid, no workspace. StreamK: both warp groups share one 128-row tile (cooperative) and
 // CUTLASS's stream-K scheduler splits the K loop of the tiles over all SMs, so that a
-// projection with fewer output tiles than SMs (Llama-3-8B's o and down at 64 tokens: 32
-// tiles of 128 rows for 132 SMs) still streams its weights from every SM; the partial sums
-// meet in the call's workspace, in a fixed order (deterministic reduction).
+// projection with fewer output tiles than SMs (Llama-3-8B's down at 64 tokens: 32 tiles of
+// 128 rows for 132 SMs) still streams its weights from every SM; the partial sums meet in the
+// call's workspace, in a fixed order (deterministic reduction). The caller picks where it
+// pays (fp8_linear_sm90.cu: long K loops only).
 // Needs -DNDEBUG (CUTLASS's device asserts otherwise serialize every wgmma) and sm_90a.
 // docs/design/gemm.md: why CUTLASS here, the tiles, and what they measured.
 #pragma once
