@@ -10,6 +10,7 @@ fused), down 4096 x 14336) and token count (1, 16, 64, 128; bf16 activations):
   f32 accumulation, bf16 out);
 * ``fp8_linear``: :func:`~xla_kernels.kernels.fp8_linear.fp8_linear` on the weight in e4m3
   with per-channel scales, weight-only (W8A16);
+* ``fp8_w8a8``: the same with ``activation_scheme="dynamic"`` (x quantized per token, W8A8);
 * ``xla_fp8``: :func:`~xla_kernels.kernels.fp8_linear.fp8_linear_xla` with
   ``"dynamic"``: x quantized per token, then XLA's fp8 dot (cuBLASLt).
 
@@ -62,6 +63,7 @@ PEERS = {  # name: (weight format, call)
     "linear": ("bf16", lambda x, w, s: linear(x, w)),
     "xla_dot": ("bf16", lambda x, w, s: linear_xla(x, w)),
     "fp8_linear": ("e4m3", lambda x, w, s: fp8_linear(x, w, s)),
+    "fp8_w8a8": ("e4m3", lambda x, w, s: fp8_linear(x, w, s, activation_scheme="dynamic")),
     "xla_fp8": ("e4m3", lambda x, w, s: fp8_linear_xla(x, w, s, activation_scheme="dynamic")),
 }
 FOOTPRINT = 150_000_000

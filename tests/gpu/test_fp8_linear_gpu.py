@@ -54,6 +54,10 @@ SHAPES = {
     "hopper stream-K: 9 tokens, padded to the 16-token tile": (9, 8192, 4096, (0, 0)),
     "hopper ping-pong: llama o, 64 tokens": (64, 4096, 4096, (0, 0)),
     "hopper: 17 tokens, in 8192 with 300 rows": (17, 8192, 300, (0, 0)),
+    # 65-128 tokens: one 128-token tile where its tiles fill at least half the SMs (8448
+    # rows: 66 tiles of 128 for W8A16, 132 of 64 for W8A8 on 132 SMs), else two 64-token ones.
+    "hopper: 96 tokens, the wide tile": (96, 1024, 8448, (0, 0)),
+    "hopper: 96 tokens, 1024 rows: two narrow tiles": (96, 1024, 1024, (0, 0)),
 }
 
 

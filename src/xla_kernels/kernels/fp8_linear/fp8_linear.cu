@@ -3,8 +3,10 @@
 // * decode (up to 16 tokens, bf16 / f16 x, weight-only, per-channel scales): the skinny GEMM
 //   of xla_kernels/gemm/ (one launch, e4m3 converted in registers); from 9 tokens on, the
 //   Hopper path goes first where it runs;
-// * Hopper (compute capability 9.0, bf16 x, weight-only, per-channel scales, library built
-//   with CUTLASS's headers): CUTLASS's mixed-input GEMM (fp8_linear_sm90.cu);
+// * Hopper (compute capability 9.0, bf16 x, per-channel scales, library built with CUTLASS's
+//   headers; fp8_linear_sm90.cu): weight-only, CUTLASS's mixed-input GEMM; W8A8 ("dynamic",
+//   any token count), x quantized per token into the workspace, then CUTLASS's e4m3 GEMM with
+//   the channel and token scales in its epilogue;
 // * tensor cores (fp8_linear_mma.cuh) for bf16 / f16 x, in a multiple of 128, block scales of
 //   whole 128-column chunks (W8A8 on sm_89+): a workspace memset, (W8A8) a quantize pass, the
 //   GEMM (K split so that the grid fills the SMs once), a finalize pass;
@@ -367,6 +369,30 @@ cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
   return cudaGetLastError();
 }
 
+// W8A8 on the Hopper path: x quantized per token into the workspace (its scales first, then x
+// in e4m3, [tokens, in], at a 16-byte aligned offset), then CUTLASS's e4m3 GEMM with both
+// scales in the epilogue. False, with nothing launched, where the Hopper path does not run; a
+// size CUTLASS declines after x was quantized also gives false, and the mma path quantizes
+// again into its own layout.
+bool LaunchSm90W8A8Quantized(cudaStream_t stream, const Shape& s, const Params& p,
+                             float* workspace, size_t workspace_bytes, cudaError_t* status) {
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  const size_t xq_offset = sizeof(float) * RoundUp4(s.tokens);
+  const size_t needed = xq_offset + static_cast<size_t>(s.tokens * s.in);
+  if (s.in % 16 != 0 || !aligned(p.w) || !aligned(p.y) || !aligned(p.scale) ||
+      !aligned(workspace) || workspace_bytes < needed || !Sm90PathRuns())
+    return false;
+  float* token_scale = workspace;
+  uint8_t* xq = reinterpret_cast<uint8_t*>(workspace) + xq_offset;
+  mma::QuantizeRowsKernel<__nv_bfloat16, /*kRowMajor=*/true>
+      <<<static_cast<unsigned>(s.tokens), mma::kThreads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(p.x), s.tokens, s.in, xq, token_scale);
+  if ((*status = cudaGetLastError()) != cudaSuccess) return true;
+  gemm::SwapAbCall call{p.w, xq, p.y, p.scale, s.tokens, s.in, s.out};
+  call.token_scale = token_scale;
+  return LaunchSm90W8A8(stream, call, status);
+}
+
 // Up to this many tokens the skinny GEMM goes before the Hopper path: at one token it was
 // 1.03-1.5x faster on each of Llama-3-8B's linears, at 16 the Hopper path was faster in sum
 // (docs/design/gemm.md, "fp8 weights on the Hopper GEMM").
@@ -387,6 +413,9 @@ cudaError_t LaunchFastest(cudaStream_t stream, const Shape& s, const Params& p, 
   if (s.dtype == ffi::DataType::BF16 && !s.dynamic && s.bk == 0 &&
       LaunchSm90(stream, {p.w, p.x, p.y, p.scale, s.tokens, s.in, s.out, workspace, workspace_bytes},
                  &status))
+    return status;
+  if (s.dtype == ffi::DataType::BF16 && s.dynamic && s.bk == 0 && s.tokens > 0 &&
+      LaunchSm90W8A8Quantized(stream, s, p, workspace, workspace_bytes, &status))
     return status;
   if (skinny) return launch_skinny();
   if (UseMma(s, p)) {

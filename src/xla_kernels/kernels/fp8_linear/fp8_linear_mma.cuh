@@ -308,8 +308,9 @@ __device__ __forceinline__ float WarpMax(float v) {
 }
 
 // W8A8's first pass: each CTA quantizes one token's row (fp8_linear's "dynamic" rule, as
-// the CUDA-core kernel and the CPU kernel apply it) into stage order and records its scale.
-template <typename T>
+// the CUDA-core kernel and the CPU kernel apply it) and records its scale; into stage order,
+// or (kRowMajor: the Hopper path's TMA operand) as x's own [tokens, in] layout.
+template <typename T, bool kRowMajor = false>
 __global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64_t tokens,
                                                                int64_t in, uint8_t* xq,
                                                                float* row_scale) {
@@ -328,7 +329,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64
   const float s = ActivationScale(amax);
   if (threadIdx.x == 0) row_scale[t] = s;
   for (int64_t i = threadIdx.x; i < in; i += kThreads)
-    xq[PermutedIndex<1>(tokens, t, i)] =
+    xq[kRowMajor ? t * in + i : PermutedIndex<1>(tokens, t, i)] =
         __nv_cvt_float_to_fp8(static_cast<float>(xr[i]) / s, __NV_SATFINITE, __NV_E4M3);
 }
 

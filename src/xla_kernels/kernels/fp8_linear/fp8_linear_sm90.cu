@@ -1,9 +1,10 @@
-// fp8_linear's Hopper path (weight-only, per-channel scales, bf16 x, compute capability 9.0):
-// CUTLASS's sm90 mixed-input GEMM in the swap-AB form (xla_kernels/gemm/sm90_swap_ab.cuh): the
-// e4m3 weight tile is converted to bf16 in registers, x stays bf16, the sums are f32 and the
-// channel scale multiplies them in the epilogue before the one rounding. Up to 128 tokens, on
-// long K loops, the stream-K schedule spreads the weights over every SM (its partial sums in
-// the op's workspace); elsewhere the ping-pong tile of the same size runs.
+// fp8_linear's Hopper path (per-channel scales, bf16 x, compute capability 9.0): CUTLASS's
+// sm90 GEMM in the swap-AB form (xla_kernels/gemm/sm90_swap_ab.cuh), the sums in f32 and the
+// scales applied in the epilogue before the one rounding. Weight-only: the mixed-input
+// mainloop converts the e4m3 weight tile to bf16 in registers, x stays bf16; up to 128 tokens,
+// on long K loops, the stream-K schedule spreads the weights over every SM (its partial sums
+// in the op's workspace), elsewhere the ping-pong tile of the same size runs. W8A8: x already
+// quantized to e4m3 per token, e4m3 wgmma, the channel and token scales in the epilogue.
 // Built only where CUTLASS's headers are on the include path, as linear's (linear_sm90.cu).
 #include <cuda_runtime.h>
 
@@ -31,6 +32,13 @@ using SmallPingPong = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 16, 128, true>;
 using MediumStreamK = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 64, 128, true, gemm::StreamK>;
 using MediumPingPong = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 64, 128, true>;
 using LargeTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 128, 64, true>;
+// W8A8: e4m3 x e4m3 wgmma (CUTLASS's default accumulation: the f32 sums promoted every few K
+// steps, no fast-accumulation shortcut), ping-pong tiles of 64 weight rows x kTN tokens with K
+// steps of 128. Not 128 rows at 128 tokens: the promoted sums double a consumer's accumulator
+// registers (that tile took 103.9 us on gate_up at 256 tokens, 14 % of its weight floor).
+template <int kTN>
+using W8A8Tile = gemm::Sm90SwapAbGemm<E4m3, E4m3, 64, kTN, 128, true, gemm::PingPong, Bf16,
+                                      /*kTokenScale=*/true>;
 
 // Stream-K where the K loop is long (in >= kStreamKMinIn, Llama-3-8B's down: 112 K steps),
 // else, or where StreamK declines the call (no K split chosen), the ping-pong tile. On an
@@ -52,14 +60,32 @@ bool LaunchSm90(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* 
   if (call.row_scale == nullptr) return false;
   // The 16-token tile up to 16 tokens only: at 32 it read every weight tile twice (gate_up:
   // 83.9 us against 58.8 with the 64-token tile at 64 tokens, one H200 run).
-  return gemm::LaunchByTokens<StreamKWhereKIsLong<SmallStreamK, SmallPingPong>,
-                              StreamKWhereKIsLong<MediumStreamK, MediumPingPong>, LargeTile,
-                              /*kSmallMaxTokens=*/16>(call, stream, status);
+  return gemm::LaunchByTokens<
+      StreamKWhereKIsLong<SmallStreamK, SmallPingPong>,
+      gemm::WideWhereItFillsTheSms<StreamKWhereKIsLong<MediumStreamK, MediumPingPong>,
+                                   LargeTile>,
+      LargeTile, /*kSmallMaxTokens=*/16>(call, stream, status);
+}
+
+bool Sm90PathRuns() {
+  int device = 0, sms = 0;
+  return gemm::CurrentSm90Device(&device, &sms);
+}
+
+// No stream-K for W8A8: on down at 16 and 64 tokens it ran 33.8 and 37.5 us against the
+// ping-pong tile's 29.9 and 35.7 (one H200, docs/design/gemm.md).
+bool LaunchSm90W8A8(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status) {
+  if (call.row_scale == nullptr || call.token_scale == nullptr) return false;
+  return gemm::LaunchByTokens<W8A8Tile<16>,
+                              gemm::WideWhereItFillsTheSms<W8A8Tile<64>, W8A8Tile<128>>,
+                              W8A8Tile<128>, /*kSmallMaxTokens=*/16>(call, stream, status);
 }
 
 #else
 
 bool LaunchSm90(cudaStream_t, const gemm::SwapAbCall&, cudaError_t*) { return false; }
+bool LaunchSm90W8A8(cudaStream_t, const gemm::SwapAbCall&, cudaError_t*) { return false; }
+bool Sm90PathRuns() { return false; }
 
 #endif
 

@@ -14,4 +14,13 @@ namespace xla_kernels::fp8_linear {
 // CUTLASS.
 bool LaunchSm90(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status);
 
+// W8A8 on the same path: x already quantized to e4m3 per token (call.x, [tokens, in] row-major,
+// its scales in call.token_scale), e4m3 wgmma, both scales applied to the f32 sums, bf16 y.
+// Same contract as LaunchSm90.
+bool LaunchSm90W8A8(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status);
+
+// Whether the Hopper path can run on the current device (library built with CUTLASS, compute
+// capability 9.0): a caller that must prepare an operand first (W8A8's quantized x) asks.
+bool Sm90PathRuns();
+
 }  // namespace xla_kernels::fp8_linear

@@ -22,6 +22,9 @@ struct SwapAbCall {
   int64_t tokens, in, out;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // W8A8 (x in e4m3 too): y[t, o] also times token_scale[t] (f32 [tokens]), x's per-token
+  // quantization scale; nullptr elsewhere.
+  const float* token_scale = nullptr;
 };
 
 }  // namespace xla_kernels::gemm

@@ -52,10 +52,14 @@ struct StreamK {};
 // ElementW: the weight's type (ElementX, or narrower: the mixed-input mainloop); kRowScale: y
 // scaled per output channel (SwapAbCall::row_scale), else y is the plain product; Schedule:
 // PingPong or StreamK (kTM 128: one 64-row half per consumer warp group).
+// ElementY: y's type (ElementX, or bf16 for e4m3 x); kTokenScale (W8A8): y also scaled per
+// token (SwapAbCall::token_scale), both scales applied to the f32 sums before the rounding.
 template <class ElementW, class ElementX, int kTM, int kTN, int kTK, bool kRowScale,
-          class Schedule = PingPong>
+          class Schedule = PingPong, class ElementY = ElementX, bool kTokenScale = false>
 struct Sm90SwapAbGemm {
+  static_assert(!kTokenScale || kRowScale, "W8A8 has both scales");
   static constexpr bool kStreamK = std::is_same_v<Schedule, StreamK>;
+  static constexpr int kTileRows = kTM, kTileTokens = kTN;
   static_assert(!kStreamK || kTM % 128 == 0, "a cooperative tile splits 128 rows in two");
   using EpilogueSchedule = std::conditional_t<kStreamK,
                                               cutlass::epilogue::TmaWarpSpecializedCooperative,
@@ -69,18 +73,36 @@ struct Sm90SwapAbGemm {
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   static constexpr int kAlignW = 16 / sizeof(ElementW);
   static constexpr int kAlignX = 16 / sizeof(ElementX);
+  static constexpr int kAlignY = 16 / sizeof(ElementY);
 
   // No C operand: y is written, never read (beta = 0). The row scale is the per-row alpha (no
   // bias: its pointer stays null, which CUTLASS reads as zeros without loading).
+  // W8A8: y = round(row_scale[o] * (token_scale[t] * acc)), an epilogue visitor tree of two
+  // broadcasts (a column vector over the weight rows, a row vector over the tokens, read
+  // without staging, one element at a time: any token count).
+  using RowScaleLoad = cutlass::epilogue::fusion::Sm90ColBroadcast<
+      0, TileShape, float, float, cute::Stride<cute::_1, cute::_0, cute::_0>, 1>;
+  using TokenScaleLoad = cutlass::epilogue::fusion::Sm90RowBroadcast<
+      0, TileShape, float, float, cute::Stride<cute::_0, cute::_1, cute::_0>, 1>;
+  using TokenScaled = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, float, float,
+                                             cutlass::FloatRoundStyle::round_to_nearest>,
+      TokenScaleLoad, cutlass::epilogue::fusion::Sm90AccFetch>;
+  using BothScaled = cutlass::epilogue::fusion::Sm90EVT<
+      cutlass::epilogue::fusion::Sm90Compute<cutlass::multiplies, ElementY, float,
+                                             cutlass::FloatRoundStyle::round_to_nearest>,
+      RowScaleLoad, TokenScaled>;
   using Fusion = std::conditional_t<
-      kRowScale,
-      cutlass::epilogue::fusion::PerRowLinCombPerRowBiasEltAct<
-          cutlass::epilogue::thread::Identity, ElementX, float, ElementX, ElementX, float>,
-      cutlass::epilogue::fusion::LinearCombination<ElementX, float, void, float>>;
+      kTokenScale, BothScaled,
+      std::conditional_t<
+          kRowScale,
+          cutlass::epilogue::fusion::PerRowLinCombPerRowBiasEltAct<
+              cutlass::epilogue::thread::Identity, ElementY, float, ElementY, ElementY, float>,
+          cutlass::epilogue::fusion::LinearCombination<ElementY, float, void, float>>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
-      cutlass::layout::ColumnMajor, kAlignX, ElementX, cutlass::layout::ColumnMajor, kAlignX,
+      cutlass::layout::ColumnMajor, kAlignY, ElementY, cutlass::layout::ColumnMajor, kAlignY,
       EpilogueSchedule, Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -111,11 +133,16 @@ struct Sm90SwapAbGemm {
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
         {static_cast<const ElementW*>(c.w), sa, static_cast<const ElementX*>(c.x), sb},
-        {{}, nullptr, sd, static_cast<ElementX*>(c.y), sd},
+        {{}, nullptr, sd, static_cast<ElementY*>(c.y), sd},
         hw};
-    args.epilogue.thread.alpha = 1.f;
-    args.epilogue.thread.beta = 0.f;
-    if constexpr (kRowScale) args.epilogue.thread.alpha_ptr = c.row_scale;
+    if constexpr (kTokenScale) {
+      // {row scale, {token scale, acc, multiply}, multiply}: the tree's children, then its node.
+      args.epilogue.thread = {{c.row_scale}, {{c.token_scale}, {}, {}}, {}};
+    } else {
+      args.epilogue.thread.alpha = 1.f;
+      args.epilogue.thread.beta = 0.f;
+      if constexpr (kRowScale) args.epilogue.thread.alpha_ptr = c.row_scale;
+    }
     if constexpr (kStreamK) {
       // CUTLASS's heuristic: whole tiles where they fill the SMs, stream-K units for the rest;
       // the partial sums added in a fixed order, so a call's result does not vary by run.
@@ -133,6 +160,7 @@ struct Sm90SwapAbGemm {
   static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
                      cudaError_t* status) {
     if (kRowScale != (c.row_scale != nullptr)) return false;
+    if (kTokenScale != (c.token_scale != nullptr)) return false;
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     if (!aligned(c.w) || !aligned(c.x) || !aligned(c.y) || !aligned(c.row_scale)) return false;
     const auto args = Arguments(c, device, sm_count);
@@ -155,18 +183,37 @@ struct Sm90SwapAbGemm {
 };
 
 // Launches the call on the current device with the tile for its token count: Small up to
-// kSmallMaxTokens, Medium up to 128, Large beyond; false (nothing launched) where the device
-// cannot run sm_90a code, a size passes CUTLASS's int, or the tile's Launch declines. Past its
-// token width a tile reads each weight tile once per token tile.
-template <class Small, class Medium, class Large, int64_t kSmallMaxTokens = 32>
+// kSmallMaxTokens, Medium up to kMediumMaxTokens, Large beyond; false (nothing launched) where
+// the device cannot run sm_90a code, a size passes CUTLASS's int, or the tile's Launch
+// declines. Past its token width a tile reads each weight tile once per token tile.
+template <class Small, class Medium, class Large, int64_t kSmallMaxTokens = 32,
+          int64_t kMediumMaxTokens = 128>
 bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* status) {
   int device = 0, sms = 0;
   if (!CurrentSm90Device(&device, &sms)) return false;
   constexpr int64_t kIntMax = 2147483647;
   if (c.tokens > kIntMax || c.in > kIntMax || c.out > kIntMax) return false;
   if (c.tokens <= kSmallMaxTokens) return Small::Launch(c, device, sms, stream, status);
-  if (c.tokens <= 128) return Medium::Launch(c, device, sms, stream, status);
+  if (c.tokens <= kMediumMaxTokens) return Medium::Launch(c, device, sms, stream, status);
   return Large::Launch(c, device, sms, stream, status);
 }
+
+// Tokens beyond a Narrow tile's width (65-128 for a 64-token tile, which then reads each weight
+// tile twice): Wide, one tile across all of them, where its tiles still fill at least half the
+// SMs; else Narrow, whose twice as many tiles keep more SMs streaming the weight. Up to
+// kNarrowTokens, Narrow. On an H200 (fp8_linear at 96 and 128 tokens) Wide won on gate_up
+// (W8A16: 33 against 58 us) and qkv, and lost on o and down, whose 64 tiles of 64 rows left
+// half the 132 SMs idle (docs/design/gemm.md).
+template <class Narrow, class Wide, int64_t kNarrowTokens = 64>
+struct WideWhereItFillsTheSms {
+  static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
+                     cudaError_t* status) {
+    const int64_t wide_tiles = (c.out + Wide::kTileRows - 1) / Wide::kTileRows *
+                               ((c.tokens + Wide::kTileTokens - 1) / Wide::kTileTokens);
+    return (c.tokens > kNarrowTokens && 2 * wide_tiles >= sm_count &&
+            Wide::Launch(c, device, sm_count, stream, status)) ||
+           Narrow::Launch(c, device, sm_count, stream, status);
+  }
+};
 
 }  // namespace xla_kernels::gemm
