@@ -617,15 +617,25 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     if not (args.smoke or args.no_prebuild):
         prebuild(args.src)
-    results = run_all(configs, args)
     import xla_kernels
     from xla_kernels.bench import device_description
 
-    record = {**device_description(), "card": card, "package": str(Path(
+    description = device_description()
+    paths = hopper_paths() if description["backend"] == "gpu" and not args.smoke else None
+    if not args.write and paths is not None:
+        why = hopper_paths_differ(json.loads(path.read_text()).get("hopper_paths"), paths)
+        if why:
+            print(f"gate: {why}", file=sys.stderr)
+            return 2
+    if args.write and paths is not None and not all(paths.values()):
+        print(f"gate: warning: recording a baseline without every Hopper path ({paths}): "
+              f"CUTLASS's headers were not found when the libraries were built", file=sys.stderr)
+    results = run_all(configs, args)
+    record = {**description, "card": card, "package": str(Path(
                   xla_kernels.__file__).parent),
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "commit": git_commit(), "rounds": args.rounds, "budget_s": args.budget,
-              "smoke": args.smoke, "configs": results}
+              "smoke": args.smoke, "hopper_paths": paths, "configs": results}
     print(f"gate: {len(results)} configurations in {time.perf_counter() - began:.0f} s")
     if args.write:
         if path.exists():  # a subset run keeps the other configurations' baselines
@@ -650,6 +660,36 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     return code
+
+
+def hopper_paths() -> dict[str, bool]:
+    """Whether this process's linear and fp8_linear CUDA libraries have their Hopper paths
+    (built with CUTLASS's headers). A library built where the headers were not found runs
+    its other kernels, 2-3x slower on the GEMM configurations, without an error."""
+    from xla_kernels.kernels import fp8_linear, linear
+
+    return {"linear": linear.hopper_path_built(), "fp8_linear": fp8_linear.hopper_path_built()}
+
+
+def hopper_paths_differ(baseline: dict[str, bool] | None, current: dict[str, bool]) -> str | None:
+    """Why a comparison would time different kernels (a library with its Hopper path on one
+    side only), or None (the same, or a baseline that did not record them).
+
+    Example:
+        >>> hopper_paths_differ({"linear": True, "fp8_linear": True},
+        ...                     {"linear": True, "fp8_linear": False})[:60]
+        "fp8_linear's baseline was timed with its Hopper path, this r"
+        >>> hopper_paths_differ(None, {"linear": False, "fp8_linear": False}) is None
+        True
+    """
+    for name, built in sorted((baseline or {}).items()):
+        if name in current and current[name] != built:
+            said = {True: "with", False: "without"}
+            return (f"{name}'s baseline was timed {said[built]} its Hopper path, this run's "
+                    f"library is {said[current[name]]} it: build with CUTLASS's headers "
+                    f"(XLA_KERNELS_CUTLASS_DIR, or the nvidia-cutlass package) on both sides, "
+                    f"or record a new baseline with --write")
+    return None
 
 
 def git_commit() -> str | None:

@@ -234,10 +234,11 @@ def test_readme_linear_and_fp8_linear_are_their_tables():
             f"{span(at('64', 'x xla_dot'), 2)}x at 64 tokens") in README
     fp8 = tables(LATEST / "h200" / "fp8_linear_hopper.md")[0]
 
-    def fp8_at(*tokens):
-        return [number(r["x xla_dot 2"]) for r in fp8 if r["tokens"] in tokens]
+    def fp8_at(*tokens, column="x xla_dot 2"):  # W8A16; W8A8 is "x xla_dot 3"
+        return [number(r[column]) for r in fp8 if r["tokens"] in tokens]
     assert (f"one token: {span(fp8_at('1'), 2)}x XLA's bf16 dot on Llama-3-8B's linears; "
-            f"{span(fp8_at('16', '64'), 2)}x at 16–64 tokens") in README
+            f"{span(fp8_at('16', '64'), 2)}x at 16–64 tokens; "
+            f"W8A8: {span(fp8_at('16', '64', column='x xla_dot 3'), 2)}x") in README
 
 
 def test_readme_serving_and_vllm_ratios_are_in_their_tables():
