@@ -1,13 +1,16 @@
 """Build ``dist/xla_kernels-*.whl`` with every shipped library prebuilt (``make wheel``).
 
 Steps: fetch the XLA FFI headers of the oldest supported jaxlib (``--ffi-jaxlib``; one
-library then serves it and every newer jaxlib with the same FFI major version); copy the
-package into ``build/wheel/``; prebuild there (``xla-kernels build --aot xla_kernels``): the
-CPU and CUDA libraries of every shipped op, the eager FFI runtime and the torch dispatcher
-library for this Python's torch; add the torch dispatcher library of every other torch
-interpreter given (``--torch-python``, one prebuilt per torch build, chosen at import); pack
-the wheel (tagged ``py3-none-linux_x86_64``: its libraries are x86-64 Linux code loaded with
-ctypes, for any Python 3) and check its size.
+library then serves it and every newer jaxlib with the same FFI major version) and, for the
+CUDA libraries, CUTLASS's headers from the ``nvidia-cutlass`` release the kernels are
+written against (``linear``'s and ``fp8_linear``'s Hopper GEMMs; a user of the wheel needs
+neither); copy the package into ``build/wheel/``; prebuild there (``xla-kernels build --aot
+xla_kernels``): the CPU and CUDA libraries of every shipped op, the eager FFI runtime and the
+torch dispatcher library for this Python's torch; check that the CUDA libraries hold their
+Hopper paths; add the torch dispatcher library of every other torch interpreter given
+(``--torch-python``, one prebuilt per torch build, chosen at import); pack the wheel (tagged
+``py3-none-linux_x86_64``: its libraries are x86-64 Linux code loaded with ctypes, for any
+Python 3) and check its size.
 
 Example:
     $ python scripts/build_wheel.py --torch-python /tmp/venv212/bin/python
@@ -31,6 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The oldest jaxlib whose FFI headers the wheel's libraries are built against.
 FFI_JAXLIB = "0.10.0"
 MAX_WHEEL_MIB = 64
+#: The nvidia-cutlass release whose headers the CUDA libraries are built with (the one
+#: xla_kernels.builder.cutlass names).
+CUTLASS = "4.2.0.0"
 PLATFORM_TAG = "linux_x86_64"
 
 
@@ -52,6 +58,47 @@ def ffi_headers(version: str, work: Path) -> Path:
     return include
 
 
+def cutlass_headers(version: str, work: Path) -> Path:
+    """A folder holding CUTLASS ``version``'s ``include`` and ``tools/util/include``, as
+    ``XLA_KERNELS_CUTLASS_DIR`` takes it (the ``nvidia-cutlass`` wheel's headers, downloaded
+    once, without installing: its Python requirements are not needed)."""
+    root = work / f"cutlass-{version}"
+    if (root / "include" / "cute" / "tensor.hpp").is_file():
+        return root
+    wheels = work / "cutlass-wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                    "--only-binary=:all:", "-d", str(wheels), f"nvidia-cutlass=={version}"],
+                   check=True)
+    wheel = next(wheels.glob(f"nvidia_cutlass-{version}-*.whl"))
+    source = "cutlass_library/source/"
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            inside = name.removeprefix(source)
+            if (name.startswith(source) and not name.endswith("/")
+                    and inside.startswith(("include/", "tools/util/include/"))):
+                target = root / inside
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(z.read(name))
+    return root
+
+
+def missing_hopper_paths(prebuilt_dir: Path) -> list[str]:
+    """The CUDA libraries among ``linear``'s and ``fp8_linear``'s that hold no CUTLASS code
+    (built where CUTLASS's headers were not found: their Hopper GEMMs left out).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "linear-cuda-0.so").write_bytes(b"_ZN7cutlass4gemm")
+        >>> _ = (d / "fp8_linear-cuda-0.so").write_bytes(b"no such code")
+        >>> missing_hopper_paths(d)
+        ['fp8_linear-cuda-0.so']
+    """
+    libraries = sorted(p for name in ("linear", "fp8_linear")
+                       for p in prebuilt_dir.glob(f"{name}-cuda-*.so"))
+    return [p.name for p in libraries if b"cutlass" not in p.read_bytes()]
+
+
 def stage(out: Path) -> Path:
     """A copy of the project's packaging files and ``src/`` without caches or old builds."""
     if out.exists():
@@ -65,8 +112,9 @@ def stage(out: Path) -> Path:
 
 
 def aot(python: str, prebuilt_dir: Path, args: argparse.Namespace, ffi: Path,
-        only: list[str]) -> None:
-    """``xla-kernels build --aot xla_kernels`` under ``python`` (this checkout's sources)."""
+        only: list[str], cutlass_dir: Path | None = None) -> None:
+    """``xla-kernels build --aot xla_kernels`` under ``python`` (this checkout's sources),
+    with CUTLASS's headers from ``cutlass_dir`` where given."""
     cmd = [python, "-m", "xla_kernels.cli", "build", "--aot", "xla_kernels",
            "--out", str(prebuilt_dir), "--ffi-include", str(ffi),
            "--cuda-archs", args.cuda_archs, "--jobs", str(args.jobs),
@@ -76,6 +124,8 @@ def aot(python: str, prebuilt_dir: Path, args: argparse.Namespace, ffi: Path,
     for name in only:
         cmd += ["--only", name]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "XLA_KERNELS_QUIET": "1"}
+    if cutlass_dir is not None:
+        env["XLA_KERNELS_CUTLASS_DIR"] = str(cutlass_dir)
     subprocess.run(cmd, check=True, env=env)
 
 
@@ -124,9 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     args.platform = args.platform or ["cpu", "cuda"]
     start = time.monotonic()
     ffi = ffi_headers(args.ffi_jaxlib, args.work)
+    with_cuda = "cuda" in args.platform
+    cutlass_dir = cutlass_headers(CUTLASS, args.work) if with_cuda else None
     tree = stage(args.work / "wheel")
     prebuilt_dir = tree / "src" / "xla_kernels" / "_prebuilt"
-    aot(sys.executable, prebuilt_dir, args, ffi, [])
+    aot(sys.executable, prebuilt_dir, args, ffi, [], cutlass_dir)
+    if with_cuda and (missing := missing_hopper_paths(prebuilt_dir)):
+        print(f"error: built without CUTLASS's code: {', '.join(missing)}", file=sys.stderr)
+        return 1
     for python in args.torch_python:
         aot(python, prebuilt_dir, args, ffi, ["xk_torch_native"])
     args.dist.mkdir(parents=True, exist_ok=True)
