@@ -14,7 +14,8 @@ deviation of one round from that median, relative to it.
 ``h100``, ``h200``, ... from ``nvidia-smi``; ``--card`` overrides it). Without it the run
 is compared with that file: a configuration fails when its time exceeds the baseline's by
 more than its tolerance, ``max(--min-tolerance, baseline noise, this run's noise)``. The
-exit code is 1 on any slowdown, 2 when there is no baseline to compare with.
+exit code is 1 on any slowdown, 2 when there is no baseline to compare with or its
+libraries were built otherwise (``hopper_paths``).
 
 Configurations that need another setting of an environment variable the kernels read
 once per process (``XLA_KERNELS_RAGGED_WGMMA=0``: the mma.sync prefill kernel on a Hopper
@@ -621,10 +622,15 @@ def main(argv: list[str] | None = None) -> int:
     from xla_kernels.bench import device_description
 
     description = device_description()
-    paths = hopper_paths() if description["backend"] == "gpu" and not args.smoke else None
-    if not args.write and paths is not None:
-        why = hopper_paths_differ(json.loads(path.read_text()).get("hopper_paths"), paths)
-        if why:
+    gemms = any(c.name.startswith(("linear", "fp8_linear")) for c in configs)
+    paths = (hopper_paths() if description["backend"] == "gpu" and gemms and not args.smoke
+             else None)
+    stored = json.loads(path.read_text()) if path.exists() else None
+    if stored is not None:
+        why = hopper_paths_differ(stored.get("hopper_paths"), paths)
+        # A comparison, or a subset --write that keeps configurations timed with the stored
+        # libraries, would mix two builds.
+        if why and (not args.write or set(stored["configs"]) - {c.name for c in configs}):
             print(f"gate: {why}", file=sys.stderr)
             return 2
     if args.write and paths is not None and not all(paths.values()):
@@ -638,9 +644,10 @@ def main(argv: list[str] | None = None) -> int:
               "smoke": args.smoke, "hopper_paths": paths, "configs": results}
     print(f"gate: {len(results)} configurations in {time.perf_counter() - began:.0f} s")
     if args.write:
-        if path.exists():  # a subset run keeps the other configurations' baselines
-            old = json.loads(path.read_text())["configs"]
-            record["configs"] = {**old, **results}
+        if stored is not None:  # a subset run keeps the other configurations' baselines
+            if paths is None:  # no GEMM timed here: the stored libraries' answer stands
+                record["hopper_paths"] = stored.get("hopper_paths")
+            record["configs"] = {**stored["configs"], **results}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=1) + "\n")
         rows = compare({}, results)
@@ -648,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gate: wrote {path}")
         code = 0
     else:
-        baseline = json.loads(path.read_text())
+        baseline = stored
         rows = compare(baseline["configs"], results, args.min_tolerance)
         print(f"baseline: {path} (commit {baseline.get('commit')}, {baseline.get('date')})")
         print(table(rows))
@@ -662,16 +669,22 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def hopper_paths() -> dict[str, bool]:
+def hopper_paths() -> dict[str, bool] | None:
     """Whether this process's linear and fp8_linear CUDA libraries have their Hopper paths
-    (built with CUTLASS's headers). A library built where the headers were not found runs
-    its other kernels, 2-3x slower on the GEMM configurations, without an error."""
-    from xla_kernels.kernels import fp8_linear, linear
+    (built with CUTLASS's headers); None for a tree that cannot say (``--src`` of an older
+    tree). A library built where the headers were not found runs its other kernels, 2-3x
+    slower on the GEMM configurations, without an error."""
+    try:
+        from xla_kernels.kernels import fp8_linear, linear
 
-    return {"linear": linear.hopper_path_built(), "fp8_linear": fp8_linear.hopper_path_built()}
+        return {"linear": linear.hopper_path_built(),
+                "fp8_linear": fp8_linear.hopper_path_built()}
+    except (ImportError, AttributeError):
+        return None
 
 
-def hopper_paths_differ(baseline: dict[str, bool] | None, current: dict[str, bool]) -> str | None:
+def hopper_paths_differ(baseline: dict[str, bool] | None,
+                        current: dict[str, bool] | None) -> str | None:
     """Why a comparison would time different kernels (a library with its Hopper path on one
     side only), or None (the same, or a baseline that did not record them).
 
@@ -683,7 +696,7 @@ def hopper_paths_differ(baseline: dict[str, bool] | None, current: dict[str, boo
         True
     """
     for name, built in sorted((baseline or {}).items()):
-        if name in current and current[name] != built:
+        if current is not None and name in current and current[name] != built:
             said = {True: "with", False: "without"}
             return (f"{name}'s baseline was timed {said[built]} its Hopper path, this run's "
                     f"library is {said[current[name]]} it: build with CUTLASS's headers "

@@ -60,10 +60,13 @@ def ffi_headers(version: str, work: Path) -> Path:
 
 def cutlass_headers(version: str, work: Path) -> Path:
     """A folder holding CUTLASS ``version``'s ``include`` and ``tools/util/include``, as
-    ``XLA_KERNELS_CUTLASS_DIR`` takes it (the ``nvidia-cutlass`` wheel's headers, downloaded
-    once, without installing: its Python requirements are not needed)."""
+    ``XLA_KERNELS_CUTLASS_DIR`` takes it: that variable's folder where it is set, else the
+    ``nvidia-cutlass`` wheel's headers, downloaded once, without installing (its Python
+    requirements are not needed), and unpacked whole or not at all."""
+    if given := os.environ.get("XLA_KERNELS_CUTLASS_DIR"):
+        return Path(given)
     root = work / f"cutlass-{version}"
-    if (root / "include" / "cute" / "tensor.hpp").is_file():
+    if root.is_dir():
         return root
     wheels = work / "cutlass-wheels"
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
@@ -71,20 +74,25 @@ def cutlass_headers(version: str, work: Path) -> Path:
                    check=True)
     wheel = next(wheels.glob(f"nvidia_cutlass-{version}-*.whl"))
     source = "cutlass_library/source/"
+    partial = work / f".cutlass-{version}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
     with zipfile.ZipFile(wheel) as z:
         for name in z.namelist():
             inside = name.removeprefix(source)
             if (name.startswith(source) and not name.endswith("/")
                     and inside.startswith(("include/", "tools/util/include/"))):
-                target = root / inside
+                target = partial / inside
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(z.read(name))
+    partial.rename(root)
     return root
 
 
 def missing_hopper_paths(prebuilt_dir: Path) -> list[str]:
     """The CUDA libraries among ``linear``'s and ``fp8_linear``'s that hold no CUTLASS code
-    (built where CUTLASS's headers were not found: their Hopper GEMMs left out).
+    (built where CUTLASS's headers were not found: their Hopper GEMMs left out), or the
+    library names where none was built. CUTLASS's host code in the file stands for its
+    sm_90a kernels, which the same translation unit compiles or leaves out as a whole.
 
     Example:
         >>> import tempfile
@@ -94,9 +102,12 @@ def missing_hopper_paths(prebuilt_dir: Path) -> list[str]:
         >>> missing_hopper_paths(d)
         ['fp8_linear-cuda-0.so']
     """
-    libraries = sorted(p for name in ("linear", "fp8_linear")
-                       for p in prebuilt_dir.glob(f"{name}-cuda-*.so"))
-    return [p.name for p in libraries if b"cutlass" not in p.read_bytes()]
+    missing = []
+    for name in ("linear", "fp8_linear"):
+        libraries = sorted(prebuilt_dir.glob(f"{name}-cuda-*.so"))
+        missing += [p.name for p in libraries if b"cutlass" not in p.read_bytes()]
+        missing += [] if libraries else [f"{name} (no CUDA library)"]
+    return missing
 
 
 def stage(out: Path) -> Path:

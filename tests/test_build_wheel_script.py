@@ -30,3 +30,8 @@ def test_a_gemm_library_without_cutlass_code_is_named(tmp_path):
     assert script.missing_hopper_paths(tmp_path) == ["fp8_linear-cuda-2.so"]
     (tmp_path / "fp8_linear-cuda-2.so").write_bytes(b"cutlass::gemm")
     assert script.missing_hopper_paths(tmp_path) == []
+
+
+def test_a_gemm_library_that_was_not_built_is_named(tmp_path):
+    (tmp_path / "linear-cuda-1.so").write_bytes(b"cutlass")
+    assert load_script().missing_hopper_paths(tmp_path) == ["fp8_linear (no CUDA library)"]

@@ -63,9 +63,10 @@ FP8 = "f8e4m3fn"
 
 def workspace_elements(tokens: int, k: int, out: int, dtype: str, activation_scheme: str) -> int:
     """f32 elements of the CUDA kernel's workspace (the twin of ``WorkspaceElements`` in
-    fp8_linear_ffi.h). It serves two paths, one per call: the tensor-core path's f32 sums
+    fp8_linear_ffi.h). It serves one path per call: the tensor-core path's f32 sums
     [tokens, out], the token scales and x in the GEMM's stage order (e4m3 for "dynamic", else 2
-    bytes per element); or the Hopper stream-K schedule's partial sums, one f32 tile per split
+    bytes per element); W8A8 on the Hopper path, the token scales and e4m3 x row-major (fewer
+    bytes); or the Hopper stream-K schedule's partial sums, one f32 tile per split
     output tile (tokens rounded up to the 64-token tile, out to the 128-row tile) and its
     barriers (8 bytes per tile of 128 x 16), each area rounded to a 128-byte line. f32 x runs on
     CUDA cores: 1. No comparisons of sizes, so a symbolic token count (``xk.export``) goes

@@ -371,16 +371,16 @@ cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
 
 // W8A8 on the Hopper path: x quantized per token into the workspace (its scales first, then x
 // in e4m3, [tokens, in], at a 16-byte aligned offset), then CUTLASS's e4m3 GEMM with both
-// scales in the epilogue. False, with nothing launched, where the Hopper path does not run; a
-// size CUTLASS declines after x was quantized also gives false, and the mma path quantizes
-// again into its own layout.
+// scales in the epilogue. False, with nothing launched, where the Hopper path does not run
+// (CUTLASS's TMA wants 16-byte rows: in a multiple of 16, bf16 y's out of 8); a call CUTLASS
+// still declines after x was quantized also gives false, and the next path quantizes again.
 bool LaunchSm90W8A8Quantized(cudaStream_t stream, const Shape& s, const Params& p,
                              float* workspace, size_t workspace_bytes, cudaError_t* status) {
   const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const size_t xq_offset = sizeof(float) * RoundUp4(s.tokens);
   const size_t needed = xq_offset + static_cast<size_t>(s.tokens * s.in);
-  if (s.in % 16 != 0 || !aligned(p.w) || !aligned(p.y) || !aligned(p.scale) ||
-      !aligned(workspace) || workspace_bytes < needed || !Sm90PathRuns())
+  if (s.in % 16 != 0 || s.out % 8 != 0 || !aligned(p.w) || !aligned(p.y) ||
+      !aligned(p.scale) || !aligned(workspace) || workspace_bytes < needed || !Sm90PathRuns())
     return false;
   float* token_scale = workspace;
   uint8_t* xq = reinterpret_cast<uint8_t*>(workspace) + xq_offset;

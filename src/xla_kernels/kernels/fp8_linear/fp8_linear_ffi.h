@@ -80,7 +80,8 @@ inline int64_t RoundUp4(int64_t n) { return (n + 3) / 4 * 4; }
 // f32 elements of the workspace output (the Python twin: workspace_elements in __init__.py),
 // for whichever path the call takes: the tensor-core path's f32 sums [tokens, out], the token
 // scales [tokens] ("dynamic") and x in the GEMM's stage order (16-byte aligned; e4m3 for
-// "dynamic", else x's 2-byte dtype); or the Hopper stream-K schedule's partial-sum tiles
+// "dynamic", else x's 2-byte dtype); W8A8 on the Hopper path, the token scales and e4m3 x
+// row-major (fewer bytes than the former); or the Hopper stream-K schedule's partial-sum tiles
 // (tokens padded to 64, out to 128) and barriers (8 bytes per 128 x 16 tile), each rounded up
 // to a 128-byte line; f32 x (CUDA cores only): 1.
 inline int64_t WorkspaceElements(const Shape& s) {

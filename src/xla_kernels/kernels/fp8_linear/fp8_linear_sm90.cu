@@ -35,7 +35,8 @@ using LargeTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 128, 64, true>;
 // W8A8: e4m3 x e4m3 wgmma (CUTLASS's default accumulation: the f32 sums promoted every few K
 // steps, no fast-accumulation shortcut), ping-pong tiles of 64 weight rows x kTN tokens with K
 // steps of 128. Not 128 rows at 128 tokens: the promoted sums double a consumer's accumulator
-// registers (that tile took 103.9 us on gate_up at 256 tokens, 14 % of its weight floor).
+// registers (that tile took 103.9 us on gate_up 14336 x 4096 at 256 tokens, 14 % of its
+// weight floor, in its one run).
 template <int kTN>
 using W8A8Tile = gemm::Sm90SwapAbGemm<E4m3, E4m3, 64, kTN, 128, true, gemm::PingPong, Bf16,
                                       /*kTokenScale=*/true>;
@@ -72,8 +73,9 @@ bool Sm90PathRuns() {
   return gemm::CurrentSm90Device(&device, &sms);
 }
 
-// No stream-K for W8A8: on down at 16 and 64 tokens it ran 33.8 and 37.5 us against the
-// ping-pong tile's 29.9 and 35.7 (one H200, docs/design/gemm.md).
+// No stream-K for W8A8: it gained nothing measurable on down (16 and 64 tokens: 33.8 and 37.5
+// us against the ping-pong tile's 29.9 and 35.7 in one H200 call, within that call's drift
+// between runs; docs/design/gemm.md), so the simpler schedule runs.
 bool LaunchSm90W8A8(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status) {
   if (call.row_scale == nullptr || call.token_scale == nullptr) return false;
   return gemm::LaunchByTokens<W8A8Tile<16>,

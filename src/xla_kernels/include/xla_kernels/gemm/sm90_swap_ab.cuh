@@ -78,8 +78,8 @@ struct Sm90SwapAbGemm {
   // No C operand: y is written, never read (beta = 0). The row scale is the per-row alpha (no
   // bias: its pointer stays null, which CUTLASS reads as zeros without loading).
   // W8A8: y = round(row_scale[o] * (token_scale[t] * acc)), an epilogue visitor tree of two
-  // broadcasts (a column vector over the weight rows, a row vector over the tokens, read
-  // without staging, one element at a time: any token count).
+  // broadcasts (a column vector over the weight rows, a row vector over the tokens, each
+  // loaded with alignment 1: any token count).
   using RowScaleLoad = cutlass::epilogue::fusion::Sm90ColBroadcast<
       0, TileShape, float, float, cute::Stride<cute::_1, cute::_0, cute::_0>, 1>;
   using TokenScaleLoad = cutlass::epilogue::fusion::Sm90RowBroadcast<
@@ -201,9 +201,10 @@ bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* statu
 // Tokens beyond a Narrow tile's width (65-128 for a 64-token tile, which then reads each weight
 // tile twice): Wide, one tile across all of them, where its tiles still fill at least half the
 // SMs; else Narrow, whose twice as many tiles keep more SMs streaming the weight. Up to
-// kNarrowTokens, Narrow. On an H200 (fp8_linear at 96 and 128 tokens) Wide won on gate_up
-// (W8A16: 33 against 58 us) and qkv, and lost on o and down, whose 64 tiles of 64 rows left
-// half the 132 SMs idle (docs/design/gemm.md).
+// kNarrowTokens, Narrow. On an H200 (fp8_linear at 96 and 128 tokens, 132 SMs), Wide won on
+// gate_up 14336 x 4096 (W8A16, 112 tiles of 128 rows: 33 against 58 us; W8A8, 224 of 64: 30
+// against 36) and on qkv for W8A8 (96 tiles), and lost on o and down, where it left most SMs
+// idle (W8A16: 32 tiles; W8A8: 64) (docs/design/gemm.md).
 template <class Narrow, class Wide, int64_t kNarrowTokens = 64>
 struct WideWhereItFillsTheSms {
   static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
