@@ -3,19 +3,16 @@ CUTLASS release the kernels name, and a library built without CUTLASS's code is 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from xla_kernels import bench
 from xla_kernels.builder import cutlass
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "build_wheel.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("build_wheel", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench.load_script(SCRIPT)
 
 
 def test_the_wheel_is_built_with_the_cutlass_release_the_kernels_name():
