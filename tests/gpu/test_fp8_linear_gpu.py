@@ -58,6 +58,9 @@ SHAPES = {
     # rows: 66 tiles of 128 for W8A16, 132 of 64 for W8A8 on 132 SMs), else two 64-token ones.
     "hopper: 96 tokens, the wide tile": (96, 1024, 8448, (0, 0)),
     "hopper: 96 tokens, 1024 rows: two narrow tiles": (96, 1024, 1024, (0, 0)),
+    # W8A8 ("dynamic") with 128 x 128 block scales on the Hopper path (CUTLASS's blockwise
+    # mainloop): a partial 64-row scale group (200 rows), 40 tokens (scales padded to 40).
+    "hopper block W8A8: 40 tokens, 200 rows": (40, 1024, 200, (128, 128)),
 }
 
 

@@ -393,6 +393,66 @@ bool LaunchSm90W8A8Quantized(cudaStream_t stream, const Shape& s, const Params& 
   return LaunchSm90W8A8(stream, call, status);
 }
 
+// The scales of block-scaled W8A8 in the layouts CUTLASS's blockwise mainloop reads
+// (gemm::BlockScales): the weight's [ceil(out / bn)][k_blocks] block scales written per 64-row
+// half, MN-major; each token's scale repeated per K block, MN-major, zeros in the padding.
+__global__ void BlockScalesKernel(const float* weight_scale, int64_t bn, int64_t k_blocks,
+                                  int64_t row_groups, const float* token_scale, int64_t tokens,
+                                  int64_t token_stride, float* sfa, float* sfb) {
+  const int64_t n_sfa = k_blocks * row_groups, n_all = n_sfa + k_blocks * token_stride;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_all;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (i < n_sfa) {
+      const int64_t kb = i / row_groups, group = i % row_groups;
+      sfa[i] = weight_scale[group * gemm::kBlockScaleRows / bn * k_blocks + kb];
+    } else {
+      const int64_t t = (i - n_sfa) % token_stride;
+      sfb[i - n_sfa] = t < tokens ? token_scale[t] : 0.f;
+    }
+  }
+}
+
+// W8A8 with 128 x 128 block-scaled weights (bk 128, bn a multiple of 64) on the Hopper path:
+// x quantized per token into the workspace as in LaunchSm90W8A8Quantized, then both scales in
+// CUTLASS's blockwise layouts after it, then the blockwise e4m3 GEMM. Workspace: token scales
+// [RoundUp4(tokens)], x in e4m3 [tokens, in] (rounded up to 16 bytes), the weight's scales
+// [k_blocks][ceil(out / 64)], the tokens' [k_blocks][RoundUp4(tokens)]; false, with nothing
+// launched, where any of it does not hold or fit.
+bool LaunchSm90W8A8BlockQuantized(cudaStream_t stream, const Shape& s, const Params& p,
+                                  float* workspace, size_t workspace_bytes,
+                                  cudaError_t* status) {
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (s.bk != gemm::kBlockScaleCols || s.bn % gemm::kBlockScaleRows != 0 || s.in % 16 != 0 ||
+      s.out % 8 != 0 || !aligned(p.w) || !aligned(p.y) || !aligned(workspace) ||
+      !Sm90PathRuns())
+    return false;
+  const int64_t token_stride = RoundUp4(s.tokens);
+  const int64_t k_blocks = CeilDiv(s.in, gemm::kBlockScaleCols);
+  const int64_t row_groups = CeilDiv(s.out, gemm::kBlockScaleRows);
+  const size_t xq_offset = sizeof(float) * token_stride;
+  const size_t sfa_offset = (xq_offset + static_cast<size_t>(s.tokens * s.in) + 15) / 16 * 16;
+  const size_t sfb_offset = sfa_offset + sizeof(float) * RoundUp4(k_blocks * row_groups);
+  const size_t needed = sfb_offset + sizeof(float) * k_blocks * token_stride;
+  if (workspace_bytes < needed) return false;
+  auto* base = reinterpret_cast<uint8_t*>(workspace);
+  float* token_scale = workspace;
+  uint8_t* xq = base + xq_offset;
+  auto* sfa = reinterpret_cast<float*>(base + sfa_offset);
+  auto* sfb = reinterpret_cast<float*>(base + sfb_offset);
+  mma::QuantizeRowsKernel<__nv_bfloat16, /*kRowMajor=*/true>
+      <<<static_cast<unsigned>(s.tokens), mma::kThreads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(p.x), s.tokens, s.in, xq, token_scale);
+  if ((*status = cudaGetLastError()) != cudaSuccess) return true;
+  const int64_t n_all = k_blocks * (row_groups + token_stride);
+  const unsigned blocks = static_cast<unsigned>(CeilDiv(n_all, 256) < 1024 ? CeilDiv(n_all, 256)
+                                                                          : 1024);
+  BlockScalesKernel<<<blocks, 256, 0, stream>>>(p.scale, s.bn, k_blocks, row_groups,
+                                                token_scale, s.tokens, token_stride, sfa, sfb);
+  if ((*status = cudaGetLastError()) != cudaSuccess) return true;
+  gemm::SwapAbCall call{p.w, xq, p.y, nullptr, s.tokens, s.in, s.out};
+  return LaunchSm90W8A8BlockScaled(stream, call, {sfa, sfb, token_stride}, status);
+}
+
 // Up to this many tokens the skinny GEMM goes before the Hopper path: at one token it was
 // 1.03-1.5x faster on each of Llama-3-8B's linears, at 16 the Hopper path was faster in sum
 // (docs/design/gemm.md, "fp8 weights on the Hopper GEMM").
@@ -416,6 +476,9 @@ cudaError_t LaunchFastest(cudaStream_t stream, const Shape& s, const Params& p, 
     return status;
   if (s.dtype == ffi::DataType::BF16 && s.dynamic && s.bk == 0 && s.tokens > 0 &&
       LaunchSm90W8A8Quantized(stream, s, p, workspace, workspace_bytes, &status))
+    return status;
+  if (s.dtype == ffi::DataType::BF16 && s.dynamic && s.bk > 0 && s.tokens > 0 &&
+      LaunchSm90W8A8BlockQuantized(stream, s, p, workspace, workspace_bytes, &status))
     return status;
   if (skinny) return launch_skinny();
   if (UseMma(s, p)) {

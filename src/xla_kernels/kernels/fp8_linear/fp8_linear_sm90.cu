@@ -13,6 +13,7 @@
 #if __has_include("cute/tensor.hpp") && __has_include("cutlass/util/packed_stride.hpp")
 #define XK_FP8_LINEAR_CUTLASS 1
 #include "xla_kernels/gemm/sm90_swap_ab.cuh"
+#include "xla_kernels/gemm/sm90_swap_ab_blockwise.cuh"
 #else
 #define XK_FP8_LINEAR_CUTLASS 0
 #endif
@@ -83,9 +84,28 @@ bool LaunchSm90W8A8(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError
                               W8A8Tile<128>, /*kSmallMaxTokens=*/16>(call, stream, status);
 }
 
+// The token tiles of the W8A8 path; 128 tokens a tile beyond 64 (64 rows x 128 tokens: the
+// promoted sums of fp8 wgmma fit a consumer's registers).
+bool LaunchSm90W8A8BlockScaled(cudaStream_t stream, const gemm::SwapAbCall& call,
+                               const gemm::BlockScales& scales, cudaError_t* status) {
+  int device = 0, sms = 0;
+  if (!gemm::CurrentSm90Device(&device, &sms)) return false;
+  constexpr int64_t kIntMax = 2147483647;
+  if (call.tokens > kIntMax || call.in > kIntMax || call.out > kIntMax) return false;
+  if (call.tokens <= 16)
+    return gemm::Sm90SwapAbBlockwiseGemm<16>::Launch(call, scales, device, sms, stream, status);
+  if (call.tokens <= 64)
+    return gemm::Sm90SwapAbBlockwiseGemm<64>::Launch(call, scales, device, sms, stream, status);
+  return gemm::Sm90SwapAbBlockwiseGemm<128>::Launch(call, scales, device, sms, stream, status);
+}
+
 #else
 
 bool LaunchSm90(cudaStream_t, const gemm::SwapAbCall&, cudaError_t*) { return false; }
+bool LaunchSm90W8A8BlockScaled(cudaStream_t, const gemm::SwapAbCall&, const gemm::BlockScales&,
+                               cudaError_t*) {
+  return false;
+}
 bool LaunchSm90W8A8(cudaStream_t, const gemm::SwapAbCall&, cudaError_t*) { return false; }
 bool Sm90PathRuns() { return false; }
 

@@ -19,6 +19,13 @@ bool LaunchSm90(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* 
 // Same contract as LaunchSm90.
 bool LaunchSm90W8A8(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status);
 
+// W8A8 with 128 x 128 block-scaled weights: x already quantized per token (call.x), the
+// scales in CUTLASS's blockwise layouts (gemm::BlockScales; call.row_scale and
+// call.token_scale unused), e4m3 wgmma with the scales applied per K block, bf16 y. Same
+// contract as LaunchSm90.
+bool LaunchSm90W8A8BlockScaled(cudaStream_t stream, const gemm::SwapAbCall& call,
+                               const gemm::BlockScales& scales, cudaError_t* status);
+
 // Whether the Hopper path can run on the current device (library built with CUTLASS, compute
 // capability 9.0): a caller that must prepare an operand first (W8A8's quantized x) asks.
 bool Sm90PathRuns();

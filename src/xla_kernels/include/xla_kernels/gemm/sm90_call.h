@@ -27,4 +27,14 @@ struct SwapAbCall {
   const float* token_scale = nullptr;
 };
 
+// W8A8 with block-scaled weights (sm90_swap_ab_blockwise.cuh): the scales of one call as
+// CUTLASS's sm90 blockwise mainloop reads them, both f32 and MN-major (device pointers).
+constexpr int kBlockScaleRows = 64;   // weight rows per scale (a 128-row block's, twice)
+constexpr int kBlockScaleCols = 128;  // columns of in per scale
+struct BlockScales {
+  const float* weight;   // [ceil(in / 128)][ceil(out / 64)]
+  const float* tokens;   // [ceil(in / 128)][token_stride]: each token's scale, per block
+  int64_t token_stride;  // tokens rounded up to 4 (16-byte rows for TMA)
+};
+
 }  // namespace xla_kernels::gemm
