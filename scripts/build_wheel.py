@@ -40,52 +40,66 @@ CUTLASS = "4.2.0.0"
 PLATFORM_TAG = "linux_x86_64"
 
 
+def downloaded_wheel(project: str, version: str, work: Path) -> Path:
+    """``project`` ``version``'s wheel in ``work`` (downloaded once, without its
+    dependencies: only files are taken from it)."""
+    wheels = work / f"{project}-wheels"
+    pattern = f"{project.replace('-', '_')}-{version}-*.whl"
+    if not any(wheels.glob(pattern)):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--only-binary=:all:", "-d", str(wheels), f"{project}=={version}"],
+                       check=True)
+    return next(wheels.glob(pattern))
+
+
+def unpacked(wheel: Path, prefix: str, keep: tuple[str, ...], dest: Path) -> Path:
+    """``dest`` holding the files of ``wheel`` under ``prefix`` whose path below it starts
+    with one of ``keep``, unpacked whole or not at all (an interrupted run leaves only a
+    ``.partial`` folder, replaced by the next).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> with zipfile.ZipFile(d / "w.whl", "w") as z:
+        ...     z.writestr("pkg/include/a.h", "a"); z.writestr("pkg/other.py", "")
+        >>> sorted(p.name for p in unpacked(d / "w.whl", "pkg/", ("include/",), d / "x").rglob("*"))
+        ['a.h', 'include']
+    """
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            inside = name.removeprefix(prefix)
+            if name.startswith(prefix) and not name.endswith("/") and inside.startswith(keep):
+                target = partial / inside
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(z.read(name))
+    shutil.rmtree(dest, ignore_errors=True)
+    partial.rename(dest)
+    return dest
+
+
 def ffi_headers(version: str, work: Path) -> Path:
-    """The ``include`` folder of jaxlib ``version`` (downloaded once, without installing)."""
+    """The ``include`` folder of jaxlib ``version`` (its wheel downloaded once, not installed)."""
     include = work / f"jaxlib-{version}" / "include"
     if (include / "xla" / "ffi" / "api" / "c_api.h").is_file():
         return include
-    wheels = work / "jaxlib-wheels"
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "--only-binary=:all:", "-d", str(wheels), f"jaxlib=={version}"], check=True)
-    wheel = next(wheels.glob(f"jaxlib-{version}-*.whl"))
-    with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            if name.startswith("jaxlib/include/") and not name.endswith("/"):
-                target = include / name.removeprefix("jaxlib/include/")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(z.read(name))
-    return include
+    return unpacked(downloaded_wheel("jaxlib", version, work), "jaxlib/include/", ("",),
+                    include)
 
 
 def cutlass_headers(version: str, work: Path) -> Path:
     """A folder holding CUTLASS ``version``'s ``include`` and ``tools/util/include``, as
     ``XLA_KERNELS_CUTLASS_DIR`` takes it: that variable's folder where it is set, else the
-    ``nvidia-cutlass`` wheel's headers, downloaded once, without installing (its Python
-    requirements are not needed), and unpacked whole or not at all."""
+    ``nvidia-cutlass`` wheel's headers (downloaded once, not installed: its Python
+    requirements are not needed)."""
     if given := os.environ.get("XLA_KERNELS_CUTLASS_DIR"):
         return Path(given)
     root = work / f"cutlass-{version}"
     if root.is_dir():
         return root
-    wheels = work / "cutlass-wheels"
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "--only-binary=:all:", "-d", str(wheels), f"nvidia-cutlass=={version}"],
-                   check=True)
-    wheel = next(wheels.glob(f"nvidia_cutlass-{version}-*.whl"))
-    source = "cutlass_library/source/"
-    partial = work / f".cutlass-{version}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as z:
-        for name in z.namelist():
-            inside = name.removeprefix(source)
-            if (name.startswith(source) and not name.endswith("/")
-                    and inside.startswith(("include/", "tools/util/include/"))):
-                target = partial / inside
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(z.read(name))
-    partial.rename(root)
-    return root
+    return unpacked(downloaded_wheel("nvidia-cutlass", version, work),
+                    "cutlass_library/source/", ("include/", "tools/util/include/"), root)
 
 
 def missing_hopper_paths(prebuilt_dir: Path) -> list[str]:

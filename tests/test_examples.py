@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,17 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from xla_kernels.bench import load_script
+
 EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
-def _load(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-scale = _load(EXAMPLES / "scale" / "scale.py").scale
+scale = load_script(EXAMPLES / "scale" / "scale.py").scale
 
 
 def test_readme_scale_op_runs_with_its_attribute(rng):

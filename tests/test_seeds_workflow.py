@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from xla_kernels.bench import load_script
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "seeds_workflow.py"
 
@@ -16,11 +17,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "seeds_workflow.py"
 def seeds():
     if "seeds_workflow" in sys.modules:
         return sys.modules["seeds_workflow"]
-    spec = importlib.util.spec_from_file_location("seeds_workflow", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["seeds_workflow"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(EXAMPLE)
 
 
 def test_the_user_op_is_an_ordinary_torch_custom_op(seeds):

@@ -4,20 +4,18 @@ bytes-bound and a compute-bound cell), sorted by batch, with the floors it deriv
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from xla_kernels.bench import load_script
+
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "serve_table.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("serve_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_doctests():

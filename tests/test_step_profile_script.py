@@ -5,7 +5,6 @@ the CPU, where no kernel is recorded but the HLO's counts and labels are written
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from xla_kernels.bench import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "step_profile.py"
 
@@ -21,10 +22,7 @@ SCRIPT = ROOT / "benchmarks" / "step_profile.py"
 @pytest.fixture
 def module(monkeypatch):
     monkeypatch.syspath_prepend(str(SCRIPT.parent))  # its sibling imports
-    spec = importlib.util.spec_from_file_location("step_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_doctests(module):

@@ -5,20 +5,17 @@ difference of the traced 1-token and full runs."""
 from __future__ import annotations
 
 import doctest
-import importlib.util
 import sys
 import types
 from pathlib import Path
+
+from xla_kernels.bench import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("vllm_throughput",
-                                                  ROOT / "benchmarks" / "vllm_throughput.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "vllm_throughput.py")
 
 
 def test_doctests():
