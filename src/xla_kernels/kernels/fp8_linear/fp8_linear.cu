@@ -26,6 +26,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -393,31 +394,44 @@ bool LaunchSm90W8A8Quantized(cudaStream_t stream, const Shape& s, const Params& 
   return LaunchSm90W8A8(stream, call, status);
 }
 
-// The scales of block-scaled W8A8 in the layouts CUTLASS's blockwise mainloop reads
-// (gemm::BlockScales): the weight's [ceil(out / bn)][k_blocks] block scales written per 64-row
-// half, MN-major; each token's scale repeated per K block, MN-major, zeros in the padding.
-__global__ void BlockScalesKernel(const float* weight_scale, int64_t bn, int64_t k_blocks,
-                                  int64_t row_groups, const float* token_scale, int64_t tokens,
-                                  int64_t token_stride, float* sfa, float* sfb) {
-  const int64_t n_sfa = k_blocks * row_groups, n_all = n_sfa + k_blocks * token_stride;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n_all;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+// Block-scaled W8A8's first pass, one launch: CTA t < tokens quantizes token t's row
+// (mma::QuantizeRow) and writes its scale once per K block into sfb; the CTAs after them
+// write the weight's [ceil(out / bn)][k_blocks] block scales once per 64-row group into sfa
+// and zero sfb's padding tokens. sfa and sfb are the layouts CUTLASS's blockwise mainloop
+// reads (gemm::BlockScales): [k_blocks][row_groups] and [k_blocks][token_stride], MN-major.
+__global__ void __launch_bounds__(mma::kThreads)
+    QuantizeRowsBlockScalesKernel(const __nv_bfloat16* x, int64_t tokens, int64_t in,
+                                  uint8_t* xq, const float* weight_scale, int64_t bn,
+                                  int64_t k_blocks, int64_t row_groups, int64_t token_stride,
+                                  float* sfa, float* sfb) {
+  if (blockIdx.x < tokens) {
+    const int64_t t = blockIdx.x;
+    const float s = mma::QuantizeRow<__nv_bfloat16, /*kRowMajor=*/true>(x, tokens, in, t, xq);
+    for (int64_t kb = threadIdx.x; kb < k_blocks; kb += mma::kThreads)
+      sfb[kb * token_stride + t] = s;
+    return;
+  }
+  const int64_t n_sfa = k_blocks * row_groups, padding = token_stride - tokens;
+  const int64_t n_all = n_sfa + k_blocks * padding;
+  const int64_t stride = (gridDim.x - tokens) * static_cast<int64_t>(mma::kThreads);
+  for (int64_t i = (blockIdx.x - tokens) * static_cast<int64_t>(mma::kThreads) + threadIdx.x;
+       i < n_all; i += stride) {
     if (i < n_sfa) {
       const int64_t kb = i / row_groups, group = i % row_groups;
       sfa[i] = weight_scale[group * gemm::kBlockScaleRows / bn * k_blocks + kb];
     } else {
-      const int64_t t = (i - n_sfa) % token_stride;
-      sfb[i - n_sfa] = t < tokens ? token_scale[t] : 0.f;
+      const int64_t j = i - n_sfa;
+      sfb[j / padding * token_stride + tokens + j % padding] = 0.f;
     }
   }
 }
 
 // W8A8 with 128 x 128 block-scaled weights (bk 128, bn a multiple of 64) on the Hopper path:
-// x quantized per token into the workspace as in LaunchSm90W8A8Quantized, then both scales in
-// CUTLASS's blockwise layouts after it, then the blockwise e4m3 GEMM. Workspace: token scales
-// [RoundUp4(tokens)], x in e4m3 [tokens, in] (rounded up to 16 bytes), the weight's scales
-// [k_blocks][ceil(out / 64)], the tokens' [k_blocks][RoundUp4(tokens)]; false, with nothing
-// launched, where any of it does not hold or fit.
+// x quantized per token and both scales laid out for CUTLASS in one launch
+// (QuantizeRowsBlockScalesKernel), then the blockwise e4m3 GEMM. Workspace: x in e4m3
+// [tokens, in] (rounded up to 16 bytes), the weight's scales [k_blocks][ceil(out / 64)]
+// (rounded up to 4), the tokens' [k_blocks][RoundUp4(tokens)]; false, with nothing launched,
+// where any of it does not hold or fit.
 bool LaunchSm90W8A8BlockQuantized(cudaStream_t stream, const Shape& s, const Params& p,
                                   float* workspace, size_t workspace_bytes,
                                   cudaError_t* status) {
@@ -429,27 +443,23 @@ bool LaunchSm90W8A8BlockQuantized(cudaStream_t stream, const Shape& s, const Par
   const int64_t token_stride = RoundUp4(s.tokens);
   const int64_t k_blocks = CeilDiv(s.in, gemm::kBlockScaleCols);
   const int64_t row_groups = CeilDiv(s.out, gemm::kBlockScaleRows);
-  const size_t xq_offset = sizeof(float) * token_stride;
-  const size_t sfa_offset = (xq_offset + static_cast<size_t>(s.tokens * s.in) + 15) / 16 * 16;
+  const size_t sfa_offset = (static_cast<size_t>(s.tokens * s.in) + 15) / 16 * 16;
   const size_t sfb_offset = sfa_offset + sizeof(float) * RoundUp4(k_blocks * row_groups);
   const size_t needed = sfb_offset + sizeof(float) * k_blocks * token_stride;
   if (workspace_bytes < needed) return false;
   auto* base = reinterpret_cast<uint8_t*>(workspace);
-  float* token_scale = workspace;
-  uint8_t* xq = base + xq_offset;
   auto* sfa = reinterpret_cast<float*>(base + sfa_offset);
   auto* sfb = reinterpret_cast<float*>(base + sfb_offset);
-  mma::QuantizeRowsKernel<__nv_bfloat16, /*kRowMajor=*/true>
-      <<<static_cast<unsigned>(s.tokens), mma::kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(p.x), s.tokens, s.in, xq, token_scale);
+  // After the tokens' CTAs, enough for sfa and sfb's padding (at most 3 tokens a K block) in
+  // one stride where that takes at most 64.
+  const int64_t layout_ctas =
+      std::clamp<int64_t>(CeilDiv(k_blocks * (row_groups + 3), mma::kThreads), 1, 64);
+  const auto grid = static_cast<unsigned>(s.tokens + layout_ctas);
+  QuantizeRowsBlockScalesKernel<<<grid, mma::kThreads, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(p.x), s.tokens, s.in, base, p.scale, s.bn, k_blocks,
+      row_groups, token_stride, sfa, sfb);
   if ((*status = cudaGetLastError()) != cudaSuccess) return true;
-  const int64_t n_all = k_blocks * (row_groups + token_stride);
-  const unsigned blocks = static_cast<unsigned>(CeilDiv(n_all, 256) < 1024 ? CeilDiv(n_all, 256)
-                                                                          : 1024);
-  BlockScalesKernel<<<blocks, 256, 0, stream>>>(p.scale, s.bn, k_blocks, row_groups,
-                                                token_scale, s.tokens, token_stride, sfa, sfb);
-  if ((*status = cudaGetLastError()) != cudaSuccess) return true;
-  gemm::SwapAbCall call{p.w, xq, p.y, nullptr, s.tokens, s.in, s.out};
+  gemm::SwapAbCall call{p.w, base, p.y, nullptr, s.tokens, s.in, s.out};
   return LaunchSm90W8A8BlockScaled(stream, call, {sfa, sfb, token_stride}, status);
 }
 

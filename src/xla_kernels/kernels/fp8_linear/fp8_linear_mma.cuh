@@ -307,15 +307,13 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// W8A8's first pass: each CTA quantizes one token's row (fp8_linear's "dynamic" rule, as
-// the CUDA-core kernel and the CPU kernel apply it) and records its scale; into stage order,
-// or (kRowMajor: the Hopper path's TMA operand) as x's own [tokens, in] layout.
-template <typename T, bool kRowMajor = false>
-__global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64_t tokens,
-                                                               int64_t in, uint8_t* xq,
-                                                               float* row_scale) {
+// Quantizes token t's row of x (fp8_linear's "dynamic" rule, as the CUDA-core kernel and the
+// CPU kernel apply it) into xq, in stage order or (kRowMajor: the Hopper path's TMA operand)
+// as x's own [tokens, in] layout; returns the row's scale to every thread. Called by all
+// kThreads threads of a CTA.
+template <typename T, bool kRowMajor>
+__device__ float QuantizeRow(const T* x, int64_t tokens, int64_t in, int64_t t, uint8_t* xq) {
   __shared__ float warp_max[kWarps];
-  const int64_t t = blockIdx.x;
   const T* xr = x + t * in;
   float amax = 0.f;
   for (int64_t i = threadIdx.x; i < in; i += kThreads)
@@ -327,10 +325,20 @@ __global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, warp_max[w]);
   const float s = ActivationScale(amax);
-  if (threadIdx.x == 0) row_scale[t] = s;
   for (int64_t i = threadIdx.x; i < in; i += kThreads)
     xq[kRowMajor ? t * in + i : PermutedIndex<1>(tokens, t, i)] =
         __nv_cvt_float_to_fp8(static_cast<float>(xr[i]) / s, __NV_SATFINITE, __NV_E4M3);
+  return s;
+}
+
+// W8A8's first pass: each CTA quantizes one token's row (QuantizeRow) and records its scale.
+template <typename T, bool kRowMajor = false>
+__global__ void __launch_bounds__(kThreads) QuantizeRowsKernel(const T* x, int64_t tokens,
+                                                               int64_t in, uint8_t* xq,
+                                                               float* row_scale) {
+  const int64_t t = blockIdx.x;
+  const float s = QuantizeRow<T, kRowMajor>(x, tokens, in, t, xq);
+  if (threadIdx.x == 0) row_scale[t] = s;
 }
 
 // W8A16's first pass: x copied into stage order (PermutedIndex), two elements per thread step.
