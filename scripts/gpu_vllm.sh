@@ -54,7 +54,9 @@
 #                                               --gpu-memory-utilization (0.9), a rate sweep
 #                                               (1, 4, 16, inf req/s; 64 x 1024 + 128 tokens)
 #                                               of streamed completions: TTFT, ITL, e2e
-#                                               p50/p99, tokens/s (benchmarks/vllm_latency.py)
+#                                               p50/p99, tokens/s (benchmarks/vllm_latency.py);
+#                                               then a second server on the same
+#                                               compilation cache: the 8b second start
 set -uo pipefail
 job=${1:?usage: gpu_vllm.sh install|check|fp8|moe|serve|sampling|features|startup|bench|latency ARG}
 arg=${2:?usage: gpu_vllm.sh $job DIR}
@@ -161,11 +163,19 @@ case $job in
     tail -25 "$arg/serve_bench_8b_tp$tp.log" ;;
   latency)
     mkdir -p "$arg"
+    # One compilation cache for both servers: the second one's startup_s is the 8b engine's
+    # second start (same max-model-len and max-num-seqs, so the same programs).
+    export VLLM_XLA_CACHE_PATH
+    VLLM_XLA_CACHE_PATH=${VLLM_XLA_CACHE_PATH:-$(mktemp -d /tmp/xla-cache.XXXX)}
     # No --gpu-memory-utilization: vLLM's default (0.9), the check docs/vllm.md asks for.
-    timeout 560 python3 benchmarks/vllm_latency.py --model 8b --out "$arg" \
+    timeout 400 python3 benchmarks/vllm_latency.py --model 8b --out "$arg" \
       --rates 1 4 16 inf --num-requests 64 --input-len 1024 --output-len 128 \
-      --max-num-seqs 64 --startup-timeout 420 > "$arg/vllm_latency.log" 2>&1 || status=1
-    tail -25 "$arg/vllm_latency.log" ;;
+      --max-num-seqs 64 --startup-timeout 300 > "$arg/vllm_latency.log" 2>&1 || status=1
+    tail -25 "$arg/vllm_latency.log"
+    timeout 150 python3 benchmarks/vllm_latency.py --model 8b --out "$arg/second_start" \
+      --rates inf --num-requests 8 --input-len 1024 --output-len 128 --max-num-seqs 64 \
+      --startup-timeout 120 > "$arg/vllm_latency_second_start.log" 2>&1 || status=1
+    grep -h '"startup_s"' "$arg/vllm_latency.json" "$arg/second_start/vllm_latency.json" ;;
   *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling, features, startup, bench or latency)" >&2; exit 2 ;;
 esac
 exit $status
