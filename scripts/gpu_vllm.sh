@@ -168,13 +168,14 @@ case $job in
     export VLLM_XLA_CACHE_PATH
     VLLM_XLA_CACHE_PATH=${VLLM_XLA_CACHE_PATH:-$(mktemp -d /tmp/xla-cache.XXXX)}
     # No --gpu-memory-utilization: vLLM's default (0.9), the check docs/vllm.md asks for.
-    timeout 400 python3 benchmarks/vllm_latency.py --model 8b --out "$arg" \
+    timeout 450 python3 benchmarks/vllm_latency.py --model 8b --out "$arg" \
       --rates 1 4 16 inf --num-requests 64 --input-len 1024 --output-len 128 \
-      --max-num-seqs 64 --startup-timeout 300 > "$arg/vllm_latency.log" 2>&1 || status=1
+      --max-num-seqs 64 --startup-timeout 340 > "$arg/vllm_latency.log" 2>&1 || status=1
     tail -25 "$arg/vllm_latency.log"
-    timeout 150 python3 benchmarks/vllm_latency.py --model 8b --out "$arg/second_start" \
+    # (A device call returns at most 8 files: leave few others in OUT.)
+    timeout 145 python3 benchmarks/vllm_latency.py --model 8b --out "$arg/second_start" \
       --rates inf --num-requests 8 --input-len 1024 --output-len 128 --max-num-seqs 64 \
-      --startup-timeout 120 > "$arg/vllm_latency_second_start.log" 2>&1 || status=1
+      --startup-timeout 130 > "$arg/vllm_latency_second_start.log" 2>&1 || status=1
     grep -h '"startup_s"' "$arg/vllm_latency.json" "$arg/second_start/vllm_latency.json" ;;
   *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling, features, startup, bench or latency)" >&2; exit 2 ;;
 esac

@@ -3,10 +3,11 @@
 // * decode (up to 16 tokens, bf16 / f16 x, weight-only, per-channel scales): the skinny GEMM
 //   of xla_kernels/gemm/ (one launch, e4m3 converted in registers); from 9 tokens on, the
 //   Hopper path goes first where it runs;
-// * Hopper (compute capability 9.0, bf16 x, per-channel scales, library built with CUTLASS's
-//   headers; fp8_linear_sm90.cu): weight-only, CUTLASS's mixed-input GEMM; W8A8 ("dynamic",
-//   any token count), x quantized per token into the workspace, then CUTLASS's e4m3 GEMM with
-//   the channel and token scales in its epilogue;
+// * Hopper (compute capability 9.0, bf16 x, library built with CUTLASS's headers;
+//   fp8_linear_sm90.cu): per-channel scales, weight-only, CUTLASS's mixed-input GEMM; W8A8
+//   ("dynamic", any token count), x quantized per token into the workspace, then CUTLASS's
+//   e4m3 GEMM with the channel and token scales in its epilogue, or with 128 x 128 block
+//   scales CUTLASS's blockwise-scaled e4m3 GEMM;
 // * tensor cores (fp8_linear_mma.cuh) for bf16 / f16 x, in a multiple of 128, block scales of
 //   whole 128-column chunks (W8A8 on sm_89+): a workspace memset, (W8A8) a quantize pass, the
 //   GEMM (K split so that the grid fills the SMs once), a finalize pass;
@@ -431,7 +432,10 @@ __global__ void __launch_bounds__(mma::kThreads)
 // (QuantizeRowsBlockScalesKernel), then the blockwise e4m3 GEMM. Workspace: x in e4m3
 // [tokens, in] (rounded up to 16 bytes), the weight's scales [k_blocks][ceil(out / 64)]
 // (rounded up to 4), the tokens' [k_blocks][RoundUp4(tokens)]; false, with nothing launched,
-// where any of it does not hold or fit.
+// where any of it does not hold or fit. A call CUTLASS still declines after x was quantized
+// also gives false, and the next path quantizes again: with this layout of x's scales that is
+// every count above 16 tokens that is not a multiple of 4 (TMA wants the scale rows' token
+// extent, n here, in 16-byte multiples).
 bool LaunchSm90W8A8BlockQuantized(cudaStream_t stream, const Shape& s, const Params& p,
                                   float* workspace, size_t workspace_bytes,
                                   cudaError_t* status) {
