@@ -191,16 +191,7 @@ def test_lora_adapter_gives_the_merged_weights_tokens(tmp_path):
     assert adapted != base
 
 
-def _configure(model_dir, **engine):
-    """vLLM's engine configuration for ``model_dir`` (which runs our platform's
-    ``check_and_update_config``), in this process: no model is loaded."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    return EngineArgs(model=str(model_dir), dtype="float32", max_model_len=512,
-                      skip_tokenizer_init=True, **engine).create_engine_config()
-
-
-def test_lora_on_the_jax_native_path_is_refused_by_name(tmp_path, monkeypatch):
+def test_lora_on_the_jax_native_path_is_refused_by_name(tmp_path, monkeypatch, engine_config):
     """``MODEL_IMPL_TYPE`` unset (auto) runs a Llama on tpu-inference's JAX-native path,
     which has no LoRA layers (the engine would stop at start-up on an assertion)."""
     from xla_kernels.vllm import models
@@ -210,12 +201,12 @@ def test_lora_on_the_jax_native_path_is_refused_by_name(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"LoRA \(enable_lora=True\) is not supported on "
                                          r"tpu-inference's JAX-native model path.*Fix: set "
                                          "MODEL_IMPL_TYPE=vllm"):
-        _configure(checkpoint.path, enable_lora=True, max_lora_rank=8)
+        engine_config(checkpoint.path, enable_lora=True, max_lora_rank=8)
     monkeypatch.setenv("MODEL_IMPL_TYPE", "vllm")
-    assert _configure(checkpoint.path, enable_lora=True, max_lora_rank=8).lora_config
+    assert engine_config(checkpoint.path, enable_lora=True, max_lora_rank=8).lora_config
 
 
-def test_speculative_method_without_a_proposer_is_refused_by_name(tmp_path):
+def test_speculative_method_without_a_proposer_is_refused_by_name(tmp_path, engine_config):
     """tpu-inference's runner proposes with n-gram, EAGLE and DFlash only: a draft model
     would stop the engine at start-up (NotImplementedError)."""
     from xla_kernels.vllm import models
@@ -224,10 +215,10 @@ def test_speculative_method_without_a_proposer_is_refused_by_name(tmp_path):
     draft = {"method": "draft_model", "model": str(checkpoint.path), "num_speculative_tokens": 2}
     with pytest.raises(ValueError, match=r"speculative_config method 'draft_model' is not "
                                          r"supported on this backend.*Fix: use method 'ngram'"):
-        _configure(checkpoint.path, speculative_config=draft)
+        engine_config(checkpoint.path, speculative_config=draft)
 
 
-def test_watermark_config_is_refused_by_name(tmp_path):
+def test_watermark_config_is_refused_by_name(tmp_path, engine_config):
     """Only vLLM's CUDA model runner applies watermarks; tpu-inference's would generate
     unwatermarked text without a word, so the engine's configuration is refused."""
     from xla_kernels.vllm import models
@@ -236,5 +227,5 @@ def test_watermark_config_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"watermark_config \(and so SamplingParams "
                                          r"watermarking\) is not supported on this backend.*"
                                          "Fix: run without a watermark_config"):
-        _configure(checkpoint.path, watermark_config={"key": 7})
-    assert _configure(checkpoint.path).watermark_config is None
+        engine_config(checkpoint.path, watermark_config={"key": 7})
+    assert engine_config(checkpoint.path).watermark_config is None

@@ -316,3 +316,52 @@ def test_the_check_refuses_fp8_runs_upstream_cannot_load(model, weights, what, f
         check.check(model, "cpu", impl, 1, weights=weights)
     found, _, remedy = str(e.value).partition("Fix:")
     assert what in found and fix in remedy
+
+
+@pytest.mark.parametrize(("model", "weights", "impl", "engine", "what", "fix"), [
+    ("tiny", "fp8-block", None, {}, "its LlamaForCausalLM reads safetensors through NumPy, "
+     "which has no e4m3 dtype", "set MODEL_IMPL_TYPE=vllm"),
+    ("tiny-qwen3", "fp8", None, {}, "per-tensor fp8 scales are not supported on "
+     "tpu-inference's JAX-native model path", "set MODEL_IMPL_TYPE=vllm"),
+    ("tiny-qwen3", "fp8-static", None, {}, "per-tensor fp8 scales", "block or per-channel"),
+    ("tiny", "fp8-block", "vllm", {"load_format": "dummy"},
+     "dummy weights (load_format='dummy') for an fp8 checkpoint's configuration",
+     "load the checkpoint's weights"),
+    ("tiny-qwen3", "fp8-block", None, {"load_format": "dummy"}, "dummy weights",
+     "drop quantization_config"),
+], ids=["jax-llama", "jax-per-tensor", "jax-compressed-per-tensor", "dummy-pytorch",
+        "dummy-jax"])
+def test_the_engine_refuses_fp8_checkpoints_upstream_cannot_load(
+        tmp_path, monkeypatch, engine_config, model, weights, impl, engine, what, fix):
+    """At configuration, by name, where the engine would otherwise stop at load
+    (AttributeError, RuntimeError, torch's NotImplementedError) or, for the JAX-native Llama
+    on dummy weights, run without its fp8 layers."""
+    from xla_kernels.vllm import models
+
+    checkpoint = models.fp8_weights(models.MODELS[model](tmp_path / "bf16"), tmp_path,
+                                    models.FP8_WEIGHTS[weights])
+    if impl is None:
+        monkeypatch.delenv("MODEL_IMPL_TYPE", raising=False)
+    else:
+        monkeypatch.setenv("MODEL_IMPL_TYPE", impl)
+    with pytest.raises(ValueError) as e:
+        engine_config(checkpoint.path, dtype="float16", **engine)
+    found, _, remedy = str(e.value).partition("Fix:")
+    assert what in found and fix in remedy, str(e.value)
+
+
+@pytest.mark.parametrize(("model", "weights", "impl"), [
+    ("tiny", "fp8-block", "vllm"), ("tiny", "fp8", "vllm"), ("tiny", "fp8-channel", "vllm"),
+    ("tiny-qwen3", "fp8-block", None), ("tiny-qwen3", "fp8-channel", None)])
+def test_the_engine_takes_the_fp8_checkpoints_it_runs(tmp_path, monkeypatch, engine_config,
+                                                      model, weights, impl):
+    from xla_kernels.vllm import models
+
+    checkpoint = models.fp8_weights(models.MODELS[model](tmp_path / "bf16"), tmp_path,
+                                    models.FP8_WEIGHTS[weights])
+    if impl is None:
+        monkeypatch.delenv("MODEL_IMPL_TYPE", raising=False)
+    else:
+        monkeypatch.setenv("MODEL_IMPL_TYPE", impl)
+    config = engine_config(checkpoint.path, dtype="float16")
+    assert config.model_config.quantization in ("fp8", "compressed-tensors")

@@ -181,6 +181,61 @@ def _jax_native(vllm_config) -> bool:
     return True
 
 
+def _fp8_scales(vllm_config) -> str | None:
+    """How the checkpoint's fp8 weights are scaled (``"tensor"``, ``"channel"``,
+    ``"block"``): vLLM's ``Fp8Config`` (``quant_method: "fp8"``) or compressed-tensors with
+    8-bit float weights; None for any other checkpoint."""
+    config = getattr(vllm_config.model_config.hf_config, "quantization_config", None)
+    if not isinstance(config, dict):
+        return None
+    if config.get("quant_method") == "fp8":
+        return "block" if config.get("weight_block_size") else "tensor"
+    if config.get("quant_method") == "compressed-tensors":
+        for group in (config.get("config_groups") or {}).values():
+            weights = group.get("weights") or {}
+            if weights.get("type") == "float" and weights.get("num_bits") == 8:
+                return str(weights.get("strategy") or "tensor")
+    return None
+
+
+def _fp8_refusal(vllm_config) -> str | None:
+    """config_refusal's part for fp8 checkpoints (see there)."""
+    scales = _fp8_scales(vllm_config)
+    if scales is None:
+        return None
+    load_format = vllm_config.load_config.load_format
+    if getattr(load_format, "value", load_format) == "dummy":
+        return ("xla_kernels.vllm: dummy weights (load_format='dummy') for an fp8 checkpoint's "
+                "configuration are not supported on this backend: the PyTorch path's dummy "
+                "loader cannot fill e4m3 parameters (torch's uniform_ is not implemented for "
+                "Float8_e4m3fn), tpu-inference's JAX-native Llama would build the model in "
+                "bf16 without its fp8 layers, and its other JAX-native models draw weights "
+                "that are not e4m3fn. Fix: load the checkpoint's weights "
+                "(xla_kernels.vllm.models.fp8_weights writes an fp8 checkpoint of a bf16 "
+                "model), or drop quantization_config from config.json for a bf16 dummy run")
+    if not _jax_native(vllm_config):
+        return None
+    from tpu_inference import envs
+    from tpu_inference.models.common import model_loader
+    from tpu_inference.models.jax.utils.weight_utils import LoadableWithIterator
+
+    hf_config = vllm_config.model_config.hf_config
+    arch = hf_config.architectures[0]
+    where = (f"tpu-inference's JAX-native model path (MODEL_IMPL_TYPE={envs.MODEL_IMPL_TYPE} "
+             f"runs {arch} there)")
+    if not issubclass(model_loader._get_model_architecture(hf_config), LoadableWithIterator):
+        return (f"xla_kernels.vllm: an fp8 checkpoint is not supported on {where}: its "
+                f"{arch} reads safetensors through NumPy, which has no e4m3 dtype "
+                "(AttributeError at load). Fix: set MODEL_IMPL_TYPE=vllm (the PyTorch path "
+                "runs fp8 checkpoints through fp8_linear)")
+    if scales == "tensor":
+        return (f"xla_kernels.vllm: per-tensor fp8 scales are not supported on {where}: its "
+                "fp8 layers take one scale per output channel (RuntimeError at load). Fix: "
+                "set MODEL_IMPL_TYPE=vllm, or use a checkpoint with 128x128 block or "
+                "per-channel scales")
+    return None
+
+
 def config_refusal(vllm_config) -> str | None:
     """The message refusing an engine configuration this backend cannot run, naming the
     feature, why, and the fix; None when it can. :class:`XlaKernelsPlatform` raises it from
@@ -190,7 +245,13 @@ def config_refusal(vllm_config) -> str | None:
     - LoRA (``enable_lora``) on the JAX-native model path: only the PyTorch path (torchax)
       has LoRA layers; the engine would stop at start-up ("AssertionError: LoRA is not
       enabled").
-    - a ``speculative_config`` method outside :data:`SPECULATIVE_METHODS`."""
+    - a ``speculative_config`` method outside :data:`SPECULATIVE_METHODS`.
+    - fp8 checkpoints (vLLM's ``Fp8Config``, compressed-tensors fp8) where upstream cannot
+      load them: with dummy weights (the PyTorch path's loader fails on e4m3 parameters; the
+      JAX-native Llama silently drops the fp8 layers; the other JAX-native models draw
+      weights our fp8 layers refuse), on a JAX-native model that reads safetensors through
+      NumPy (no e4m3: Llama), and with per-tensor scales on the JAX-native path (its layers
+      take per-channel scales)."""
     if getattr(vllm_config, "watermark_config", None) is not None:
         return ("xla_kernels.vllm: watermark_config (and so SamplingParams watermarking) is "
                 "not supported on this backend: only vLLM's CUDA model runner applies "
@@ -214,7 +275,7 @@ def config_refusal(vllm_config) -> str | None:
                 f"for {', '.join(SPECULATIVE_METHODS)} only, and would stop at start-up with "
                 "NotImplementedError. Fix: use method 'ngram' (tested here), or run without "
                 "speculative_config")
-    return None
+    return _fp8_refusal(vllm_config)
 
 
 def _platform_class():
