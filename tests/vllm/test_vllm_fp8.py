@@ -318,6 +318,19 @@ def test_the_check_refuses_fp8_runs_upstream_cannot_load(model, weights, what, f
     assert what in found and fix in remedy
 
 
+def _fp8_checkpoint(tmp_path, monkeypatch, model, weights, impl):
+    """``model`` written as an fp8 checkpoint of format ``weights``, with MODEL_IMPL_TYPE set
+    to ``impl`` (None: unset, tpu-inference's ``auto``)."""
+    from xla_kernels.vllm import models
+
+    if impl is None:
+        monkeypatch.delenv("MODEL_IMPL_TYPE", raising=False)
+    else:
+        monkeypatch.setenv("MODEL_IMPL_TYPE", impl)
+    return models.fp8_weights(models.MODELS[model](tmp_path / "bf16"), tmp_path,
+                              models.FP8_WEIGHTS[weights])
+
+
 @pytest.mark.parametrize(("model", "weights", "impl", "engine", "what", "fix"), [
     ("tiny", "fp8-block", None, {}, "its LlamaForCausalLM reads safetensors through NumPy, "
      "which has no e4m3 dtype", "set MODEL_IMPL_TYPE=vllm"),
@@ -336,14 +349,7 @@ def test_the_engine_refuses_fp8_checkpoints_upstream_cannot_load(
     """At configuration, by name, where the engine would otherwise stop at load
     (AttributeError, RuntimeError, torch's NotImplementedError) or, for the JAX-native Llama
     on dummy weights, run without its fp8 layers."""
-    from xla_kernels.vllm import models
-
-    checkpoint = models.fp8_weights(models.MODELS[model](tmp_path / "bf16"), tmp_path,
-                                    models.FP8_WEIGHTS[weights])
-    if impl is None:
-        monkeypatch.delenv("MODEL_IMPL_TYPE", raising=False)
-    else:
-        monkeypatch.setenv("MODEL_IMPL_TYPE", impl)
+    checkpoint = _fp8_checkpoint(tmp_path, monkeypatch, model, weights, impl)
     with pytest.raises(ValueError) as e:
         engine_config(checkpoint.path, dtype="float16", **engine)
     found, _, remedy = str(e.value).partition("Fix:")
@@ -355,13 +361,6 @@ def test_the_engine_refuses_fp8_checkpoints_upstream_cannot_load(
     ("tiny-qwen3", "fp8-block", None), ("tiny-qwen3", "fp8-channel", None)])
 def test_the_engine_takes_the_fp8_checkpoints_it_runs(tmp_path, monkeypatch, engine_config,
                                                       model, weights, impl):
-    from xla_kernels.vllm import models
-
-    checkpoint = models.fp8_weights(models.MODELS[model](tmp_path / "bf16"), tmp_path,
-                                    models.FP8_WEIGHTS[weights])
-    if impl is None:
-        monkeypatch.delenv("MODEL_IMPL_TYPE", raising=False)
-    else:
-        monkeypatch.setenv("MODEL_IMPL_TYPE", impl)
+    checkpoint = _fp8_checkpoint(tmp_path, monkeypatch, model, weights, impl)
     config = engine_config(checkpoint.path, dtype="float16")
     assert config.model_config.quantization in ("fp8", "compressed-tensors")
