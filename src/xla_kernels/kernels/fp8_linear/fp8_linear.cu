@@ -378,11 +378,11 @@ cudaError_t LaunchMma(cudaStream_t stream, const Params& p, float* workspace) {
 // still declines after x was quantized also gives false, and the next path quantizes again.
 bool LaunchSm90W8A8Quantized(cudaStream_t stream, const Shape& s, const Params& p,
                              float* workspace, size_t workspace_bytes, cudaError_t* status) {
-  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   const size_t xq_offset = sizeof(float) * RoundUp4(s.tokens);
   const size_t needed = xq_offset + static_cast<size_t>(s.tokens * s.in);
-  if (s.in % 16 != 0 || s.out % 8 != 0 || !aligned(p.w) || !aligned(p.y) ||
-      !aligned(p.scale) || !aligned(workspace) || workspace_bytes < needed || !Sm90PathRuns())
+  using gemm::Aligned16;
+  if (s.in % 16 != 0 || s.out % 8 != 0 || !Aligned16(p.w) || !Aligned16(p.y) ||
+      !Aligned16(p.scale) || !Aligned16(workspace) || workspace_bytes < needed || !Sm90PathRuns())
     return false;
   float* token_scale = workspace;
   uint8_t* xq = reinterpret_cast<uint8_t*>(workspace) + xq_offset;
@@ -439,9 +439,9 @@ __global__ void __launch_bounds__(mma::kThreads)
 bool LaunchSm90W8A8BlockQuantized(cudaStream_t stream, const Shape& s, const Params& p,
                                   float* workspace, size_t workspace_bytes,
                                   cudaError_t* status) {
-  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  using gemm::Aligned16;
   if (s.bk != gemm::kBlockScaleCols || s.bn % gemm::kBlockScaleRows != 0 || s.in % 16 != 0 ||
-      s.out % 8 != 0 || !aligned(p.w) || !aligned(p.y) || !aligned(workspace) ||
+      s.out % 8 != 0 || !Aligned16(p.w) || !Aligned16(p.y) || !Aligned16(workspace) ||
       !Sm90PathRuns())
     return false;
   const int64_t token_stride = RoundUp4(s.tokens);

@@ -88,15 +88,9 @@ bool LaunchSm90W8A8(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError
 // promoted sums of fp8 wgmma fit a consumer's registers).
 bool LaunchSm90W8A8BlockScaled(cudaStream_t stream, const gemm::SwapAbCall& call,
                                const gemm::BlockScales& scales, cudaError_t* status) {
-  int device = 0, sms = 0;
-  if (!gemm::CurrentSm90Device(&device, &sms)) return false;
-  constexpr int64_t kIntMax = 2147483647;
-  if (call.tokens > kIntMax || call.in > kIntMax || call.out > kIntMax) return false;
-  if (call.tokens <= 16)
-    return gemm::Sm90SwapAbBlockwiseGemm<16>::Launch(call, scales, device, sms, stream, status);
-  if (call.tokens <= 64)
-    return gemm::Sm90SwapAbBlockwiseGemm<64>::Launch(call, scales, device, sms, stream, status);
-  return gemm::Sm90SwapAbBlockwiseGemm<128>::Launch(call, scales, device, sms, stream, status);
+  return gemm::LaunchByTokens<gemm::Sm90SwapAbBlockwiseGemm<16>, gemm::Sm90SwapAbBlockwiseGemm<64>,
+                              gemm::Sm90SwapAbBlockwiseGemm<128>, /*kSmallMaxTokens=*/16,
+                              /*kMediumMaxTokens=*/64>(call, stream, status, scales);
 }
 
 #else

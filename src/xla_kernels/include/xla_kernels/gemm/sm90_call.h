@@ -27,6 +27,9 @@ struct SwapAbCall {
   const float* token_scale = nullptr;
 };
 
+// Whether a pointer is 16-byte aligned, as TMA needs (CUTLASS's can_implement does not check).
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // W8A8 with block-scaled weights (sm90_swap_ab_blockwise.cuh): the scales of one call as
 // CUTLASS's sm90 blockwise mainloop reads them, both f32 and MN-major (device pointers).
 constexpr int kBlockScaleRows = 64;   // weight rows per scale (a 128-row block's, twice)

@@ -48,6 +48,27 @@ namespace xla_kernels::gemm {
 struct PingPong {};
 struct StreamK {};
 
+// A swap-AB call's problem for a CUTLASS kernel: m = out, n = tokens, k = in; the packed
+// strides of W [out, in], x [tokens, in] and y^T [out, tokens]; the device for the persistent
+// scheduler.
+template <class Kernel>
+struct SwapAbShape {
+  int m, n, k;
+  typename Kernel::StrideA a;
+  typename Kernel::StrideB b;
+  typename Kernel::StrideD d;
+  cutlass::KernelHardwareInfo hw;
+
+  SwapAbShape(const SwapAbCall& c, int device, int sm_count)
+      : m(static_cast<int>(c.out)), n(static_cast<int>(c.tokens)), k(static_cast<int>(c.in)),
+        a(cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, cute::make_shape(m, k, 1))),
+        b(cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, cute::make_shape(n, k, 1))),
+        d(cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, cute::make_shape(m, n, 1))) {
+    hw.device_id = device;
+    hw.sm_count = sm_count;
+  }
+};
+
 // The tile (kTM weight rows x kTN tokens x kTK of in) of one ping-pong consumer warp group.
 // ElementW: the weight's type (ElementX, or narrower: the mixed-input mainloop); kRowScale: y
 // scaled per output channel (SwapAbCall::row_scale), else y is the plain product; Schedule:
@@ -117,24 +138,13 @@ struct Sm90SwapAbGemm {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments Arguments(const SwapAbCall& c, int device, int sm_count) {
-    using Stride = typename Gemm::GemmKernel;
-    const int m = static_cast<int>(c.out), n = static_cast<int>(c.tokens),
-              k = static_cast<int>(c.in);
-    const auto sa = cutlass::make_cute_packed_stride(typename Stride::StrideA{},
-                                                     cute::make_shape(m, k, 1));
-    const auto sb = cutlass::make_cute_packed_stride(typename Stride::StrideB{},
-                                                     cute::make_shape(n, k, 1));
-    const auto sd = cutlass::make_cute_packed_stride(typename Stride::StrideD{},
-                                                     cute::make_shape(m, n, 1));
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = device;
-    hw.sm_count = sm_count;
+    const SwapAbShape<Kernel> s(c, device, sm_count);
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
-        {m, n, k, 1},
-        {static_cast<const ElementW*>(c.w), sa, static_cast<const ElementX*>(c.x), sb},
-        {{}, nullptr, sd, static_cast<ElementY*>(c.y), sd},
-        hw};
+        {s.m, s.n, s.k, 1},
+        {static_cast<const ElementW*>(c.w), s.a, static_cast<const ElementX*>(c.x), s.b},
+        {{}, nullptr, s.d, static_cast<ElementY*>(c.y), s.d},
+        s.hw};
     if constexpr (kTokenScale) {
       // {row scale, {token scale, acc, multiply}, multiply}: the tree's children, then its node.
       args.epilogue.thread = {{c.row_scale}, {{c.token_scale}, {}, {}}, {}};
@@ -161,8 +171,8 @@ struct Sm90SwapAbGemm {
                      cudaError_t* status) {
     if (kRowScale != (c.row_scale != nullptr)) return false;
     if (kTokenScale != (c.token_scale != nullptr)) return false;
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!aligned(c.w) || !aligned(c.x) || !aligned(c.y) || !aligned(c.row_scale)) return false;
+    if (!Aligned16(c.w) || !Aligned16(c.x) || !Aligned16(c.y) || !Aligned16(c.row_scale))
+      return false;
     const auto args = Arguments(c, device, sm_count);
     if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return false;
     const size_t workspace_bytes = Gemm::get_workspace_size(args);
@@ -171,7 +181,7 @@ struct Sm90SwapAbGemm {
     // was measured for that case, runs instead of the cooperative one.
     if (kStreamK && workspace_bytes == 0) return false;
     if (workspace_bytes > 0 && (c.workspace == nullptr || workspace_bytes > c.workspace_bytes ||
-                                !aligned(c.workspace)))
+                                !Aligned16(c.workspace)))
       return false;
     Gemm gemm;
     // run() first zeroes the barriers in the workspace (a memset on the stream), then launches.
@@ -185,17 +195,20 @@ struct Sm90SwapAbGemm {
 // Launches the call on the current device with the tile for its token count: Small up to
 // kSmallMaxTokens, Medium up to kMediumMaxTokens, Large beyond; false (nothing launched) where
 // the device cannot run sm_90a code, a size passes CUTLASS's int, or the tile's Launch
-// declines. Past its token width a tile reads each weight tile once per token tile.
+// declines. Past its token width a tile reads each weight tile once per token tile. `extra`
+// (e.g. block scales) goes to the tile's Launch after the call.
 template <class Small, class Medium, class Large, int64_t kSmallMaxTokens = 32,
-          int64_t kMediumMaxTokens = 128>
-bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* status) {
+          int64_t kMediumMaxTokens = 128, class... Extra>
+bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* status,
+                    const Extra&... extra) {
   int device = 0, sms = 0;
   if (!CurrentSm90Device(&device, &sms)) return false;
   constexpr int64_t kIntMax = 2147483647;
   if (c.tokens > kIntMax || c.in > kIntMax || c.out > kIntMax) return false;
-  if (c.tokens <= kSmallMaxTokens) return Small::Launch(c, device, sms, stream, status);
-  if (c.tokens <= kMediumMaxTokens) return Medium::Launch(c, device, sms, stream, status);
-  return Large::Launch(c, device, sms, stream, status);
+  if (c.tokens <= kSmallMaxTokens) return Small::Launch(c, extra..., device, sms, stream, status);
+  if (c.tokens <= kMediumMaxTokens)
+    return Medium::Launch(c, extra..., device, sms, stream, status);
+  return Large::Launch(c, extra..., device, sms, stream, status);
 }
 
 // Tokens beyond a Narrow tile's width (65-128 for a 64-token tile, which then reads each weight

@@ -28,6 +28,7 @@
 #include "cutlass/util/packed_stride.hpp"
 #include "xla_kernels/gemm/sm90_call.h"
 #include "xla_kernels/gemm/sm90_device.cuh"
+#include "xla_kernels/gemm/sm90_swap_ab.cuh"
 
 namespace xla_kernels::gemm {
 
@@ -68,14 +69,8 @@ struct Sm90SwapAbBlockwiseGemm {
 
   static typename Gemm::Arguments Arguments(const SwapAbCall& c, const BlockScales& scales,
                                             int device, int sm_count) {
-    const int m = static_cast<int>(c.out), n = static_cast<int>(c.tokens),
-              k = static_cast<int>(c.in);
-    const auto sa = cutlass::make_cute_packed_stride(typename Kernel::StrideA{},
-                                                     cute::make_shape(m, k, 1));
-    const auto sb = cutlass::make_cute_packed_stride(typename Kernel::StrideB{},
-                                                     cute::make_shape(n, k, 1));
-    const auto sd = cutlass::make_cute_packed_stride(typename Kernel::StrideD{},
-                                                     cute::make_shape(m, n, 1));
+    const SwapAbShape<Kernel> s(c, device, sm_count);
+    const int m = s.m, n = s.n, k = s.k;
     const auto layout_sfa = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
     // x's scales: the K-block stride is the padded token count, not n.
     const int k_blocks = (k + kBlockScaleCols - 1) / kBlockScaleCols;
@@ -85,16 +80,13 @@ struct Sm90SwapAbBlockwiseGemm {
                          cute::make_shape(cute::Int<kBlockScaleCols>{}, k_blocks), 1),
         cute::make_stride(cute::make_stride(cute::_0{}, cute::_1{}),
                           cute::make_stride(cute::_0{}, stride), stride * k_blocks));
-    cutlass::KernelHardwareInfo hw;
-    hw.device_id = device;
-    hw.sm_count = sm_count;
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
-        {static_cast<const E4m3*>(c.w), sa, static_cast<const E4m3*>(c.x), sb, scales.weight,
+        {static_cast<const E4m3*>(c.w), s.a, static_cast<const E4m3*>(c.x), s.b, scales.weight,
          layout_sfa, scales.tokens, layout_sfb},
-        {{}, nullptr, sd, static_cast<Bf16*>(c.y), sd},
-        hw};
+        {{}, nullptr, s.d, static_cast<Bf16*>(c.y), s.d},
+        s.hw};
     args.epilogue.thread.alpha = 1.f;
     args.epilogue.thread.beta = 0.f;
     return args;
@@ -103,9 +95,8 @@ struct Sm90SwapAbBlockwiseGemm {
   // As Sm90SwapAbGemm::Launch: false (nothing launched) where CUTLASS cannot run the call.
   static bool Launch(const SwapAbCall& c, const BlockScales& scales, int device, int sm_count,
                      cudaStream_t stream, cudaError_t* status) {
-    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    if (!aligned(c.w) || !aligned(c.x) || !aligned(c.y) || !aligned(scales.weight) ||
-        !aligned(scales.tokens) || scales.token_stride % 4 != 0)
+    if (!Aligned16(c.w) || !Aligned16(c.x) || !Aligned16(c.y) || !Aligned16(scales.weight) ||
+        !Aligned16(scales.tokens) || scales.token_stride % 4 != 0)
       return false;
     const auto args = Arguments(c, scales, device, sm_count);
     if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return false;
