@@ -61,6 +61,10 @@ SHAPES = {
     # W8A8 ("dynamic") with 128 x 128 block scales on the Hopper path (CUTLASS's blockwise
     # mainloop): a partial 64-row scale group (200 rows), 40 tokens (scales padded to 40).
     "hopper block W8A8: 40 tokens, 200 rows": (40, 1024, 200, (128, 128)),
+    # Token counts that are not multiples of 4 on the 64- and 128-token tiles (x's scales
+    # padded to 4 tokens with zeros).
+    "hopper block W8A8: 21 tokens": (21, 1024, 256, (128, 128)),
+    "hopper block W8A8: 70 tokens": (70, 512, 264, (128, 128)),
 }
 
 

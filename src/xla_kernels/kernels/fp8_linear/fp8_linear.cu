@@ -433,9 +433,7 @@ __global__ void __launch_bounds__(mma::kThreads)
 // [tokens, in] (rounded up to 16 bytes), the weight's scales [k_blocks][ceil(out / 64)]
 // (rounded up to 4), the tokens' [k_blocks][RoundUp4(tokens)]; false, with nothing launched,
 // where any of it does not hold or fit. A call CUTLASS still declines after x was quantized
-// also gives false, and the next path quantizes again: with this layout of x's scales that is
-// every count above 16 tokens that is not a multiple of 4 (TMA wants the scale rows' token
-// extent, n here, in 16-byte multiples).
+// also gives false, and the next path quantizes again.
 bool LaunchSm90W8A8BlockQuantized(cudaStream_t stream, const Shape& s, const Params& p,
                                   float* workspace, size_t workspace_bytes,
                                   cudaError_t* status) {

@@ -19,8 +19,8 @@ import numpy as np
 # path (bf16, per channel; "none" and W8A8's "dynamic") with each of its tiles partial in both
 # axes, its stream-K scheduler (in >= 8192) splitting the K loop of 8 row tiles, and the wide
 # tile at 65-128 tokens where its tiles fill the SMs (8448 rows: 66 of 128, 132 of 64); W8A8
-# with 128x128 block scales on the Hopper path at 1 and 40 tokens (70 tokens, not a multiple
-# of 4, is declined by CUTLASS there and falls back to the tensor-core path).
+# with 128x128 block scales on the Hopper path at each token tile (1, 40 and 70 tokens; 70
+# not a multiple of 4).
 CASES = [(1, 4096, 4096, (128, 128)), (19, 256, 64, (0, 0)), (3, 29, 13, (0, 0)),
          (9, 96, 40, (8, 8)), (5, 200, 136, (128, 128)), (70, 512, 200, (128, 128)),
          (7, 1040, 72, (0, 0)), (33, 1024, 200, (0, 0)), (129, 512, 264, (0, 0)),

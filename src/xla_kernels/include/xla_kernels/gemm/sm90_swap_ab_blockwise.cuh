@@ -72,11 +72,14 @@ struct Sm90SwapAbBlockwiseGemm {
     const SwapAbShape<Kernel> s(c, device, sm_count);
     const int m = s.m, n = s.n, k = s.k;
     const auto layout_sfa = ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(m, n, k, 1));
-    // x's scales: the K-block stride is the padded token count, not n.
+    // x's scales: the padded token count is both the K-block stride and the extent (TMA
+    // loads the scales of the 64- and 128-token tiles and wants 16-byte rows; CUTLASS
+    // declines an extent of n that is not a multiple of 4). The padding holds zeros; the
+    // tokens past n are never stored.
     const int k_blocks = (k + kBlockScaleCols - 1) / kBlockScaleCols;
     const int stride = static_cast<int>(scales.token_stride);
     const LayoutSFB layout_sfb = cute::make_layout(
-        cute::make_shape(cute::make_shape(cute::_1{}, n),
+        cute::make_shape(cute::make_shape(cute::_1{}, stride),
                          cute::make_shape(cute::Int<kBlockScaleCols>{}, k_blocks), 1),
         cute::make_stride(cute::make_stride(cute::_0{}, cute::_1{}),
                           cute::make_stride(cute::_0{}, stride), stride * k_blocks));
