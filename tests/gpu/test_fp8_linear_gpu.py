@@ -65,6 +65,12 @@ SHAPES = {
     # padded to 4 tokens with zeros).
     "hopper block W8A8: 21 tokens": (21, 1024, 256, (128, 128)),
     "hopper block W8A8: 70 tokens": (70, 512, 264, (128, 128)),
+    # W8A8 beyond 128 tokens: the cooperative 128 x 128 tile where its tiles fill the SMs
+    # (4200 rows: 33 row tiles, the last partial, x 2 token tiles = 66 on 132 SMs), partial in
+    # both axes; at 264 rows (6 tiles) the 64-row ping-pong tile.
+    "hopper W8A8 cooperative: 160 tokens, 4200 rows": (160, 512, 4200, (0, 0)),
+    "hopper block W8A8 cooperative: 160 tokens, 4200 rows": (160, 512, 4200, (128, 128)),
+    "hopper block W8A8: 160 tokens, 264 rows": (160, 512, 264, (128, 128)),
 }
 
 

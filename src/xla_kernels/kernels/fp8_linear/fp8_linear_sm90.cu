@@ -41,6 +41,14 @@ using LargeTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 128, 64, true>;
 template <int kTN>
 using W8A8Tile = gemm::Sm90SwapAbGemm<E4m3, E4m3, 64, kTN, 128, true, gemm::PingPong, Bf16,
                                       /*kTokenScale=*/true>;
+// Beyond 128 tokens, 128 rows x 128 tokens shared by both consumer warp groups (cooperative:
+// 64 rows each, so each holds what a 64 x 128 ping-pong consumer holds): half as many tiles,
+// each consumer issuing wgmma on every K step instead of every other. Only where those tiles
+// fill the SMs: at 256 tokens on an H200 it ran qkv (96 tiles) in 24.1 us and gate_up (224)
+// in 38.6 where the 64-row tile had taken 31.2 and 54.0 in an earlier call, but o and down
+// (64 tiles) in 22.1 and 57.4 against 22.4 and 52.1 (docs/design/gemm.md).
+using W8A8Large = gemm::Sm90SwapAbGemm<E4m3, E4m3, 128, 128, 128, true, gemm::Cooperative,
+                                       Bf16, /*kTokenScale=*/true>;
 
 // Stream-K where the K loop is long (in >= kStreamKMinIn, Llama-3-8B's down: 112 K steps),
 // else, or where StreamK declines the call (no K split chosen), the ping-pong tile. On an
@@ -79,18 +87,24 @@ bool Sm90PathRuns() {
 // between runs; docs/design/gemm.md), so the simpler schedule runs.
 bool LaunchSm90W8A8(cudaStream_t stream, const gemm::SwapAbCall& call, cudaError_t* status) {
   if (call.row_scale == nullptr || call.token_scale == nullptr) return false;
-  return gemm::LaunchByTokens<W8A8Tile<16>,
-                              gemm::WideWhereItFillsTheSms<W8A8Tile<64>, W8A8Tile<128>>,
-                              W8A8Tile<128>, /*kSmallMaxTokens=*/16>(call, stream, status);
+  return gemm::LaunchByTokens<
+      W8A8Tile<16>, gemm::WideWhereItFillsTheSms<W8A8Tile<64>, W8A8Tile<128>>,
+      gemm::WideWhereItFillsTheSms<W8A8Tile<128>, W8A8Large, /*kNarrowTokens=*/128>,
+      /*kSmallMaxTokens=*/16>(call, stream, status);
 }
 
 // The token tiles of the W8A8 path; 128 tokens a tile beyond 64 (64 rows x 128 tokens: the
 // promoted sums of fp8 wgmma fit a consumer's registers).
 bool LaunchSm90W8A8BlockScaled(cudaStream_t stream, const gemm::SwapAbCall& call,
                                const gemm::BlockScales& scales, cudaError_t* status) {
-  return gemm::LaunchByTokens<gemm::Sm90SwapAbBlockwiseGemm<16>, gemm::Sm90SwapAbBlockwiseGemm<64>,
-                              gemm::Sm90SwapAbBlockwiseGemm<128>, /*kSmallMaxTokens=*/16,
-                              /*kMediumMaxTokens=*/64>(call, stream, status, scales);
+  // Beyond 128 tokens the cooperative 128 x 128 tile where it fills the SMs, as for
+  // per-channel W8A8.
+  using Tile128 = gemm::Sm90SwapAbBlockwiseGemm<128>;
+  using Cooperative128 = gemm::Sm90SwapAbBlockwiseGemm<128, 128, gemm::Cooperative>;
+  return gemm::LaunchByTokens<
+      gemm::Sm90SwapAbBlockwiseGemm<16>, gemm::Sm90SwapAbBlockwiseGemm<64>,
+      gemm::WideWhereItFillsTheSms<Tile128, Cooperative128, /*kNarrowTokens=*/128>,
+      /*kSmallMaxTokens=*/16, /*kMediumMaxTokens=*/64>(call, stream, status, scales);
 }
 
 #else

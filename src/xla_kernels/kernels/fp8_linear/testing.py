@@ -20,11 +20,13 @@ import numpy as np
 # axes, its stream-K scheduler (in >= 8192) splitting the K loop of 8 row tiles, and the wide
 # tile at 65-128 tokens where its tiles fill the SMs (8448 rows: 66 of 128, 132 of 64); W8A8
 # with 128x128 block scales on the Hopper path at each token tile (1, 40 and 70 tokens; 70
-# not a multiple of 4).
+# not a multiple of 4); W8A8 beyond 128 tokens on the cooperative 128 x 128 tile, where its
+# tiles fill the SMs (4200 rows x 150 tokens: 33 x 2 tiles), both scale kinds.
 CASES = [(1, 4096, 4096, (128, 128)), (19, 256, 64, (0, 0)), (3, 29, 13, (0, 0)),
          (9, 96, 40, (8, 8)), (5, 200, 136, (128, 128)), (70, 512, 200, (128, 128)),
          (7, 1040, 72, (0, 0)), (33, 1024, 200, (0, 0)), (129, 512, 264, (0, 0)),
-         (40, 8192, 1024, (0, 0)), (97, 256, 8448, (0, 0)), (40, 1024, 200, (128, 128))]
+         (40, 8192, 1024, (0, 0)), (97, 256, 8448, (0, 0)), (40, 1024, 200, (128, 128)),
+         (150, 256, 4200, (0, 0)), (150, 256, 4200, (128, 128))]
 
 
 def sanitize_cases(platform: str = "gpu") -> None:

@@ -9,6 +9,13 @@
 
 namespace xla_kernels::gemm {
 
+// Kernel schedules of the Hopper GEMMs: ping-pong (each consumer warp group its own tile),
+// cooperative with CUTLASS's stream-K scheduler, and cooperative with whole tiles (both
+// consumer warp groups on one 128-row tile, 64 rows each).
+struct PingPong {};
+struct StreamK {};
+struct Cooperative {};
+
 // y [tokens, out] = x [tokens, in] · w [out, in]^T, all row-major; with row_scale (f32 [out]),
 // y[t, o] = row_scale[o] · sum_i x[t, i] w[o, i], the product applied in f32 before the one
 // rounding to y's type. w's type is the op's to know (x's, or e4m3 weights).

@@ -45,8 +45,6 @@
 
 namespace xla_kernels::gemm {
 
-struct PingPong {};
-struct StreamK {};
 
 // A swap-AB call's problem for a CUTLASS kernel: m = out, n = tokens, k = in; the packed
 // strides of W [out, in], x [tokens, in] and y^T [out, tokens]; the device for the persistent
@@ -72,7 +70,8 @@ struct SwapAbShape {
 // The tile (kTM weight rows x kTN tokens x kTK of in) of one ping-pong consumer warp group.
 // ElementW: the weight's type (ElementX, or narrower: the mixed-input mainloop); kRowScale: y
 // scaled per output channel (SwapAbCall::row_scale), else y is the plain product; Schedule:
-// PingPong or StreamK (kTM 128: one 64-row half per consumer warp group).
+// PingPong, StreamK or Cooperative (those two: kTM 128, one 64-row half per consumer warp
+// group).
 // ElementY: y's type (ElementX, or bf16 for e4m3 x); kTokenScale (W8A8): y also scaled per
 // token (SwapAbCall::token_scale), both scales applied to the f32 sums before the rounding.
 template <class ElementW, class ElementX, int kTM, int kTN, int kTK, bool kRowScale,
@@ -80,12 +79,13 @@ template <class ElementW, class ElementX, int kTM, int kTN, int kTK, bool kRowSc
 struct Sm90SwapAbGemm {
   static_assert(!kTokenScale || kRowScale, "W8A8 has both scales");
   static constexpr bool kStreamK = std::is_same_v<Schedule, StreamK>;
+  static constexpr bool kCooperative = kStreamK || std::is_same_v<Schedule, Cooperative>;
   static constexpr int kTileRows = kTM, kTileTokens = kTN;
-  static_assert(!kStreamK || kTM % 128 == 0, "a cooperative tile splits 128 rows in two");
-  using EpilogueSchedule = std::conditional_t<kStreamK,
+  static_assert(!kCooperative || kTM % 128 == 0, "a cooperative tile splits 128 rows in two");
+  using EpilogueSchedule = std::conditional_t<kCooperative,
                                               cutlass::epilogue::TmaWarpSpecializedCooperative,
                                               cutlass::epilogue::TmaWarpSpecialized>;
-  using KernelSchedule = std::conditional_t<kStreamK,
+  using KernelSchedule = std::conditional_t<kCooperative,
                                             cutlass::gemm::KernelTmaWarpSpecializedCooperative,
                                             cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
   using TileScheduler = std::conditional_t<kStreamK, cutlass::gemm::StreamKScheduler,
@@ -196,7 +196,7 @@ struct Sm90SwapAbGemm {
 // kSmallMaxTokens, Medium up to kMediumMaxTokens, Large beyond; false (nothing launched) where
 // the device cannot run sm_90a code, a size passes CUTLASS's int, or the tile's Launch
 // declines. Past its token width a tile reads each weight tile once per token tile. `extra`
-// (e.g. block scales) goes to the tile's Launch after the call.
+// (e.g. block scales) goes last to the tile's Launch.
 template <class Small, class Medium, class Large, int64_t kSmallMaxTokens = 32,
           int64_t kMediumMaxTokens = 128, class... Extra>
 bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* status,
@@ -205,10 +205,11 @@ bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* statu
   if (!CurrentSm90Device(&device, &sms)) return false;
   constexpr int64_t kIntMax = 2147483647;
   if (c.tokens > kIntMax || c.in > kIntMax || c.out > kIntMax) return false;
-  if (c.tokens <= kSmallMaxTokens) return Small::Launch(c, extra..., device, sms, stream, status);
+  if (c.tokens <= kSmallMaxTokens)
+    return Small::Launch(c, device, sms, stream, status, extra...);
   if (c.tokens <= kMediumMaxTokens)
-    return Medium::Launch(c, extra..., device, sms, stream, status);
-  return Large::Launch(c, extra..., device, sms, stream, status);
+    return Medium::Launch(c, device, sms, stream, status, extra...);
+  return Large::Launch(c, device, sms, stream, status, extra...);
 }
 
 // Tokens beyond a Narrow tile's width (65-128 for a 64-token tile, which then reads each weight
@@ -218,15 +219,17 @@ bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* statu
 // gate_up 14336 x 4096 (W8A16, 112 tiles of 128 rows: 33 against 58 us; W8A8, 224 of 64: 30
 // against 36) and on qkv for W8A8 (96 tiles), and lost on o and down, where it left most SMs
 // idle (W8A16: 32 tiles; W8A8: 64) (docs/design/gemm.md).
+// `extra` (block scales) goes last to the tiles' Launch, as in LaunchByTokens.
 template <class Narrow, class Wide, int64_t kNarrowTokens = 64>
 struct WideWhereItFillsTheSms {
+  template <class... Extra>
   static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
-                     cudaError_t* status) {
+                     cudaError_t* status, const Extra&... extra) {
     const int64_t wide_tiles = (c.out + Wide::kTileRows - 1) / Wide::kTileRows *
                                ((c.tokens + Wide::kTileTokens - 1) / Wide::kTileTokens);
     return (c.tokens > kNarrowTokens && 2 * wide_tiles >= sm_count &&
-            Wide::Launch(c, device, sm_count, stream, status)) ||
-           Narrow::Launch(c, device, sm_count, stream, status);
+            Wide::Launch(c, device, sm_count, stream, status, extra...)) ||
+           Narrow::Launch(c, device, sm_count, stream, status, extra...);
   }
 };
 

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -32,14 +33,18 @@
 
 namespace xla_kernels::gemm {
 
-// A 64-row x kTN-token ping-pong tile, K steps of 128 (one scale block per step).
-template <int kTN>
+// A kTM-row x kTN-token tile, K steps of 128 (one scale block per step): 64 rows ping-pong,
+// or 128 rows cooperative (Cooperative: 64 rows per consumer warp group, each with the 64-row
+// scale group of its half).
+template <int kTN, int kTM = kBlockScaleRows, class Schedule = PingPong>
 struct Sm90SwapAbBlockwiseGemm {
-  static constexpr int kTileRows = kBlockScaleRows, kTileTokens = kTN;
+  static constexpr bool kCooperative = std::is_same_v<Schedule, Cooperative>;
+  static_assert(kCooperative ? kTM == 2 * kBlockScaleRows : kTM == kBlockScaleRows,
+                "64 rows ping-pong or 128 cooperative");
+  static constexpr int kTileRows = kTM, kTileTokens = kTN;
   using E4m3 = cutlass::float_e4m3_t;
   using Bf16 = cutlass::bfloat16_t;
-  using TileShape = cute::Shape<cute::Int<kBlockScaleRows>, cute::Int<kTN>,
-                                cute::Int<kBlockScaleCols>>;
+  using TileShape = cute::Shape<cute::Int<kTM>, cute::Int<kTN>, cute::Int<kBlockScaleCols>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using ScaleConfig =
       cutlass::detail::Sm90BlockwiseScaleConfig<kBlockScaleRows, 1, kBlockScaleCols>;
@@ -51,7 +56,8 @@ struct Sm90SwapAbBlockwiseGemm {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
       cutlass::layout::ColumnMajor, kAlignY, Bf16, cutlass::layout::ColumnMajor, kAlignY,
-      cutlass::epilogue::TmaWarpSpecialized,
+      std::conditional_t<kCooperative, cutlass::epilogue::TmaWarpSpecializedCooperative,
+                         cutlass::epilogue::TmaWarpSpecialized>,
       cutlass::epilogue::fusion::LinearCombination<Bf16, float, void, float>>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -60,7 +66,10 @@ struct Sm90SwapAbBlockwiseGemm {
       cute::tuple<cutlass::layout::ColumnMajor, LayoutSFB>, 16, float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8BlockScaledAccum>::CollectiveOp;
+      std::conditional_t<kCooperative,
+                         cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8BlockScaledAccum,
+                         cutlass::gemm::KernelTmaWarpSpecializedPingpongFP8BlockScaledAccum>>::
+      CollectiveOp;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
                                                       Epilogue,
@@ -95,9 +104,10 @@ struct Sm90SwapAbBlockwiseGemm {
     return args;
   }
 
-  // As Sm90SwapAbGemm::Launch: false (nothing launched) where CUTLASS cannot run the call.
-  static bool Launch(const SwapAbCall& c, const BlockScales& scales, int device, int sm_count,
-                     cudaStream_t stream, cudaError_t* status) {
+  // As Sm90SwapAbGemm::Launch, the block scales last: false (nothing launched) where CUTLASS
+  // cannot run the call.
+  static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
+                     cudaError_t* status, const BlockScales& scales) {
     if (!Aligned16(c.w) || !Aligned16(c.x) || !Aligned16(c.y) || !Aligned16(scales.weight) ||
         !Aligned16(scales.tokens) || scales.token_stride % 4 != 0)
       return false;
