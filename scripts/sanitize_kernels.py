@@ -74,11 +74,15 @@ def main() -> None:
 
 def sample_cases(rng: np.random.Generator) -> None:
     """sample's CUDA kernel: odd (unaligned) and 128k vocabularies, every dtype; greedy, each
-    filter, all together, top-k sets in shared memory (<= 1024 tokens) and not."""
+    filter, all together, top-k sets in shared memory (<= 1024 tokens) and not; on an H100
+    or H200 (132 SMs) clusters of 8, 4 (24 rows) and 2 (40 rows) blocks, and a block per row
+    (70 rows)."""
     from xla_kernels.kernels.sampling import sample
 
     for rows, vocab, dtype in ((3, 7, jnp.float32), (5, 1001, jnp.bfloat16),
-                               (2, 128256, jnp.float16), (4, 128256, jnp.float32)):
+                               (2, 128256, jnp.float16), (4, 128256, jnp.float32),
+                               (24, 4099, jnp.float32), (40, 4099, jnp.bfloat16),
+                               (70, 4099, jnp.float32)):
         logits = jnp.asarray(rng.standard_normal((rows, vocab)), dtype)
         f32 = jnp.float32
         top_k = jnp.asarray([(0, 50, 2000, 5, 300)[i % 5] for i in range(rows)], jnp.int32)

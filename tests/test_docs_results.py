@@ -206,9 +206,9 @@ def test_readme_ragged_attention_is_ragged_paged_attention_md():
 
 def test_readme_sampling_is_sampling_md():
     (rows,) = tables(LATEST / "h200" / "sampling.md")
-    at1, at16 = (column(rows, "FI/ours", batch=b) for b in ("1", "16"))
-    assert (f"{span(at1, 1)}x FlashInfer's sampling speed at batch 1, {span(at16, 2)}x at 16"
-            in README)
+    at1, at16, at64, at256 = (column(rows, "FI/ours", batch=b) for b in ("1", "16", "64", "256"))
+    assert (f"{span(at1, 1)}x FlashInfer's sampling speed at batch 1, {span(at16, 2)}x at 16, "
+            f"{span(at64, 2)}x at 64, {span(at256, 2)}x at 256 (H200)" in README)
 
 
 def test_readme_fused_moe_is_moe_md():

@@ -48,11 +48,12 @@ def mixed_rows(rng: np.random.Generator, rows: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("rows, vocab", [(1, 128256), (16, 128256), (64, 128256), (7, 1001),
-                                         (300, 48), (5, 3), (3, 262147), (160, 128256)])
+@pytest.mark.parametrize("rows, vocab", [(1, 128256), (16, 128256), (24, 128256), (33, 1001),
+                                         (64, 128256), (7, 1001), (300, 48), (5, 3),
+                                         (3, 262147), (160, 128256)])
 def test_cuda_picks_the_cpu_kernels_token_on_every_row(rng, dtype, rows, vocab):
-    """Fewer rows than SMs run as clusters of 8 blocks on Hopper, more as one block a row:
-    both must give the CPU's token."""
+    """On Hopper (132 SMs) up to 16 rows run as clusters of 8 blocks, 17-33 of 4 (24, 33),
+    34-66 of 2 (64), more as one block a row: each must give the CPU's token."""
     logits = (rng.standard_normal((rows, vocab)) * rng.uniform(0.5, 3)).astype(DTYPES[dtype])
     logits[0, rng.integers(0, vocab, max(1, vocab // 10))] = -np.inf
     args = mixed_rows(rng, rows)

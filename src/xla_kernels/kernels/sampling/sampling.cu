@@ -1,6 +1,7 @@
 // sample on NVIDIA GPUs, sort-free. A row is read by kRanks (8) logical blocks of 512 threads:
-// on Hopper, with fewer rows than SMs, a cluster of 8 blocks (one per SM, combining their
-// sums through distributed shared memory); otherwise one block doing the 8 in turn. Thread t of logical block r holds
+// on Hopper, while the grid fits one wave, a cluster of 8, 4 or 2 blocks (one per SM, each
+// doing 1, 2 or 4 of them, combining their sums through distributed shared memory);
+// otherwise one block doing the 8 in turn. Thread t of logical block r holds
 // the runs of 4 tokens of column c = 512 r + t (sampling_core.h: 16-byte loads of f32,
 // coalesced; also the draw's order). Each step is one pass over the row (L2 or HBM):
 //   1. the largest logit (ties: lowest index) and the smallest/largest ordered key;
@@ -541,17 +542,21 @@ ffi::Error LaunchError() {
   return ffi::Error::Internal(std::string(kOp) + ": launch failed: " + cudaGetErrorString(e));
 }
 
-// Whether `rows` rows go to clusters of kRanks blocks: on Hopper and later, while there are
-// fewer rows than SMs (one block per row would leave SMs idle; with as many rows as SMs a
-// block per row fills the GPU and needs no cluster barriers). Either way the token is the
-// same: the columns do not change.
-bool UseClusters(int64_t rows) {
+// The blocks a row's kRanks logical blocks run on (a cluster of that many, each block doing
+// kRanks / cluster of them in turn): on Hopper and later the largest cluster of 8, 4 or 2
+// whose grid fits one block per SM (the kernel's 512 threads x 128 registers fill an SM), so
+// the grid runs in one wave; 1 (a block per row, no cluster barriers) from half as many rows
+// as SMs, or before Hopper. Either way the token is the same: the columns do not change.
+int ClusterBlocks(int64_t rows) {
   int device = 0, major = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-    return false;
-  return major >= 9 && rows < sms;
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      major < 9)
+    return 1;
+  for (int cluster = kRanks; cluster > 1; cluster /= 2)
+    if (rows * cluster <= sms) return cluster;
+  return 1;
 }
 
 struct Args {
@@ -566,29 +571,41 @@ struct Args {
   int32_t* tokens;
 };
 
+// A launch of SampleKernel<T, kCluster> as clusters of kCluster blocks; false where no such
+// cluster fits (the caller falls back to a block per row, which draws the same token).
+template <typename T, int kCluster>
+bool LaunchClusters(cudaStream_t stream, int64_t rows, const Args& a) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows * kCluster));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeClusterDimension;
+  attribute[0].val.clusterDim.x = kCluster;
+  attribute[0].val.clusterDim.y = 1;
+  attribute[0].val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  if (cudaLaunchKernelEx(&config, SampleKernel<T, kCluster>, static_cast<const T*>(a.logits),
+                         a.vocab, a.temperature, a.top_k, a.top_p, a.min_p, a.seeds, a.offsets,
+                         a.tokens) == cudaSuccess)
+    return true;
+  cudaGetLastError();  // clear the refused launch's error
+  return false;
+}
+
 template <typename T>
 void Launch(cudaStream_t stream, int64_t rows, const Args& a) {
-  const T* logits = static_cast<const T*>(a.logits);
-  if (UseClusters(rows)) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(rows * kRanks));
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = kRanks;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = 1;
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    if (cudaLaunchKernelEx(&config, SampleKernel<T, kRanks>, logits, a.vocab, a.temperature,
-                           a.top_k, a.top_p, a.min_p, a.seeds, a.offsets,
-                           a.tokens) == cudaSuccess)
-      return;
-    cudaGetLastError();  // no cluster of 8 fits: one block per row does the same work
+  static_assert(kRanks == 8, "cluster sizes 8, 4 and 2 are instantiated below");
+  switch (ClusterBlocks(rows)) {
+    case 8: if (LaunchClusters<T, 8>(stream, rows, a)) return; break;
+    case 4: if (LaunchClusters<T, 4>(stream, rows, a)) return; break;
+    case 2: if (LaunchClusters<T, 2>(stream, rows, a)) return; break;
+    default: break;
   }
   SampleKernel<T, 1><<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      logits, a.vocab, a.temperature, a.top_k, a.top_p, a.min_p, a.seeds, a.offsets, a.tokens);
+      static_cast<const T*>(a.logits), a.vocab, a.temperature, a.top_k, a.top_p, a.min_p,
+      a.seeds, a.offsets, a.tokens);
 }
 
 ffi::Error SampleCuda(cudaStream_t stream, ffi::AnyBuffer logits, ffi::AnyBuffer temperature,
