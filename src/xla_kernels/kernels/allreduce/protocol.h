@@ -14,6 +14,13 @@
 #include <cstddef>
 #include <cstdint>
 
+// The protocol's functions run on the host (the simulation) and in the CUDA kernel.
+#if defined(__CUDACC__)
+#define XK_ALLREDUCE_HD __host__ __device__
+#else
+#define XK_ALLREDUCE_HD
+#endif
+
 namespace xk::allreduce {
 
 inline constexpr int kMaxRanks = 8;
@@ -43,7 +50,7 @@ struct Signal {
   uint32_t done;
 };
 
-constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+XK_ALLREDUCE_HD constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 inline constexpr size_t kSignalBytes = round_up(sizeof(Signal), kAlign);
 
@@ -52,16 +59,16 @@ inline constexpr size_t kSignalBytes = round_up(sizeof(Signal), kAlign);
 struct Layout {
   size_t capacity;  // bytes per region: the largest message this workspace takes
 
-  constexpr size_t input(uint32_t parity) const { return kSignalBytes + (parity & 1) * capacity; }
-  constexpr size_t scratch() const { return kSignalBytes + 2 * capacity; }
-  constexpr size_t total() const { return kSignalBytes + 3 * capacity; }
+  XK_ALLREDUCE_HD constexpr size_t input(uint32_t parity) const { return kSignalBytes + (parity & 1) * capacity; }
+  XK_ALLREDUCE_HD constexpr size_t scratch() const { return kSignalBytes + 2 * capacity; }
+  XK_ALLREDUCE_HD constexpr size_t total() const { return kSignalBytes + 3 * capacity; }
 };
 
-constexpr Layout layout(size_t capacity) { return Layout{round_up(capacity, kAlign)}; }
+XK_ALLREDUCE_HD constexpr Layout layout(size_t capacity) { return Layout{round_up(capacity, kAlign)}; }
 
 // Work comes in units of `width` elements (the last one may be shorter): a 16-byte pack for a
 // plain all-reduce, a row of `hidden` for the fused one (the norm needs whole rows).
-constexpr int64_t unit_count(int64_t n, int64_t width) { return (n + width - 1) / width; }
+XK_ALLREDUCE_HD constexpr int64_t unit_count(int64_t n, int64_t width) { return (n + width - 1) / width; }
 
 struct Range {
   int64_t begin;
@@ -69,7 +76,7 @@ struct Range {
 };
 
 // Rank r's share of the units in two-shot: contiguous, sizes differ by at most one.
-constexpr Range share(int64_t units, int ranks, int r) {
+XK_ALLREDUCE_HD constexpr Range share(int64_t units, int ranks, int r) {
   int64_t q = units / ranks, extra = units % ranks;
   int64_t begin = r * q + (r < extra ? r : extra);
   return Range{begin, begin + q + (r < extra ? 1 : 0)};
@@ -80,13 +87,13 @@ constexpr Range share(int64_t units, int ranks, int r) {
 // peers wrote before their barrier, so a barrier between blocks of one index suffices.
 // The grid of a call: a function of the call's shape only, so every rank launches the same
 // blocks (block b meets block b), never more than max_blocks.
-constexpr int grid(int64_t units, int ranks, int mode, int max_blocks) {
+XK_ALLREDUCE_HD constexpr int grid(int64_t units, int ranks, int mode, int max_blocks) {
   int64_t work = mode == kOneShot ? units : (units + ranks - 1) / ranks;
   return int(work < 1 ? 1 : work < max_blocks ? work : max_blocks);
 }
 
 template <class F>
-void for_block_units(Range range, int block, int blocks, F&& f) {
+XK_ALLREDUCE_HD void for_block_units(Range range, int block, int blocks, F&& f) {
   for (int64_t u = range.begin + block; u < range.end; u += blocks) f(u);
 }
 
@@ -97,7 +104,7 @@ void for_block_units(Range range, int block, int blocks, F&& f) {
 // and orders its earlier reads (of peers' regions) before the peers may overwrite them; the
 // acquire load makes the peers' writes visible to this block's later reads.
 template <class Flags>
-bool barrier(Signal* self, Signal* const* peers, int rank, int ranks, int block,
+XK_ALLREDUCE_HD bool barrier(Signal* self, Signal* const* peers, int rank, int ranks, int block,
              int64_t timeout_ns, uint32_t* missing, uint32_t* epoch) {
   uint32_t e = 0;
   for (int p = 0; p < ranks; ++p) e = ++self->self_counter[block][p];
