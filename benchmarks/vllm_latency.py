@@ -43,6 +43,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -210,6 +211,29 @@ def memory_lines(server_log: str) -> list[str]:
             if any(k in line for k in keys)]
 
 
+STARTUP_KEYS = ("took", "Precompile all", "Warm-up call pass finished", "Enabling JAX compile",
+                "Starting vLLM API server", "Application startup complete")
+COMPILATION = re.compile(r"Compilation of .* finished in ([\d.]+) \[secs\]")
+LOG_TIME = re.compile(r"\d\d-\d\d (\d\d:\d\d:\d\d)")
+
+
+def startup_lines(server_log: str) -> dict:
+    """Where the server's start-up went, from its log: the phase lines vLLM and tpu-inference
+    write (``... took X s``, the precompile's start and warm-up, the API server's start), each
+    as ``HH:MM:SS message``, and the count and summed time of tpu-inference's per-program
+    ``Compilation of NAME finished in X [secs]`` lines (a program loaded from the persistent
+    cache is logged the same way, with its load time)."""
+    phases, seconds = [], []
+    for line in server_log.splitlines():
+        if m := COMPILATION.search(line):
+            seconds.append(float(m.group(1)))
+        elif any(k in line for k in STARTUP_KEYS):
+            stamp = LOG_TIME.search(line)
+            phases.append(((stamp.group(1) + " ") if stamp else "") + line.split("] ", 1)[-1])
+    return {"phases": phases, "compilations": len(seconds),
+            "compilation_s": round(sum(seconds), 2)}
+
+
 def markdown(result: dict) -> str:
     s = result["settings"]
     lines = [f"# vLLM serving latency: {s['model']}", "",
@@ -229,6 +253,11 @@ def markdown(result: dict) -> str:
     if s.get("server_memory"):
         lines += ["", "The engine's KV cache sizing (its log):", "",
                   *(f"- `{line}`" for line in s["server_memory"])]
+    if start := s.get("server_startup"):
+        lines += ["", f"Start-up ({result.get('startup_s', '?')} s until the server was "
+                  f"healthy; its log): {start['compilations']} programs compiled or loaded "
+                  f"from the cache in {start['compilation_s']} s together; the phases:", "",
+                  *(f"- `{line}`" for line in start["phases"])]
     return "\n".join(lines) + "\n"
 
 
@@ -329,6 +358,7 @@ def main() -> int:
             stop_server(server, log)
             text = (args.out / "vllm_latency_server.log").read_text(errors="replace")
             settings["server_memory"] = memory_lines(text)
+            settings["server_startup"] = startup_lines(text)
         (args.out / "vllm_latency.json").write_text(json.dumps(result, indent=1) + "\n")
     (args.out / "vllm_latency.md").write_text(markdown(result))
     print(markdown(result))

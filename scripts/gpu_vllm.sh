@@ -176,7 +176,11 @@ case $job in
     timeout 145 python3 benchmarks/vllm_latency.py --model 8b --out "$arg/second_start" \
       --rates inf --num-requests 8 --input-len 1024 --output-len 128 --max-num-seqs 64 \
       --startup-timeout 130 > "$arg/vllm_latency_second_start.log" 2>&1 || status=1
-    grep -h '"startup_s"' "$arg/vllm_latency.json" "$arg/second_start/vllm_latency.json" ;;
+    grep -h '"startup_s"' "$arg/vllm_latency.json" "$arg/second_start/vllm_latency.json"
+    # Where each start went (its md keeps the phases, so the server logs need not come back).
+    for md in "$arg/vllm_latency.md" "$arg/second_start/vllm_latency.md"; do
+      [ -f "$md" ] && sed -n '/^Start-up/,$p' "$md"
+    done ;;
   *) echo "gpu_vllm.sh: unknown job '$job' (install, check, moe, serve, sampling, features, startup, bench or latency)" >&2; exit 2 ;;
 esac
 exit $status

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from xla_kernels import bench
+
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT_LEN = 6
 
@@ -65,3 +67,27 @@ def test_report_writes_down_the_server_settings(report):
     assert s["gpu_memory_utilization"] == 0.1 and s["gpu_memory_utilization_passed"]
     assert any("Memory statistics" in line for line in s["server_memory"])
     assert "| inf | 4/4 |" in md.read_text()
+    start = s["server_startup"]
+    assert start["compilations"] > 0 and start["compilation_s"] > 0
+    assert any("Precompile all" in line for line in start["phases"])
+    assert "programs compiled or loaded from the cache" in md.read_text()
+
+
+SERVER_LOG = """\
+(E) INFO 12-03 20:02:01 [c.py:1] Enabling JAX compile cache.
+(E) INFO 12-03 20:02:03 [c.py:2] Precompile all the subgraphs with possible input shapes.
+(E) INFO 12-03 20:02:04 [c.py:3] Compilation of model finished in 1.25 [secs].
+(E) INFO 12-03 20:02:05 [c.py:3] Compilation of sampling finished in 0.50 [secs].
+(E) INFO 12-03 20:02:09 [core.py:4] init engine (profile, create kv cache) took 8.00 s
+(A) INFO 12-03 20:02:10 [l.py:5] Route: /v1/models, Methods: GET
+"""
+
+
+def test_startup_lines_name_the_phases_and_sum_the_compilations():
+    script = bench.load_script(ROOT / "benchmarks" / "vllm_latency.py")
+    start = script.startup_lines(SERVER_LOG)
+    assert start == {
+        "phases": ["20:02:01 Enabling JAX compile cache.",
+                   "20:02:03 Precompile all the subgraphs with possible input shapes.",
+                   "20:02:09 init engine (profile, create kv cache) took 8.00 s"],
+        "compilations": 2, "compilation_s": 1.75}
