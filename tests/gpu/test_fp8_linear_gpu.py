@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fp8_linear_oracle import TOL, fp8_linear_f64, make_inputs, rel
 from xla_kernels.kernels.fp8_linear import fp8_linear, fp8_linear_xla
@@ -92,6 +94,26 @@ def test_cuda_matches_float64(rng, name, dtype, scheme):
     assert np.isfinite(got).all()
     want = fp8_linear_f64(x, w, s, block_shape=block, activation_scheme=scheme)
     assert rel(got, want) < TOL[dtype]
+
+
+@settings(max_examples=25, deadline=None)
+@given(tokens=st.integers(1, 300), k_blocks=st.integers(1, 6), out=st.integers(1, 90),
+       block=st.sampled_from([(0, 0), (128, 128)]), scheme=st.sampled_from(["none", "dynamic"]),
+       wide=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_property_hopper_shapes_match_float64(tokens, k_blocks, out, block, scheme, wide, seed):
+    """bf16 x at any token count up to 300 (every token tile, the 16-token one, the 64- and
+    128-token ones, the cooperative one beyond 128, counts that are not multiples of 4), in a
+    multiple of 128 (the Hopper GEMMs take it), out a multiple of 8 up to 720 rows or, with
+    `wide`, 4096 + 8 * out rows (enough tiles for the wide and cooperative tiles on 132 SMs),
+    both scale kinds and schemes: float64's result within bf16's tolerance."""
+    rows = 8 * out + (4096 if wide else 0)
+    x, w, s = make_inputs(np.random.default_rng(seed), tokens, 128 * k_blocks, rows, "bf16",
+                          block)
+    y = fp8_linear(*gpu(x, w, s), block_shape=block, activation_scheme=scheme)
+    got = np.asarray(y, np.float32)
+    assert np.isfinite(got).all()
+    want = fp8_linear_f64(x, w, s, block_shape=block, activation_scheme=scheme)
+    assert rel(got, want) < TOL["bf16"]
 
 
 def test_hopper_stream_k_gives_the_same_bits_every_call(rng):
