@@ -222,7 +222,8 @@ def startup_lines(server_log: str) -> dict:
     write (``... took X s``, the precompile's start and warm-up, the API server's start), each
     as ``HH:MM:SS message``, and the count and summed time of tpu-inference's per-program
     ``Compilation of NAME finished in X [secs]`` lines (a program loaded from the persistent
-    cache is logged the same way, with its load time)."""
+    cache is logged the same way, with its load time), up to the API server's "Application
+    startup complete" (what the log says after it belongs to the benchmark)."""
     phases, seconds = [], []
     for line in server_log.splitlines():
         if m := COMPILATION.search(line):
@@ -230,6 +231,8 @@ def startup_lines(server_log: str) -> dict:
         elif any(k in line for k in STARTUP_KEYS):
             stamp = LOG_TIME.search(line)
             phases.append(((stamp.group(1) + " ") if stamp else "") + line.split("] ", 1)[-1])
+            if "Application startup complete" in line:
+                break
     return {"phases": phases, "compilations": len(seconds),
             "compilation_s": round(sum(seconds), 2)}
 
@@ -245,7 +248,7 @@ def markdown(result: dict) -> str:
              "| rate (req/s) | completed | req/s | output tok/s | TTFT p50 | TTFT p99 | "
              "ITL p50 | ITL p99 | e2e p50 | e2e p99 |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rates"]:
+    for r in result.get("rates", []):
         lines.append(f"| {r['rate']} | {r['completed']}/{r['requests']} | "
                      f"{r['request_throughput']} | {r['output_tokens_per_s']} | "
                      + " | ".join(f"{r[f'{m}_p{q}_ms']} ms" for m in ("ttft", "itl", "e2e")
@@ -360,7 +363,8 @@ def main() -> int:
             settings["server_memory"] = memory_lines(text)
             settings["server_startup"] = startup_lines(text)
         (args.out / "vllm_latency.json").write_text(json.dumps(result, indent=1) + "\n")
-    (args.out / "vllm_latency.md").write_text(markdown(result))
+        # Also when the server never became healthy: the md then says where its start went.
+        (args.out / "vllm_latency.md").write_text(markdown(result))
     print(markdown(result))
     return 0 if all(r["failed"] == 0 for r in result["rates"]) else 1
 

@@ -80,14 +80,18 @@ SERVER_LOG = """\
 (E) INFO 12-03 20:02:05 [c.py:3] Compilation of sampling finished in 0.50 [secs].
 (E) INFO 12-03 20:02:09 [core.py:4] init engine (profile, create kv cache) took 8.00 s
 (A) INFO 12-03 20:02:10 [l.py:5] Route: /v1/models, Methods: GET
+(A) INFO 12-03 20:02:11 [l.py:6] Application startup complete.
+(E) INFO 12-03 20:02:30 [c.py:3] Compilation of late finished in 9.00 [secs].
+(E) INFO 12-03 20:02:31 [core.py:4] a later step took 1.00 s
 """
 
 
-def test_startup_lines_name_the_phases_and_sum_the_compilations():
+def test_startup_lines_name_the_phases_and_sum_the_compilations_until_the_server_is_up():
     script = bench.load_script(ROOT / "benchmarks" / "vllm_latency.py")
     start = script.startup_lines(SERVER_LOG)
     assert start == {
         "phases": ["20:02:01 Enabling JAX compile cache.",
                    "20:02:03 Precompile all the subgraphs with possible input shapes.",
-                   "20:02:09 init engine (profile, create kv cache) took 8.00 s"],
+                   "20:02:09 init engine (profile, create kv cache) took 8.00 s",
+                   "20:02:11 Application startup complete."],
         "compilations": 2, "compilation_s": 1.75}

@@ -35,9 +35,9 @@ using MediumPingPong = gemm::Sm90SwapAbGemm<E4m3, Bf16, 64, 64, 128, true>;
 using LargeTile = gemm::Sm90SwapAbGemm<E4m3, Bf16, 128, 128, 64, true>;
 // W8A8: e4m3 x e4m3 wgmma (CUTLASS's default accumulation: the f32 sums promoted every few K
 // steps, no fast-accumulation shortcut), ping-pong tiles of 64 weight rows x kTN tokens with K
-// steps of 128. Not 128 rows at 128 tokens: the promoted sums double a consumer's accumulator
-// registers (that tile took 103.9 us on gate_up 14336 x 4096 at 256 tokens, 14 % of its
-// weight floor, in its one run).
+// steps of 128. Not a 128 x 128 ping-pong tile: the promoted sums double a consumer's
+// accumulator registers (that tile took 103.9 us on gate_up 14336 x 4096 at 256 tokens, 14 %
+// of its weight floor, in its one run).
 template <int kTN>
 using W8A8Tile = gemm::Sm90SwapAbGemm<E4m3, E4m3, 64, kTN, 128, true, gemm::PingPong, Bf16,
                                       /*kTokenScale=*/true>;

@@ -545,8 +545,9 @@ ffi::Error LaunchError() {
 // The blocks a row's kRanks logical blocks run on (a cluster of that many, each block doing
 // kRanks / cluster of them in turn): on Hopper and later the largest cluster of 8, 4 or 2
 // whose grid fits one block per SM (the kernel's 512 threads x 128 registers fill an SM), so
-// the grid runs in one wave; 1 (a block per row, no cluster barriers) from half as many rows
-// as SMs, or before Hopper. Either way the token is the same: the columns do not change.
+// the grid runs in one wave; 1 (a block per row, no cluster barriers) above half as many
+// rows as SMs (67 on 132), or before Hopper. Either way the token is the same: the columns do
+// not change.
 int ClusterBlocks(int64_t rows) {
   int device = 0, major = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||

@@ -45,7 +45,6 @@
 
 namespace xla_kernels::gemm {
 
-
 // A swap-AB call's problem for a CUTLASS kernel: m = out, n = tokens, k = in; the packed
 // strides of W [out, in], x [tokens, in] and y^T [out, tokens]; the device for the persistent
 // scheduler.
@@ -165,8 +164,8 @@ struct Sm90SwapAbGemm {
 
   // Launches the GEMM; false (nothing launched) when CUTLASS cannot run this call (a pointer
   // not 16-byte aligned, which TMA needs and can_implement does not check; row lengths; sizes)
-  // or it needs more workspace than the call brings (PingPong needs none), or a StreamK tile
-  // would not split the K loop at all.
+  // or it needs more workspace than the call brings (PingPong and Cooperative need none), or
+  // a StreamK tile would not split the K loop at all.
   static bool Launch(const SwapAbCall& c, int device, int sm_count, cudaStream_t stream,
                      cudaError_t* status) {
     if (kRowScale != (c.row_scale != nullptr)) return false;
@@ -212,13 +211,15 @@ bool LaunchByTokens(const SwapAbCall& c, cudaStream_t stream, cudaError_t* statu
   return Large::Launch(c, device, sms, stream, status, extra...);
 }
 
-// Tokens beyond a Narrow tile's width (65-128 for a 64-token tile, which then reads each weight
-// tile twice): Wide, one tile across all of them, where its tiles still fill at least half the
-// SMs; else Narrow, whose twice as many tiles keep more SMs streaming the weight. Up to
-// kNarrowTokens, Narrow. On an H200 (fp8_linear at 96 and 128 tokens, 132 SMs), Wide won on
-// gate_up 14336 x 4096 (W8A16, 112 tiles of 128 rows: 33 against 58 us; W8A8, 224 of 64: 30
-// against 36) and on qkv for W8A8 (96 tiles), and lost on o and down, where it left most SMs
-// idle (W8A16: 32 tiles; W8A8: 64) (docs/design/gemm.md).
+// Beyond kNarrowTokens, Wide (a tile over more tokens, or over more rows and tokens, than
+// Narrow) where its tiles still cover at least half the SMs; else Narrow, whose more numerous
+// tiles keep more SMs streaming the weight. Up to kNarrowTokens, Narrow. Used at 65-128 tokens
+// (a 64-token tile, which then reads each weight tile twice, against one 128-token tile) and,
+// for W8A8, beyond 128 (the 64-row tile against the 128-row cooperative one). On an H200 (132
+// SMs), at 96 and 128 tokens Wide won on gate_up 14336 x 4096 (W8A16, 112 tiles of 128 rows:
+// 33 against 58 us; W8A8, 224 of 64: 30 against 36) and on qkv for W8A8 (96 tiles), and lost
+// on o and down, where it left most SMs idle (W8A16: 32 tiles; W8A8: 64); at 256 tokens the
+// same split for the cooperative tile (docs/design/gemm.md).
 // `extra` (block scales) goes last to the tiles' Launch, as in LaunchByTokens.
 template <class Narrow, class Wide, int64_t kNarrowTokens = 64>
 struct WideWhereItFillsTheSms {

@@ -7,7 +7,7 @@
 // The scales in the layouts CUTLASS's sm90 blockwise mainloop reads (both MN-major, f32):
 // - the weight's: one per 64 weight rows x 128 columns, [ceil(in / 128)][ceil(out / 64)]
 //   (a 128-row block's scale written for each of its two 64-row halves, so that the 64-row
-//   ping-pong tiles of the W8A8 path serve it);
+//   ping-pong tiles of the W8A8 path serve it; the 128-row cooperative tile reads two);
 // - x's: one per token x 128 columns, [ceil(in / 128)][tokens rounded up to 4] (the token's
 //   one scale repeated per block; the row padded to 16 bytes, which TMA needs).
 // The caller writes both (fp8_linear.cu) into the op's workspace.
@@ -113,7 +113,7 @@ struct Sm90SwapAbBlockwiseGemm {
       return false;
     const auto args = Arguments(c, scales, device, sm_count);
     if (Gemm::can_implement(args) != cutlass::Status::kSuccess) return false;
-    if (Gemm::get_workspace_size(args) > 0) return false;  // a persistent ping-pong needs none
+    if (Gemm::get_workspace_size(args) > 0) return false;  // ping-pong and cooperative need none
     Gemm gemm;
     const cutlass::Status s = gemm.run(args, nullptr, stream);
     *status = s == cutlass::Status::kSuccess ? cudaGetLastError() : cudaErrorLaunchFailure;
