@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "allreduce.cuh"
+#include "xla_kernels/half.h"
 
 namespace ar = xk::allreduce;
 
@@ -43,18 +44,6 @@ namespace ar = xk::allreduce;
 namespace {
 
 constexpr int64_t kCapacity = 8 << 20;
-
-float Bf16ToF32(uint16_t b) {
-  uint32_t bits = uint32_t(b) << 16;
-  float v;
-  std::memcpy(&v, &bits, 4);
-  return v;
-}
-uint16_t F32ToBf16(float v) {  // nearest even, as __float2bfloat16_rn (NaN not generated here)
-  uint32_t bits;
-  std::memcpy(&bits, &v, 4);
-  return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1)) >> 16);
-}
 
 struct Group {
   int ranks, sms, max_blocks;
@@ -146,8 +135,8 @@ template <> struct Host<float> {
 };
 template <> struct Host<__nv_bfloat16> {
   using H = uint16_t;
-  static float ToF32(uint16_t v) { return Bf16ToF32(v); }
-  static uint16_t FromF32(float v) { return F32ToBf16(v); }
+  static float ToF32(uint16_t v) { return xla_kernels::Bf16ToF32(v); }
+  static uint16_t FromF32(float v) { return xla_kernels::F32ToBf16(v); }
   static constexpr double kTolerance = 1.0 / 64;
   static const char* Name() { return "bf16"; }
 };

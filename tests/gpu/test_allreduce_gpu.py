@@ -26,6 +26,7 @@ def harness(tmp_path_factory) -> Path:
                     "-gencode", "arch=compute_90a,code=sm_90a",
                     "-gencode", "arch=compute_80,code=sm_80",
                     "-I", str(ROOT / "src" / "xla_kernels" / "kernels" / "allreduce"),
+                    "-I", str(ROOT / "src" / "xla_kernels" / "include"),
                     str(HARNESS), "-o", str(binary)], check=True)
     return binary
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "protocol.h"
+#include "xla_kernels/cuda_f32.cuh"
 
 namespace xk::allreduce {
 
@@ -65,17 +66,8 @@ struct Call {
   Status* status;
 };
 
-__device__ inline float ToF32(float v) { return v; }
-__device__ inline float ToF32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ inline float ToF32(__half v) { return __half2float(v); }
-template <typename T>
-__device__ inline T FromF32(float v);
-template <>
-__device__ inline float FromF32<float>(float v) { return v; }
-template <>
-__device__ inline __nv_bfloat16 FromF32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ inline __half FromF32<__half>(float v) { return __float2half_rn(v); }
+using xla_kernels::FromF32;
+using xla_kernels::ToF32;
 
 // 16 bytes of T.
 template <typename T>
